@@ -1,0 +1,22 @@
+# The two set-up commands of the README: `make demo` (the main job) and `make test` (the tests).
+# Each creates .venv and installs what it needs on first use.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.padless-installed
+
+.PHONY: demo test setup clean
+
+$(STAMP): pyproject.toml constraints.txt requirements-assets.txt scripts/setup.sh
+	bash scripts/setup.sh
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/padless bench --out runs/default
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

@@ -1,0 +1,54 @@
+"""padless: exact, fast sequence packing for fine-tuning language models.
+
+The public API is listed in ``__all__``. Names are resolved lazily from their modules so that
+``import padless`` stays cheap (the planners need numpy only; torch loads with the collators).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # planning (numpy only)
+    "plan_packs": "padless.plan",
+    "PackPlan": "padless.plan",
+    "PlanStats": "padless.plan",
+    "STRATEGIES": "padless.plan",
+    "OVERLONG_POLICIES": "padless.plan",
+    # layout of packed rows
+    "IGNORE_INDEX": "padless.layout",
+    "position_ids_from_lengths": "padless.layout",
+    "cu_seqlens_from_lengths": "padless.layout",
+    "document_ids_from_lengths": "padless.layout",
+    "lengths_from_position_ids": "padless.layout",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'padless' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolve once
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
+    from padless.layout import (
+        IGNORE_INDEX,
+        cu_seqlens_from_lengths,
+        document_ids_from_lengths,
+        lengths_from_position_ids,
+        position_ids_from_lengths,
+    )
+    from padless.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, PlanStats, plan_packs

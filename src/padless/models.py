@@ -1,0 +1,129 @@
+"""Model factory: GPT-2 architectures at named sizes, tiny test configs of several families, and any
+transformers name or local path.
+
+Built-in GPT-2 sizes use the real GPT-2 vocabulary (50,257 tokens) and are initialised from a seed,
+since no GPT-2 weights can be had offline. ``tiny-*`` configs exist for tests: small enough that a
+forward and backward pass takes milliseconds on a CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
+
+GPT2_VOCAB_SIZE = 50257
+
+
+@dataclass(frozen=True)
+class GPT2Size:
+    """A GPT-2 architecture size."""
+
+    n_layer: int
+    """Transformer blocks."""
+    n_embd: int
+    """Hidden width."""
+    n_head: int
+    """Attention heads."""
+    n_positions: int = 1024
+    """Longest sequence the learned position table covers."""
+
+
+GPT2_SIZES: dict[str, GPT2Size] = {
+    "gpt2-tiny": GPT2Size(n_layer=2, n_embd=64, n_head=4, n_positions=1024),
+    "gpt2-mini": GPT2Size(n_layer=4, n_embd=256, n_head=4),
+    "gpt2-small-cpu": GPT2Size(n_layer=6, n_embd=384, n_head=6),
+    "gpt2": GPT2Size(n_layer=12, n_embd=768, n_head=12),
+}
+
+# Tiny configs of other families (RoPE, GQA) for equivalence tests: 2 layers, 64 wide, 2 KV heads.
+_TINY_COMMON: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+TINY_FAMILIES = ("gpt2", "llama", "qwen2", "mistral")
+
+
+def tiny_config(family: str, vocab_size: int = 512) -> PretrainedConfig:
+    """A tiny config of ``family`` (one of :data:`TINY_FAMILIES`)."""
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+    if family == "gpt2":
+        size = GPT2_SIZES["gpt2-tiny"]
+        return GPT2Config(
+            vocab_size=vocab_size,
+            n_layer=size.n_layer,
+            n_embd=size.n_embd,
+            n_head=size.n_head,
+            n_positions=512,
+            bos_token_id=vocab_size - 1,
+            eos_token_id=vocab_size - 1,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
+    if family not in classes:
+        raise ValueError(f"unknown tiny family {family!r}; choose one of {', '.join(TINY_FAMILIES)}")
+    extra: dict[str, Any] = {"sliding_window": None} if family == "mistral" else {}
+    return classes[family](vocab_size=vocab_size, **_TINY_COMMON, **extra)
+
+
+def gpt2_config(size: str, *, dropout: float = 0.0, vocab_size: int = GPT2_VOCAB_SIZE) -> PretrainedConfig:
+    """A GPT-2 config of a named size (see :data:`GPT2_SIZES`). Dropout defaults to 0 for fine-tuning
+    benchmarks: attention dropout pushes SDPA onto a slower CPU path (../shared/ENVIRONMENT.md)."""
+    from transformers import GPT2Config
+
+    if size not in GPT2_SIZES:
+        raise ValueError(f"unknown GPT-2 size {size!r}; choose one of {', '.join(GPT2_SIZES)}")
+    s = GPT2_SIZES[size]
+    return GPT2Config(
+        vocab_size=vocab_size,
+        n_layer=s.n_layer,
+        n_embd=s.n_embd,
+        n_head=s.n_head,
+        n_positions=s.n_positions,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+    )
+
+
+def build_model(
+    name: str,
+    *,
+    attn_implementation: str = "sdpa",
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    vocab_size: int | None = None,
+) -> PreTrainedModel:
+    """A causal LM by name: ``tiny-<family>``, a GPT-2 size, or any transformers name/local path.
+
+    Models built from a config are initialised with ``seed`` so that every strategy of a benchmark
+    starts from the same weights. ``use_cache`` is switched off: a training forward with a cache
+    silently disables transformers' packed-row handling (../shared/ENVIRONMENT.md).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if name.startswith("tiny-"):
+        config = tiny_config(name.removeprefix("tiny-"), **({"vocab_size": vocab_size} if vocab_size else {}))
+    elif name in GPT2_SIZES:
+        config = gpt2_config(name, **({"vocab_size": vocab_size} if vocab_size else {}))
+    else:
+        config = None
+    if config is not None:
+        torch.manual_seed(seed)
+        config.use_cache = False
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=attn_implementation, dtype=dtype)
+    model.config.use_cache = False
+    return model
