@@ -1,0 +1,417 @@
+"""``padless bench``: fine-tune one model with each batching strategy and measure them side by side.
+
+Every strategy starts from the same initial weights (same seed), uses the same optimiser, schedule
+and example order, and trains the same number of optimiser steps. Two modes:
+
+- ``same-examples``: every optimiser step trains the same examples under every strategy, so the
+  loss curves are comparable step by step; the strategies differ only in how the step is batched.
+- ``token-budget``: every step feeds at most ``token_budget`` tokens, padding included. Packing fills
+  them with real tokens, padding spends part of them on pad; compare loss against tokens trained.
+
+Timing covers a whole optimiser step: collation, forward, backward and the optimiser update. Warm-up
+steps are excluded from the timing figures. Ctrl-C stops the run and still writes what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from padless.bench.strategies import STRATEGIES, BatchingOptions, parse_strategies
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A named benchmark configuration; every field can be overridden on the command line."""
+
+    model: str
+    """Model name for :func:`padless.models.build_model`."""
+    data: str
+    """Corpus name (``padless.data.CORPORA``) or a path to the user's data."""
+    steps: int
+    """Optimiser steps per strategy."""
+    batch_size: int
+    """Examples per micro-batch."""
+    max_length: int
+    """Examples are truncated to this many tokens; the packed row length in ``token-budget`` mode."""
+    warmup_steps: int
+    """Leading steps excluded from timing (and the learning-rate warm-up)."""
+    lr: float
+    """Peak learning rate of AdamW (linear warm-up, then linear decay to 10%)."""
+    eval_examples: int
+    """Held-out examples evaluated before and after training."""
+    train_on: str = "all"
+    """Which tokens are trained (``all``, ``assistant``, ``completion``; see ``padless.data``)."""
+    grad_accumulation: int = 1
+    """Micro-batches per optimiser step."""
+    limit: int | None = None
+    """Read at most this many examples of the corpus (quick runs)."""
+
+
+PRESETS: dict[str, Preset] = {
+    # ~10 minutes for all four strategies on 2 CPU cores
+    "default": Preset("gpt2-mini", "agentic-rag", steps=120, batch_size=16, max_length=1024,
+                      warmup_steps=5, lr=1e-3, eval_examples=64),
+    # a smoke run of about a minute (used by the tests)
+    "quick": Preset("gpt2-tiny", "agentic-rag", steps=6, batch_size=8, max_length=256,
+                    warmup_steps=2, lr=1e-3, eval_examples=8, limit=400),
+    # GPU-sized: the 124M GPT-2 architecture, and a real fine-tune of the pretrained SmolLM2-135M
+    "gpt2": Preset("gpt2", "agentic-rag", steps=200, batch_size=32, max_length=1024,
+                   warmup_steps=10, lr=3e-4, eval_examples=256),
+    "smollm2": Preset("smollm2-135m", "agentic-rag", steps=200, batch_size=32, max_length=2048,
+                      warmup_steps=10, lr=5e-5, eval_examples=256, train_on="assistant"),
+}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- step plans
+
+
+def same_example_steps(num_examples: int, steps: int, per_step: int, seed: int) -> list[np.ndarray]:
+    """Indices of each step's examples: a seeded permutation cut into steps, reshuffled per epoch."""
+    if num_examples < per_step:
+        raise ValueError(f"the training split has {num_examples} examples; a step needs {per_step}")
+    rng = np.random.default_rng(seed)
+    out: list[np.ndarray] = []
+    order = rng.permutation(num_examples)
+    cursor = 0
+    while len(out) < steps:
+        if cursor + per_step > order.size:
+            order, cursor = rng.permutation(num_examples), 0
+        out.append(order[cursor : cursor + per_step])
+        cursor += per_step
+    return out
+
+
+def token_budget_steps(strategy: str, lengths: np.ndarray, steps: int, budget: int, seed: int) -> list[np.ndarray]:
+    """Indices of each step's examples when a step may feed at most ``budget`` tokens, padding included.
+
+    padding takes examples in order while ``count x longest`` fits; packing and flattening while the
+    sum of lengths fits; bucketing takes length-grouped batches (a different order, the same budget).
+    """
+    from padless.sampling import LengthGroupedBatchSampler
+
+    rng = np.random.default_rng(seed)
+    if strategy == "bucketing":
+        sampler = LengthGroupedBatchSampler(lengths, max_tokens=budget, seed=seed)
+        batches: list[np.ndarray] = []
+        while len(batches) < steps:
+            sampler.set_epoch(sampler.epoch + 1)
+            batches.extend(np.asarray(b) for b in sampler)
+        return batches[:steps]
+    padded = strategy == "padding"
+    out: list[np.ndarray] = []
+    order, cursor = rng.permutation(lengths.size), 0
+    while len(out) < steps:
+        take: list[int] = []
+        longest = total = 0
+        while True:
+            if cursor == order.size:
+                order, cursor = rng.permutation(lengths.size), 0
+            n = int(lengths[order[cursor]])
+            cost = max(longest, n) * (len(take) + 1) if padded else total + n
+            if take and cost > budget:
+                break
+            take.append(int(order[cursor]))
+            longest, total, cursor = max(longest, n), total + n, cursor + 1
+        out.append(np.asarray(take))
+    return out
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
+def evaluate(model: Any, features: Sequence[dict[str, Any]], batch_size: int, pad_token_id: int) -> float:
+    """Token-normalised loss over held-out examples, computed the same way for every strategy
+    (padded batches on SDPA), so the figures are comparable."""
+    import torch
+
+    from padless.collate import PaddingCollator
+    from padless.loss import model_loss, step_num_items
+
+    collate = PaddingCollator(pad_token_id=pad_token_id)
+    batches = [collate(features[i : i + batch_size]) for i in range(0, len(features), batch_size)]
+    device = next(model.parameters()).device
+    n = step_num_items(batches, all_ranks=False)
+    original = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    model.eval()
+    try:
+        with torch.no_grad():
+            total = sum(model_loss(model, _to_device(b, device), n).item() for b in batches)
+    finally:
+        model.set_attn_implementation(original)
+        model.train()
+    return float(total)
+
+
+def _schedule(optimizer: Any, warmup: int, steps: int) -> Any:
+    import torch
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.1, 1.0 - 0.9 * (step - warmup) / max(1, steps - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def train_strategy(
+    name: str,
+    cfg: Any,
+    train: Sequence[dict[str, Any]],
+    evals: Sequence[dict[str, Any]],
+    step_indices: Sequence[np.ndarray],
+    *,
+    device: Any,
+    dtype: Any,
+    pad_token_id: int,
+    recorder: Any,
+    memory: Any,
+    progress: bool = True,
+) -> int | None:
+    """Train one strategy from scratch (same seed, same init), record every step into ``recorder``
+    and return the peak memory of its training phase (bytes)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from padless.bench.measure import StepTimer, synchronizer
+    from padless.loss import model_loss, step_num_items
+    from padless.models import build_model
+    from padless.bench.strategies import packing_attention
+
+    strategy = STRATEGIES[name]
+    attn = packing_attention() if name == "packing" else strategy.attn_implementation
+    model = build_model(cfg.model, attn_implementation=attn, seed=cfg.seed, dtype=dtype).to(device)
+    model.train()
+    opts = BatchingOptions(
+        batch_size=cfg.batch_size,
+        max_length=cfg.max_length if cfg.mode == "token-budget" else None,
+        pad_token_id=pad_token_id,
+        vocab_size=model.config.vocab_size,
+    )
+    batcher = strategy.make_batcher(opts, model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    scheduler = _schedule(optimizer, cfg.warmup_steps, cfg.steps)
+    recorder.eval_loss_start = evaluate(model, evals, cfg.batch_size, pad_token_id)
+    timer = StepTimer(sync=synchronizer(device))
+    memory.start()
+    for indices in tqdm(step_indices, desc=f"{name:>10}", unit="step", disable=not progress, leave=False):
+        feats = [train[i] for i in indices]
+        with timer.step():
+            micro = [_to_device(b, device) for b in batcher(feats)]
+            n = step_num_items(micro)
+            total = torch.zeros((), device=device)
+            for batch in micro:
+                loss = model_loss(model, batch, n)
+                loss.backward()
+                total += loss.detach()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = total.item()  # waits for the step on an accelerator
+        recorder.record_step(
+            step_time_s=timer.times_s[-1],
+            loss=step_loss,
+            real_tokens=sum(len(f["input_ids"]) for f in feats),
+            padded_tokens=sum(int(b["input_ids"].numel()) for b in micro),
+            sequences=len(feats),
+        )
+    peak = memory.stop()
+    recorder.eval_loss_end = evaluate(model, evals, cfg.batch_size, pad_token_id)
+    return peak
+
+
+# --------------------------------------------------------------------------- the whole run
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A resolved benchmark configuration (a preset plus overrides)."""
+
+    model: str
+    data: str
+    strategies: tuple[str, ...]
+    steps: int
+    batch_size: int
+    max_length: int
+    warmup_steps: int
+    lr: float
+    eval_examples: int
+    train_on: str
+    grad_accumulation: int
+    limit: int | None
+    mode: str = "same-examples"
+    token_budget: int | None = None
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    tokenizer: str | None = None
+
+
+def tokenizer_for(model: str) -> str:
+    """The tokenizer a model name trains with: GPT-2 sizes and tiny configs use GPT-2's."""
+    from padless.models import GPT2_SIZES
+
+    if model in GPT2_SIZES or model.startswith("tiny-"):
+        return "gpt2"
+    if model.startswith("smollm2"):
+        return "smollm2"
+    return model
+
+
+def _resolve_device(cfg: RunConfig) -> tuple[Any, Any]:
+    import torch
+
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
+    if cfg.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    else:
+        dtype = getattr(torch, cfg.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"--dtype {cfg.dtype!r} is not a torch dtype (float32, bfloat16, float16)")
+    return device, dtype
+
+
+def _load(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Tokenized train and eval features (a seeded split) and the pad token id."""
+    from padless.data import load_corpus, load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.tokenizer or tokenizer_for(cfg.model))
+    corpus = load_corpus(cfg.data, tokenizer, train_on=cfg.train_on, max_length=cfg.max_length,
+                         overlong="truncate", limit=cfg.limit, seed=cfg.seed)  # fmt: skip
+    features = corpus.features()
+    order = np.random.default_rng(cfg.seed).permutation(len(features))
+    if len(features) <= cfg.eval_examples:
+        raise ValueError(f"{cfg.data} has {len(features)} examples; --eval-examples {cfg.eval_examples} leaves none to train on")
+    evals = [features[i] for i in order[: cfg.eval_examples]]
+    train = [features[i] for i in order[cfg.eval_examples :]]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return train, evals, int(pad if pad is not None else 0)
+
+
+def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True) -> Path:
+    """Run every strategy of ``cfg``, write ``results.json`` and the report into ``out_dir``.
+
+    Returns the results path. Ctrl-C ends the run early; what was measured is still written, with
+    ``status.state == "interrupted"``.
+    """
+    from padless import __version__
+    from padless.bench.measure import PeakMemory, StrategyRecorder, environment_snapshot
+    from padless.bench.report import format_summary_table, write_report
+    from padless.bench.results import BenchConfig, BenchResults, RunStatus, save_results
+
+    if cfg.mode not in ("same-examples", "token-budget"):
+        raise ValueError(f"unknown --mode {cfg.mode!r}; choose same-examples or token-budget")
+    device, dtype = _resolve_device(cfg)
+    train, evals, pad_token_id = _load(cfg)
+    lengths = np.array([len(f["input_ids"]) for f in train], dtype=np.int64)
+    budget = cfg.token_budget or cfg.batch_size * cfg.max_length
+    if cfg.mode == "same-examples":
+        shared = same_example_steps(len(train), cfg.steps, cfg.batch_size * cfg.grad_accumulation, cfg.seed)
+    memory = PeakMemory(device)
+    runs: dict[str, Any] = {}
+    done: list[str] = []
+    status = RunStatus("complete", ())
+    current, recorder = None, None
+    try:
+        for name in cfg.strategies:
+            current, recorder = name, StrategyRecorder()
+            steps = shared if cfg.mode == "same-examples" else token_budget_steps(name, lengths, cfg.steps, budget, cfg.seed)
+            peak = train_strategy(name, cfg, train, evals, steps, device=device, dtype=dtype,
+                                  pad_token_id=pad_token_id, recorder=recorder, memory=memory, progress=progress)  # fmt: skip
+            runs[name] = recorder.result(peak, memory.method)
+            done.append(name)
+            current = None
+    except KeyboardInterrupt:
+        if current is not None and recorder is not None:
+            runs[current] = recorder.result(memory.stop(), memory.method)
+        status = RunStatus("interrupted", tuple(done), current, len(recorder.step_time_s) if recorder else 0)
+        print("\ninterrupted: writing what was measured so far", file=sys.stderr)
+    bench_config = BenchConfig(
+        model=cfg.model, data=cfg.data, strategies=tuple(cfg.strategies), steps=cfg.steps,
+        batch_size=cfg.batch_size, max_length=cfg.max_length, mode=cfg.mode, seed=cfg.seed,
+        device=str(device), dtype=str(dtype).removeprefix("torch."), grad_accumulation=cfg.grad_accumulation,
+        warmup_steps=cfg.warmup_steps, lr=cfg.lr, token_budget=budget if cfg.mode == "token-budget" else None,
+    )  # fmt: skip
+    results = BenchResults(
+        config=bench_config,
+        environment=environment_snapshot(device),
+        strategies=runs,
+        lengths=tuple(int(n) for n in lengths),
+        status=status,
+        padless_version=__version__,
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = save_results(results, out / "results.json")
+    write_report(results, out)
+    print(format_summary_table(results))
+    print(f"results: {path}\nreport:  {out / 'report.html'}")
+    return path
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass (read from its source), for ``--help``."""
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr):
+            if isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                docs[node.target.id] = " ".join(after.value.value.split()).replace("%", "%%")  # argparse formats help
+    return docs
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="default", choices=sorted(PRESETS),
+                        help="a named configuration; the flags below override it")  # fmt: skip
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset, e.g. packing,padding")
+    docs = field_docs(Preset)
+    for f in dataclasses.fields(Preset):
+        kind = {"int": int, "float": float, "int | None": int}.get(str(f.type), str)
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, help=docs.get(f.name))
+    parser.add_argument("--mode", default="same-examples", choices=["same-examples", "token-budget"])
+    parser.add_argument("--token-budget", type=int, default=None, help="tokens per step in token-budget mode (default batch size x max length)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: the model's)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--out", default="runs/bench", help="output folder for results.json, the plots and report.html")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    preset = PRESETS[args.preset]
+    values = {f.name: getattr(args, f.name) if getattr(args, f.name) is not None else getattr(preset, f.name)
+              for f in dataclasses.fields(Preset)}  # fmt: skip
+    return RunConfig(
+        **values, strategies=tuple(parse_strategies(args.strategies)), mode=args.mode,
+        token_budget=args.token_budget, seed=args.seed, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer,
+    )  # fmt: skip
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run_benchmark(config_from_args(args), args.out, progress=not args.no_progress)
+    return 0

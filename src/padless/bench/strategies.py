@@ -1,0 +1,136 @@
+"""The batching strategies the benchmark compares, as one table: name -> how a step's examples become
+micro-batches, and which attention implementation the model runs with.
+
+Every strategy receives the same examples for a step (``same-examples`` mode) and must train on all
+of them; the loss is normalised by the step's trained tokens (:mod:`padless.loss`), so the strategies
+differ in speed, not in what the step learns:
+
+- ``padding``: micro-batches of ``batch_size`` examples in order, padded to the longest (SDPA).
+- ``bucketing``: the step's examples sorted by length and cut into micro-batches whose padded size
+  (count x longest) stays within the padding strategy's budget, so similar lengths share a batch.
+- ``packing``: padless. The step's examples packed into rows (one padding-free row when
+  ``max_length`` is ``None``), attention by the fastest exact backend (padless varlen on CPU).
+- ``flattening``: the peer, transformers' ``DataCollatorWithFlattening`` on SDPA as its users run it
+  under ``Trainer`` (``use_cache=False``, so transformers detects the packed row from position ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+StrategyName = Literal["padding", "bucketing", "packing", "flattening"]
+STRATEGY_NAMES: tuple[str, ...] = ("padding", "bucketing", "packing", "flattening")
+
+Feature = Mapping[str, Any]
+Batcher = Callable[[Sequence[Feature]], list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class BatchingOptions:
+    """What every strategy needs to cut a step into micro-batches."""
+
+    batch_size: int
+    """Examples per micro-batch for padding and flattening; the budget unit for bucketing."""
+    max_length: int | None
+    """Packed row length; ``None`` packs a micro-batch's examples into one padding-free row."""
+    pad_token_id: int
+    """Id written into padding."""
+    vocab_size: int
+    """Token ids are checked against it."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A batching strategy: the model's attention implementation and a batcher factory."""
+
+    name: str
+    attn_implementation: str
+    make_batcher: Callable[[BatchingOptions, Any], Batcher]
+
+
+def _chunks(items: Sequence[Feature], size: int) -> list[Sequence[Feature]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _padding(opts: BatchingOptions, model: Any) -> Batcher:
+    from padless.collate import FeatureSpec, PaddingCollator
+
+    collate = PaddingCollator(pad_token_id=opts.pad_token_id, features=FeatureSpec(vocab_size=opts.vocab_size))
+    return lambda feats: [collate(c) for c in _chunks(feats, opts.batch_size)]
+
+
+def _bucketing(opts: BatchingOptions, model: Any) -> Batcher:
+    from padless.collate import FeatureSpec, PaddingCollator
+
+    collate = PaddingCollator(pad_token_id=opts.pad_token_id, features=FeatureSpec(vocab_size=opts.vocab_size))
+
+    def batcher(feats: Sequence[Feature]) -> list[dict[str, Any]]:
+        lengths = np.array([len(f["input_ids"]) for f in feats])
+        order = np.argsort(-lengths, kind="stable")
+        # the padded budget of one padding micro-batch: batch_size x the longest example of the step
+        budget = opts.batch_size * int(lengths.max())
+        batches, current, longest = [], [], 0
+        for i in order.tolist():
+            if current and max(longest, lengths[i]) * (len(current) + 1) > budget:
+                batches.append(collate([feats[j] for j in current]))
+                current, longest = [], 0
+            current.append(i)
+            longest = max(longest, int(lengths[i]))
+        batches.append(collate([feats[j] for j in current]))
+        return batches
+
+    return batcher
+
+
+def _packing(opts: BatchingOptions, model: Any) -> Batcher:
+    from padless.collate import PackingCollator
+
+    collate = PackingCollator.for_model(model, max_length=opts.max_length, pad_token_id=opts.pad_token_id)
+    if opts.max_length is None:
+        return lambda feats: [collate(c) for c in _chunks(feats, opts.batch_size)]
+    return lambda feats: [collate(feats)]
+
+
+def _flattening(opts: BatchingOptions, model: Any) -> Batcher:
+    from transformers import DataCollatorWithFlattening
+
+    collate = DataCollatorWithFlattening()
+
+    def batcher(feats: Sequence[Feature]) -> list[dict[str, Any]]:
+        plain = [{"input_ids": list(f["input_ids"]), "labels": list(f["labels"])} for f in feats]
+        return [{**collate(c), "use_cache": False} for c in _chunks(plain, opts.batch_size)]
+
+    return batcher
+
+
+def packing_attention() -> str:
+    """The attention implementation padless packs with: its own varlen backend when it is available
+    for this device and dtype, else SDPA with a 4D block mask."""
+    try:
+        from padless.attention import register_padless_attention
+
+        register_padless_attention()
+        return "padless"
+    except ImportError:  # pragma: no cover - the attention module ships with padless
+        return "sdpa"
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "padding": Strategy("padding", "sdpa", _padding),
+    "bucketing": Strategy("bucketing", "sdpa", _bucketing),
+    "packing": Strategy("packing", "padless", _packing),
+    "flattening": Strategy("flattening", "sdpa", _flattening),
+}
+
+
+def parse_strategies(text: str) -> list[str]:
+    """``"packing,padding"`` -> validated names (in the given order)."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown or not names:
+        raise ValueError(f"unknown strategy {unknown[0] if unknown else text!r}; choose from {', '.join(STRATEGIES)}")
+    return names

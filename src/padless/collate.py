@@ -1,0 +1,300 @@
+"""Collators: a list of features -> one dict that a Hugging Face causal LM's ``forward()`` accepts.
+
+- :class:`PaddingCollator` pads every sequence to the longest of the batch (the baseline).
+- :class:`PackingCollator` packs the sequences of the batch into rows with a planner
+  (:func:`padless.plan_packs`) and describes the documents of each row so that attention stays
+  inside a document, positions restart at 0, and no token is trained to predict the next document.
+
+A feature is a dict with ``input_ids`` (a 1-D list, array or tensor of token ids) and optionally
+``labels`` of the same length (``IGNORE_INDEX`` where a token is not trained, e.g. prompts). Without
+labels every token is trained. Labels are *unshifted*, as transformers expects: the model predicts
+``labels[t + 1]`` from position ``t``.
+
+A packed row of documents ``a b c | d e`` (``|`` a document start) and one pad token ``_``::
+
+    input_ids      a  b  c  d  e  _
+    position_ids   0  1  2  0  1  0       restart per document; the pad is its own document
+    labels       -100 b  c -100 e -100    each document's first label is masked: ``c`` must never be
+                                           trained to predict ``d``; the pad is never a target
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from padless.layout import IGNORE_INDEX, cu_seqlens_from_lengths, position_ids_from_lengths
+
+if TYPE_CHECKING:
+    import torch
+
+AttentionInputs = Literal["mask4d", "varlen", "position_ids"]
+"""What a packed batch carries so the attention backend isolates documents:
+``mask4d`` a 4D additive block-causal float mask (SDPA, eager); ``varlen`` cumulative sequence
+lengths ``cu_seq_lens_q/k`` and ``max_length_q/k`` (padless varlen, flash-attn); ``position_ids``
+restarted position ids alone (flash-attn's own detection)."""
+ATTENTION_INPUTS: tuple[str, ...] = ("mask4d", "varlen", "position_ids")
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Validated token ids and labels of a batch, as int64 numpy arrays."""
+
+    input_ids: list[np.ndarray]
+    labels: list[np.ndarray]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.fromiter((ids.size for ids in self.input_ids), dtype=np.int64, count=len(self.input_ids))
+
+
+def _to_array(values: Any, what: str, i: int) -> np.ndarray:
+    if hasattr(values, "detach"):  # a torch tensor
+        values = values.detach().cpu().numpy()
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"feature {i}: {what} must be 1-D, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"feature {i}: {what} must be integer token ids, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """How raw features become validated sequences; shared by both collators so that padded and
+    packed batches of the same features hold exactly the same tokens."""
+
+    vocab_size: int | None = None
+    """If set, every token id must lie in ``[0, vocab_size)``; checked here because an id past the
+    embedding table fails deep inside the model with an unhelpful index error (or not at all on GPU)."""
+    separator_id: int | None = None
+    """If set, appended to every sequence that does not already end with it (e.g. EOS)."""
+    train_on_separator: bool = True
+    """Whether an appended separator is a training target (a model learns to end a document)."""
+
+    def prepare(self, features: Sequence[Mapping[str, Any]]) -> Sequences:
+        if len(features) == 0:
+            raise ValueError("the batch is empty: a collator needs at least one feature")
+        all_ids: list[np.ndarray] = []
+        all_labels: list[np.ndarray] = []
+        for i, feature in enumerate(features):
+            if "input_ids" not in feature:
+                raise ValueError(f"feature {i} has no 'input_ids' (keys: {sorted(feature)})")
+            ids = _to_array(feature["input_ids"], "input_ids", i)
+            if ids.size == 0:
+                raise ValueError(f"feature {i} is an empty sequence; every sequence needs at least one token")
+            labels_in = feature.get("labels")
+            labels = ids.copy() if labels_in is None else _to_array(labels_in, "labels", i).copy()
+            if labels.size != ids.size:
+                raise ValueError(
+                    f"feature {i}: labels has {labels.size} tokens but input_ids has {ids.size}; they must match"
+                )
+            if self.separator_id is not None and ids[-1] != self.separator_id:
+                ids = np.append(ids, self.separator_id)
+                labels = np.append(labels, self.separator_id if self.train_on_separator else IGNORE_INDEX)
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or (self.vocab_size is not None and high >= self.vocab_size):
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"feature {i}: token id {bad} is outside the vocabulary [0, {self.vocab_size or 'inf'})"
+                )
+            all_ids.append(ids)
+            all_labels.append(labels)
+        return Sequences(all_ids, all_labels)
+
+
+def _round_up(n: int, multiple: int | None) -> int:
+    return n if not multiple else -(-n // multiple) * multiple
+
+
+@dataclass
+class PaddingCollator:
+    """Pads to the longest sequence of the batch (right padding): ``input_ids``, ``attention_mask``
+    (1 on real tokens), ``labels`` (``IGNORE_INDEX`` on padding), each ``[B, T]``."""
+
+    pad_token_id: int = 0
+    """Id written into padding positions (never attended to, never trained)."""
+    pad_to_multiple_of: int | None = None
+    """Round the padded length up to a multiple of this (tensor-core friendly shapes)."""
+    features: FeatureSpec = field(default_factory=FeatureSpec)
+    """Validation and separator handling, shared with :class:`PackingCollator`."""
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        import torch
+
+        seqs = self.features.prepare(features)
+        width = _round_up(int(seqs.lengths.max()), self.pad_to_multiple_of)
+        input_ids = np.full((len(seqs.input_ids), width), self.pad_token_id, dtype=np.int64)
+        labels = np.full_like(input_ids, IGNORE_INDEX)
+        attention_mask = np.zeros_like(input_ids)
+        for b, (ids, lab) in enumerate(zip(seqs.input_ids, seqs.labels)):
+            input_ids[b, : ids.size] = ids
+            labels[b, : ids.size] = lab
+            attention_mask[b, : ids.size] = 1
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(attention_mask),
+            "labels": torch.from_numpy(labels),
+        }
+
+
+@dataclass
+class PackingCollator:
+    """Packs the batch's sequences into rows and emits what keeps documents isolated.
+
+    Keys: ``input_ids``, ``labels``, ``position_ids`` (``[R, L]``), ``use_cache=False`` (a cache
+    silently turns off transformers' packed-row handling, so a plain ``model(**batch)`` stays exact),
+    and by ``attention``: ``attention_mask`` ``[R, 1, L, L]`` (mask4d) or ``cu_seq_lens_q/k``,
+    ``max_length_q/k`` (varlen). Use :meth:`for_model` to pick ``attention`` and the mask dtype from a
+    model's attention implementation.
+
+    Totals of what the planner truncated or dropped accumulate in :attr:`totals` (in the process that
+    calls the collator), so nothing is lost silently.
+    """
+
+    max_length: int | None = None
+    """Tokens per packed row. ``None``: the whole batch becomes one row (padding-free)."""
+    attention: AttentionInputs = "mask4d"
+    """What the batch carries for the attention backend (see :data:`AttentionInputs`)."""
+    strategy: str = "best_fit_decreasing"
+    """Planner strategy (:data:`padless.STRATEGIES`) used when ``max_length`` is set."""
+    overlong: str = "error"
+    """Policy for a sequence longer than ``max_length`` (:data:`padless.OVERLONG_POLICIES`)."""
+    pad_token_id: int = 0
+    """Id written into padding at the end of a row."""
+    pad_to_max_length: bool = False
+    """Pad every row to ``max_length`` (static shapes) instead of the longest row of the batch."""
+    pad_to_multiple_of: int | None = None
+    """Round the row length up to a multiple of this."""
+    mask_dtype: torch.dtype | None = None
+    """Dtype of the 4D additive mask; must equal the model's compute dtype (default float32)."""
+    features: FeatureSpec = field(default_factory=FeatureSpec)
+    """Validation and separator handling, shared with :class:`PaddingCollator`."""
+    totals: dict[str, int] = field(default_factory=lambda: {
+        "sequences": 0, "tokens": 0, "truncated_sequences": 0, "truncated_tokens": 0,
+        "dropped_sequences": 0, "dropped_tokens": 0, "split_sequences": 0,
+    })  # fmt: skip
+    """Running counts over every batch collated so far."""
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_INPUTS:
+            raise ValueError(f"unknown attention inputs {self.attention!r}; choose one of {', '.join(ATTENTION_INPUTS)}")
+        if self.max_length is not None and self.max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
+
+    @classmethod
+    def for_model(cls, model: Any, **kwargs: Any) -> PackingCollator:
+        """A collator whose attention inputs and mask dtype fit ``model``'s attention backend.
+
+        Raises if the backend cannot isolate documents on this model (see :mod:`padless.attention`).
+        """
+        import inspect
+
+        if "position_ids" not in inspect.signature(model.forward).parameters:
+            raise ValueError(
+                f"{type(model).__name__}.forward takes no position_ids, so packed documents would be given "
+                "positions that run on across document boundaries; padless refuses to pack for it"
+            )
+        from padless.attention import backend_inputs
+
+        backend = model.config._attn_implementation
+        kwargs.setdefault("attention", backend_inputs(backend))
+        kwargs.setdefault("mask_dtype", model.dtype)
+        if getattr(model.config, "vocab_size", None):
+            kwargs.setdefault("features", FeatureSpec(vocab_size=model.config.vocab_size))
+        return cls(**kwargs)
+
+    def pack(self, features: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+        """Plan and place tokens: ``input_ids`` and ``labels`` ``[R, L]`` and each row's document
+        lengths (the trailing pad, if any, is the last document of its row).
+
+        Features that carry ``seq_lengths`` are rows packed beforehand (:class:`padless.PackedRows`,
+        ``padless pack``): each becomes one row with those documents, without re-planning.
+        """
+        prepacked = ["seq_lengths" in f for f in features]
+        if any(prepacked) and not all(prepacked):
+            raise ValueError("the batch mixes pre-packed rows (with 'seq_lengths') and single sequences")
+        if prepacked and all(prepacked):
+            seqs = FeatureSpec(vocab_size=self.features.vocab_size).prepare(features)
+            pieces_per_row = [self._prepacked_row(i, f["seq_lengths"], n) for i, (f, n) in enumerate(zip(features, seqs.lengths))]
+            return self._place(seqs, pieces_per_row)
+        seqs = self.features.prepare(features)
+        lengths = seqs.lengths
+        if self.max_length is None:
+            return self._place(seqs, [[(i, 0, int(n)) for i, n in enumerate(lengths)]])
+        from padless.plan import plan_packs
+
+        plan = plan_packs(lengths, self.max_length, strategy=self.strategy, overlong=self.overlong)
+        self._count(plan.stats, lengths)
+        rows = [list(zip(*(a.tolist() for a in plan.row(r)))) for r in range(plan.num_rows)]
+        if not rows:
+            raise ValueError("every sequence of the batch was dropped by the overlong policy; nothing to train on")
+        return self._place(seqs, rows)
+
+    def _prepacked_row(self, i: int, seq_lengths: Any, total: int) -> list[tuple[int, int, int]]:
+        docs = _to_array(seq_lengths, "seq_lengths", i)
+        if docs.size == 0 or docs.min() < 1 or int(docs.sum()) != total:
+            raise ValueError(f"feature {i}: seq_lengths {docs.tolist()} must be positive and sum to its {total} tokens")
+        if self.max_length is not None and total > self.max_length:
+            raise ValueError(f"feature {i}: a pre-packed row of {total} tokens exceeds max_length={self.max_length}")
+        starts = cu_seqlens_from_lengths(docs)[:-1]
+        return [(i, int(s), int(n)) for s, n in zip(starts, docs)]
+
+    def _place(
+        self, seqs: Sequences, pieces_per_row: list[list[tuple[int, int, int]]]
+    ) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+        """Copy each piece ``(sequence, start, length)`` into its row; mask each document's first label."""
+        used = max(sum(n for _, _, n in row) for row in pieces_per_row)
+        width = self.max_length if self.pad_to_max_length and self.max_length else used
+        width = _round_up(width, self.pad_to_multiple_of)
+        input_ids = np.full((len(pieces_per_row), width), self.pad_token_id, dtype=np.int64)
+        labels = np.full_like(input_ids, IGNORE_INDEX)
+        row_docs: list[list[int]] = []
+        for r, row in enumerate(pieces_per_row):
+            offset, docs = 0, []
+            for index, start, n in row:
+                input_ids[r, offset : offset + n] = seqs.input_ids[index][start : start + n]
+                # labels[offset] stays IGNORE_INDEX: the previous document's last token must not be
+                # trained to predict this document's first token.
+                labels[r, offset + 1 : offset + n] = seqs.labels[index][start + 1 : start + n]
+                offset += n
+                docs.append(n)
+            if offset < width:
+                docs.append(width - offset)
+            row_docs.append(docs)
+        return input_ids, labels, row_docs
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        from padless.masks import additive_block_causal_mask
+
+        input_ids, labels, row_docs = self.pack(features)
+        position_ids = np.stack([position_ids_from_lengths(docs) for docs in row_docs])
+        batch: dict[str, Any] = {
+            "input_ids": torch.from_numpy(input_ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(position_ids),
+            "use_cache": False,
+        }
+        if self.attention == "mask4d":
+            batch["attention_mask"] = additive_block_causal_mask(row_docs, dtype=self.mask_dtype)
+        elif self.attention == "varlen":
+            all_docs = np.concatenate([np.asarray(d, dtype=np.int64) for d in row_docs])
+            cu = torch.from_numpy(cu_seqlens_from_lengths(all_docs)).to(torch.int32)
+            batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(all_docs.max()),
+                         max_length_k=int(all_docs.max()))  # fmt: skip
+        return batch
+
+    def _count(self, stats: Any, lengths: np.ndarray) -> None:
+        t = self.totals
+        t["sequences"] += int(lengths.size)
+        t["tokens"] += int(lengths.sum())
+        t["truncated_sequences"] += stats.truncated_sequences
+        t["truncated_tokens"] += stats.truncated_tokens
+        t["dropped_sequences"] += stats.dropped_sequences
+        t["dropped_tokens"] += stats.dropped_tokens
+        t["split_sequences"] += stats.split_sequences

@@ -1,0 +1,79 @@
+"""Token-normalised causal-LM loss across micro-batches and ranks.
+
+Packing must change how fast a model trains, not what it learns. A padded batch and a packed batch of
+the same sequences hold the same trained tokens, so the loss of an optimiser step is defined per token:
+
+    loss_step = sum over every trained token of the step (all micro-batches, all ranks) of CE
+                / number of those tokens
+
+Averaging per micro-batch (or per row) instead would weight a token by how many others share its
+micro-batch, which packing changes. Each micro-batch therefore contributes ``sum_ce / N_step`` where
+``N_step`` is counted before the step's forwards; under DDP (which averages gradients over ranks) the
+contribution is multiplied by the world size so the averaged gradient is exactly the per-token one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from padless.layout import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    import torch
+
+
+def trained_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """Number of target tokens in unshifted ``labels [B, T]``: position ``t`` is trained to predict
+    ``labels[t + 1]``, so the first column is never a target."""
+    return (labels[..., 1:] != IGNORE_INDEX).sum()
+
+
+def step_num_items(micro_batches: Iterable[Mapping[str, Any]], *, all_ranks: bool = True) -> torch.Tensor:
+    """Trained tokens of a whole optimiser step: summed over its micro-batches and, when
+    ``torch.distributed`` is initialised and ``all_ranks``, all-reduced over every rank."""
+    import torch
+    import torch.distributed as dist
+
+    total = torch.zeros((), dtype=torch.long)
+    for batch in micro_batches:
+        total += trained_tokens(batch["labels"]).cpu()
+    if all_ranks and dist.is_available() and dist.is_initialized():
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        total = total.to(device)
+        dist.all_reduce(total)
+    return total.cpu()
+
+
+def causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_items: int | torch.Tensor,
+    *,
+    world_size: int = 1,
+) -> torch.Tensor:
+    """``sum(CE over trained tokens of this micro-batch) / num_items * world_size``.
+
+    logits: ``[B, T, V]``; labels: ``[B, T]`` unshifted. ``num_items`` is the step's trained-token
+    count (:func:`step_num_items`); ``world_size`` undoes DDP's gradient averaging. Cross-entropy is
+    computed in float32 whatever the logits' dtype.
+    """
+    import torch.nn.functional as F
+
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} do not match")
+    n = num_items if not hasattr(num_items, "item") else num_items.to(logits.device)
+    if int(num_items) <= 0:
+        raise ValueError("num_items must be positive: the step has no trained token")
+    shift_logits = logits[..., :-1, :].float().reshape(-1, logits.shape[-1])  # [B*(T-1), V]
+    shift_labels = labels[..., 1:].reshape(-1).to(logits.device)  # [B*(T-1)]
+    total = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    return total * world_size / n
+
+
+def model_loss(model: Any, batch: Mapping[str, Any], num_items: int | torch.Tensor, *, world_size: int = 1) -> torch.Tensor:
+    """Forward ``batch`` through a causal LM (labels withheld from the model) and return its
+    token-normalised loss contribution. Works for any batch our collators (or transformers') emit."""
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    logits = model(**inputs).logits
+    return causal_lm_loss(logits, batch["labels"], num_items, world_size=world_size)
