@@ -1,7 +1,7 @@
 """The ``padless`` command line: a table of subcommands, each a thin wrapper over one library call.
 
 Every subcommand lives in the module that owns its concept and exposes two functions:
-``add_arguments(parser)`` and ``run(args) -> int`` (the exit status). Modules are imported only when
+``add_<command>_arguments(parser)`` and ``run_<command>(args) -> int`` (the exit status). Modules are imported only when
 their subcommand is chosen, so ``padless --help`` is instant.
 """
 

@@ -1,0 +1,477 @@
+"""The ``results.json`` of ``padless bench``: its schema, the figures derived from it, and validation.
+
+A results file holds what was measured, step by step, for every strategy (step time, loss, real and
+padded tokens, sequences), plus the run's configuration, the machine it ran on and the corpus
+lengths. Everything else (median and p90 step time, tokens per second, padding fraction, speedups)
+is *derived* here from the per-step arrays, never passed in, so a figure in the report can always be
+recomputed from the raw data. The derived sections are written into the json for readers, and
+recomputed (not trusted) when a file is loaded.
+
+    results.json
+      config          BenchConfig      what was run
+      environment     Environment      where it ran
+      strategies      {name: StrategyRun + "figures": StrategyFigures}
+      lengths         [int]            corpus token lengths, for the histogram
+      summary         Summary          speedups over padding, ideal speedup, eval-loss deltas
+      status          RunStatus        "complete", or "interrupted" and how far it got
+      padless_version str
+      schema_version  int
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+SCHEMA_VERSION = 1
+BASELINE = "padding"
+"""The strategy every speedup is measured against."""
+
+Mode = Literal["same-examples", "token-budget"]
+RunState = Literal["complete", "interrupted"]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``padless bench`` was asked to run."""
+
+    model: str
+    """Model name or path, as given to ``padless.models.build_model``."""
+    data: str
+    """Corpus name or path of the training data."""
+    strategies: tuple[str, ...]
+    """Strategies in the order they ran: padding, bucketing, packing, flattening."""
+    steps: int
+    """Optimiser steps per strategy."""
+    batch_size: int
+    """Sequences per micro-batch (same-examples mode) or per step before packing."""
+    max_length: int
+    """Longest sequence in tokens (longer ones are truncated); also the packed row length."""
+    mode: Mode
+    """``same-examples``: the same examples in every optimiser step; ``token-budget``: a fixed
+    number of tokens per optimiser step."""
+    seed: int
+    """Seed of the model initialisation and of the example order."""
+    device: str
+    """torch device string, e.g. ``cpu`` or ``cuda:0``."""
+    dtype: str
+    """Parameter dtype, e.g. ``float32`` or ``bfloat16``."""
+    grad_accumulation: int
+    """Micro-batches per optimiser step."""
+    warmup_steps: int
+    """Leading steps left out of the timing figures (allocator and kernel warm-up)."""
+    lr: float
+    """Learning rate."""
+    token_budget: int | None = None
+    """Tokens per optimiser step in ``token-budget`` mode; ``None`` in ``same-examples`` mode."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The machine and software a run measured (see ``padless.bench.measure.environment_snapshot``)."""
+
+    python: str
+    """Python version."""
+    torch: str
+    """torch version (with its build tag, e.g. ``2.13.0+cpu``)."""
+    transformers: str
+    """transformers version."""
+    padless: str
+    """padless version."""
+    os: str
+    """Operating system and kernel (``platform.platform()``)."""
+    device: str
+    """torch device the run used."""
+    device_name: str
+    """Accelerator name, or the CPU model on a CPU run."""
+    cpu_model: str
+    """CPU model name."""
+    cpu_count: int
+    """Logical CPUs of the machine."""
+    cpu_available: int
+    """Logical CPUs this process may run on (its affinity mask; containers often get fewer)."""
+    torch_threads: int
+    """``torch.get_num_threads()`` during the run."""
+    date: str
+    """When the snapshot was taken, ISO 8601 in UTC."""
+
+
+@dataclass(frozen=True)
+class StrategyRun:
+    """What was measured for one strategy; arrays hold one entry per optimiser step done."""
+
+    step_time_s: tuple[float, ...]
+    """Wall time of each optimiser step (all its micro-batches), warm-up steps included."""
+    loss: tuple[float, ...]
+    """Training loss of each step (token-normalised over the whole step)."""
+    real_tokens: tuple[int, ...]
+    """Non-padding tokens fed in each step."""
+    padded_tokens: tuple[int, ...]
+    """All tokens fed in each step, padding included."""
+    sequences: tuple[int, ...]
+    """Sequences (examples) trained in each step."""
+    peak_memory_bytes: int | None
+    """Peak memory over this strategy's training: process RSS on CPU, max allocated on an
+    accelerator; ``None`` if it could not be measured."""
+    memory_method: str
+    """How the peak was measured (``padless.bench.measure.MemoryMethod``)."""
+    eval_loss_start: float | None
+    """Held-out loss before training (same examples for every strategy); ``None`` if not reached."""
+    eval_loss_end: float | None
+    """Held-out loss after training; ``None`` if not reached (an interrupted run)."""
+
+
+@dataclass(frozen=True)
+class StrategyFigures:
+    """Figures derived from a :class:`StrategyRun`; timing figures leave out the warm-up steps."""
+
+    steps_done: int
+    """Optimiser steps recorded."""
+    measured_steps: int
+    """Steps after the warm-up, the ones the timing figures use."""
+    step_time_median_s: float | None
+    """Median step time over measured steps; ``None`` when there are none."""
+    step_time_p90_s: float | None
+    """90th percentile step time (linear interpolation) over measured steps."""
+    real_tokens_per_s: float | None
+    """Non-padding tokens over the measured steps divided by their total time."""
+    padded_tokens_per_s: float | None
+    """All tokens fed (padding included) over the measured steps divided by their total time."""
+    sequences_per_s: float | None
+    """Sequences over the measured steps divided by their total time."""
+    padding_fraction: float | None
+    """Padding tokens / all tokens fed, over every step recorded."""
+    eval_loss_delta: float | None
+    """``eval_loss_end - eval_loss_start`` (negative: the model learned)."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Comparisons across strategies, derived from their figures."""
+
+    baseline: str
+    """The strategy speedups are measured against (``padding``)."""
+    speedup: dict[str, float | None]
+    """Real tokens/s of each strategy over the baseline's; ``None`` if either is missing."""
+    ideal_speedup: float | None
+    """Padded tokens / real tokens of the baseline: the speedup if no padding were computed."""
+    eval_loss_delta: dict[str, float | None]
+    """Each strategy's ``eval_loss_end - eval_loss_start``."""
+    eval_loss_end_vs_baseline: dict[str, float | None]
+    """Each strategy's final eval loss minus the baseline's (near 0: same learning)."""
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """Whether the run finished; an interrupted run (Ctrl-C) still writes what it measured."""
+
+    state: RunState
+    """``complete`` or ``interrupted``."""
+    strategies_done: tuple[str, ...]
+    """Strategies that ran all their steps and their final evaluation."""
+    interrupted_strategy: str | None = None
+    """The strategy running when the run was interrupted; ``None`` if complete."""
+    interrupted_at_step: int | None = None
+    """Optimiser steps that strategy had completed when interrupted."""
+
+
+@dataclass(frozen=True)
+class BenchResults:
+    """One ``padless bench`` run: what is saved as ``results.json``."""
+
+    config: BenchConfig
+    """What was run."""
+    environment: Environment
+    """Where it ran."""
+    strategies: dict[str, StrategyRun]
+    """Measurements per strategy, in the order they ran (a strategy never started is absent)."""
+    lengths: tuple[int, ...]
+    """Token lengths of the corpus examples used (after truncation to ``max_length``)."""
+    status: RunStatus
+    """Complete or interrupted."""
+    padless_version: str
+    """padless version that wrote the file."""
+    schema_version: int = SCHEMA_VERSION
+    """Version of this schema."""
+
+    def figures(self) -> dict[str, StrategyFigures]:
+        """Derived figures per strategy."""
+        return {n: strategy_figures(r, self.config.warmup_steps) for n, r in self.strategies.items()}
+
+    def summary(self) -> Summary:
+        """Speedups and eval-loss comparisons, derived from the per-step data."""
+        return summarize(self.strategies, self.config.warmup_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A json-ready dict: the measured data plus the derived ``figures`` and ``summary``."""
+        out = dataclasses.asdict(self)  # tuples stay tuples: json writes them as lists
+        for name, figures in self.figures().items():
+            out["strategies"][name]["figures"] = dataclasses.asdict(figures)
+        out["summary"] = dataclasses.asdict(self.summary())
+        return out
+
+    def to_json(self) -> str:
+        """The results as json text (NaN losses are written as ``NaN``, which Python reads back)."""
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchResults:
+        """Build from a decoded results.json; ``ValueError`` lists every problem found."""
+        problems = validate(data)
+        if problems:
+            shown = "; ".join(problems[:8])
+            if len(problems) > 8:
+                shown += f"; and {len(problems) - 8} more"
+            raise ValueError(f"not a valid padless results file: {shown}")
+        return _from_plain(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> BenchResults:
+        """Parse json text written by :meth:`to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        if not isinstance(data, dict):
+            kind = type(data).__name__
+            raise ValueError(f"not a padless results file: the top level is a {kind}, not an object")
+        return cls.from_dict(data)
+
+
+# --- derived figures ----------------------------------------------------------------------------
+
+
+def percentile(values: typing.Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation between order statistics
+    (numpy's default); ``ValueError`` on an empty sequence."""
+    if not values:
+        raise ValueError("percentile of an empty sequence")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def strategy_figures(run: StrategyRun, warmup_steps: int) -> StrategyFigures:
+    """Median/p90 step time and rates over the steps after ``warmup_steps``; padding fraction over
+    all steps. Rates are totals over totals (not a mean of per-step rates), so a slow step weighs
+    what it cost."""
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    times = list(run.step_time_s[warmup_steps:])
+    total_time = sum(times)
+    padded_all = sum(run.padded_tokens)
+    delta = None
+    if run.eval_loss_start is not None and run.eval_loss_end is not None:
+        delta = run.eval_loss_end - run.eval_loss_start
+    return StrategyFigures(
+        steps_done=len(run.step_time_s),
+        measured_steps=len(times),
+        step_time_median_s=percentile(times, 50) if times else None,
+        step_time_p90_s=percentile(times, 90) if times else None,
+        real_tokens_per_s=_ratio(sum(run.real_tokens[warmup_steps:]), total_time),
+        padded_tokens_per_s=_ratio(sum(run.padded_tokens[warmup_steps:]), total_time),
+        sequences_per_s=_ratio(sum(run.sequences[warmup_steps:]), total_time),
+        padding_fraction=1 - sum(run.real_tokens) / padded_all if padded_all > 0 else None,
+        eval_loss_delta=delta,
+    )
+
+
+def summarize(strategies: dict[str, StrategyRun], warmup_steps: int, baseline: str = BASELINE) -> Summary:
+    """Speedup of each strategy over ``baseline`` (real tokens/s ratio), the ideal speedup (the
+    baseline's padded / real tokens) and eval-loss deltas. Figures needing the baseline are
+    ``None`` when it is absent or has no measured steps."""
+    figs = {n: strategy_figures(r, warmup_steps) for n, r in strategies.items()}
+    base = figs.get(baseline)
+    base_tps = base.real_tokens_per_s if base else None
+    ideal = None
+    if baseline in strategies:
+        ideal = _ratio(sum(strategies[baseline].padded_tokens), sum(strategies[baseline].real_tokens))
+    base_end = strategies[baseline].eval_loss_end if baseline in strategies else None
+    speedup: dict[str, float | None] = {}
+    vs_base: dict[str, float | None] = {}
+    for name, f in figs.items():
+        ok = f.real_tokens_per_s is not None and base_tps is not None
+        speedup[name] = f.real_tokens_per_s / base_tps if ok else None
+        end = strategies[name].eval_loss_end
+        vs_base[name] = end - base_end if end is not None and base_end is not None else None
+    return Summary(
+        baseline=baseline,
+        speedup=speedup,
+        ideal_speedup=ideal,
+        eval_loss_delta={n: f.eval_loss_delta for n, f in figs.items()},
+        eval_loss_end_vs_baseline=vs_base,
+    )
+
+
+# --- saving and loading -------------------------------------------------------------------------
+
+
+def save_results(results: BenchResults, path: str | os.PathLike[str]) -> Path:
+    """Write ``results`` as json atomically (a temporary file renamed over ``path``), so a Ctrl-C
+    during the write never leaves a truncated file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(results.to_json() + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_results(path: str | os.PathLike[str]) -> BenchResults:
+    """Read a results.json; ``ValueError`` naming the file if it is missing, not json or invalid."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such results file" + (" (it is a directory)" if path.is_dir() else ""))
+    try:
+        return BenchResults.from_json(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+# --- validation against the dataclasses above ---------------------------------------------------
+
+
+def validate(data: Any) -> list[str]:
+    """Problems with a decoded results.json: every missing or ill-typed field (with its path, e.g.
+    ``strategies.packing.loss[3]``), the derived ``figures`` and ``summary`` sections, and per-step
+    arrays of unequal length. An empty list means the file is complete and well-typed."""
+    problems: list[str] = []
+    _check(data, BenchResults, "", problems)
+    if not isinstance(data, dict):
+        return problems
+    if "summary" not in data:
+        problems.append("summary: missing")
+    else:
+        _check(data["summary"], Summary, "summary", problems)
+    strategies = data.get("strategies")
+    if isinstance(strategies, dict):
+        for name, run in strategies.items():
+            if not isinstance(run, dict):
+                continue
+            if "figures" not in run:
+                problems.append(f"strategies.{name}.figures: missing")
+            else:
+                _check(run["figures"], StrategyFigures, f"strategies.{name}.figures", problems)
+            arrays = ("step_time_s", "loss", "real_tokens", "padded_tokens", "sequences")
+            sizes = {a: len(run[a]) for a in arrays if isinstance(run.get(a), list)}
+            if len(set(sizes.values())) > 1:
+                problems.append(f"strategies.{name}: per-step arrays differ in length {sizes}")
+    version = data.get("schema_version")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        problems.append(f"schema_version: {version} is newer than this padless reads ({SCHEMA_VERSION})")
+    problems += _check_complete(data)
+    return problems
+
+
+def _check_complete(data: dict[str, Any]) -> list[str]:
+    """A run marked complete must hold every configured strategy with every step."""
+    status, config, strategies = data.get("status"), data.get("config"), data.get("strategies")
+    if not (isinstance(status, dict) and isinstance(config, dict) and isinstance(strategies, dict)):
+        return []
+    if status.get("state") != "complete" or not isinstance(config.get("strategies"), list):
+        return []
+    problems = []
+    for name in config["strategies"]:
+        run = strategies.get(name)
+        if not isinstance(run, dict):
+            problems.append(f"strategies.{name}: missing, but status is complete")
+        elif isinstance(run.get("step_time_s"), list) and len(run["step_time_s"]) != config.get("steps"):
+            problems.append(
+                f"strategies.{name}: {len(run['step_time_s'])} steps recorded, config.steps is "
+                f"{config.get('steps')}, but status is complete"
+            )
+    return problems
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    names = {tuple: "list", dict: "object", float: "number"}
+    return names.get(typing.get_origin(tp) or tp, getattr(tp, "__name__", str(tp)))
+
+
+def _check(value: Any, tp: Any, path: str, problems: list[str]) -> None:
+    """Append to ``problems`` where ``value`` (decoded json) does not match type ``tp``."""
+    where = path or "results"
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            problems.append(f"{where}: expected an object, got {type(value).__name__}")
+            return
+        for name, ftp in typing.get_type_hints(tp).items():
+            sub = f"{path}.{name}" if path else name
+            if name not in value:
+                problems.append(f"{sub}: missing")
+            else:
+                _check(value[name], ftp, sub, problems)
+    elif origin in (typing.Union, types.UnionType):
+        trial: list[str] = []
+        for alt in typing.get_args(tp):
+            trial = []
+            _check(value, alt, path, trial)
+            if not trial:
+                return
+        problems.append(f"{where}: expected {_type_name(tp)}, got {json.dumps(value)[:40]}")
+    elif origin is Literal:
+        if value not in typing.get_args(tp):
+            problems.append(f"{where}: expected {_type_name(tp)}, got {json.dumps(value)[:40]}")
+    elif origin is tuple:
+        if not isinstance(value, list):
+            problems.append(f"{where}: expected a list, got {type(value).__name__}")
+            return
+        for i, item in enumerate(value):
+            _check(item, typing.get_args(tp)[0], f"{path}[{i}]", problems)
+    elif origin is dict:
+        if not isinstance(value, dict):
+            problems.append(f"{where}: expected an object, got {type(value).__name__}")
+            return
+        for key, item in value.items():
+            _check(item, typing.get_args(tp)[1], f"{path}.{key}", problems)
+    else:
+        ok = {
+            int: isinstance(value, int) and not isinstance(value, bool),
+            float: isinstance(value, (int, float)) and not isinstance(value, bool),
+            str: isinstance(value, str),
+            type(None): value is None,
+        }.get(tp)
+        if ok is None:  # pragma: no cover - a schema type this checker does not know
+            raise TypeError(f"cannot validate type {tp!r} at {where}")
+        if not ok:
+            problems.append(f"{where}: expected {_type_name(tp)}, got {json.dumps(value)[:40]}")
+
+
+def _from_plain(tp: Any, value: Any) -> Any:
+    """Build ``tp`` from validated json (lists -> tuples, objects -> dataclasses; extra keys such as
+    the derived sections are dropped)."""
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{name: _from_plain(hints[name], value[name]) for name in hints})
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return tuple(_from_plain(typing.get_args(tp)[0], v) for v in value)
+    if origin is dict:
+        return {k: _from_plain(typing.get_args(tp)[1], v) for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType) and value is not None:
+        # every union in this schema is "X | None"
+        return _from_plain(next(a for a in typing.get_args(tp) if a is not type(None)), value)
+    if tp is float and value is not None:
+        return float(value)
+    return value
