@@ -6,8 +6,9 @@ of them; the loss is normalised by the step's trained tokens (:mod:`padless.loss
 differ in speed, not in what the step learns:
 
 - ``padding``: micro-batches of ``batch_size`` examples in order, padded to the longest (SDPA).
-- ``bucketing``: the step's examples sorted by length and cut into micro-batches whose padded size
-  (count x longest) stays within the padding strategy's budget, so similar lengths share a batch.
+- ``bucketing``: the step's examples sorted by length and split into micro-batches of similar
+  lengths (:func:`bucket_partition`); in ``token-budget`` mode, length-grouped batches over the
+  whole dataset (:class:`padless.sampling.LengthGroupedBatchSampler`).
 - ``packing``: padless. The step's examples packed into rows (one padding-free row when
   ``max_length`` is ``None``), attention by the fastest exact backend (padless varlen on CPU).
 - ``flattening``: the peer, transformers' ``DataCollatorWithFlattening`` on SDPA as its users run it
@@ -41,6 +42,8 @@ class BatchingOptions:
     """Id written into padding."""
     vocab_size: int
     """Token ids are checked against it."""
+    bucket_overhead_tokens: int = 256
+    """Bucketing's price of one more micro-batch, in padded tokens (a forward pass has a fixed cost)."""
 
 
 @dataclass(frozen=True)
@@ -63,25 +66,35 @@ def _padding(opts: BatchingOptions, model: Any) -> Batcher:
     return lambda feats: [collate(c) for c in _chunks(feats, opts.batch_size)]
 
 
+def bucket_partition(lengths: Sequence[int], overhead_tokens: int) -> list[list[int]]:
+    """Split examples into length-sorted micro-batches minimising padded tokens plus a fixed cost of
+    ``overhead_tokens`` per micro-batch (a forward pass is not free). Exact dynamic programme over
+    the sorted order, O(n^2) for the few dozen examples of a step. Returns index lists."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    n = len(order)
+    best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of the j longest examples
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):  # micro-batch order[i:j]; its longest member is order[i]
+            cost = best[i] + (j - i) * lengths[order[i]] + overhead_tokens
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
+
+
 def _bucketing(opts: BatchingOptions, model: Any) -> Batcher:
     from padless.collate import FeatureSpec, PaddingCollator
 
     collate = PaddingCollator(pad_token_id=opts.pad_token_id, features=FeatureSpec(vocab_size=opts.vocab_size))
 
     def batcher(feats: Sequence[Feature]) -> list[dict[str, Any]]:
-        lengths = np.array([len(f["input_ids"]) for f in feats])
-        order = np.argsort(-lengths, kind="stable")
-        # the padded budget of one padding micro-batch: batch_size x the longest example of the step
-        budget = opts.batch_size * int(lengths.max())
-        batches, current, longest = [], [], 0
-        for i in order.tolist():
-            if current and max(longest, lengths[i]) * (len(current) + 1) > budget:
-                batches.append(collate([feats[j] for j in current]))
-                current, longest = [], 0
-            current.append(i)
-            longest = max(longest, int(lengths[i]))
-        batches.append(collate([feats[j] for j in current]))
-        return batches
+        lengths = [len(f["input_ids"]) for f in feats]
+        groups = bucket_partition(lengths, overhead_tokens=opts.bucket_overhead_tokens)
+        return [collate([feats[i] for i in g]) for g in groups]
 
     return batcher
 

@@ -1,0 +1,110 @@
+"""The benchmark: its step plans, bucketing's partition, step-for-step loss equality of padding and
+packing, and the quick preset end to end (results.json complete, report redrawn from the json)."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from conftest import make_features
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from padless.bench import run as bench_run
+from padless.bench.strategies import bucket_partition, parse_strategies
+
+
+def _cost(groups, lengths, overhead):
+    return sum(len(g) * max(lengths[i] for i in g) + overhead for g in groups)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=7), st.integers(0, 100))
+def test_bucket_partition_is_optimal_on_small_inputs(lengths, overhead):
+    groups = bucket_partition(lengths, overhead)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    # brute force over contiguous splits of the sorted order (an optimal partition is contiguous there)
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    best = min(
+        _cost([order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)))], lengths, overhead)
+        for r in range(len(order))
+        for cuts in itertools.combinations(range(1, len(order)), r)
+    )
+    assert _cost(groups, lengths, overhead) == best
+
+
+def test_same_example_steps_cover_examples_without_repeats_in_an_epoch():
+    steps = bench_run.same_example_steps(20, 5, 4, seed=0)
+    flat = np.concatenate(steps)
+    assert sorted(flat.tolist()) == list(range(20))
+    assert [s.tolist() for s in steps] == [s.tolist() for s in bench_run.same_example_steps(20, 5, 4, seed=0)]
+    with pytest.raises(ValueError, match="a step needs 8"):
+        bench_run.same_example_steps(5, 1, 8, seed=0)
+
+
+@pytest.mark.parametrize("strategy", ["padding", "packing", "flattening", "bucketing"])
+def test_token_budget_steps_respect_the_budget(strategy):
+    lengths = np.random.default_rng(0).integers(1, 100, 300)
+    steps = bench_run.token_budget_steps(strategy, lengths, 10, 400, seed=0)
+    assert len(steps) == 10
+    for s in steps:
+        fed = len(s) * lengths[s].max() if strategy in ("padding", "bucketing") else lengths[s].sum()
+        assert fed <= 400
+
+
+def test_parse_strategies():
+    assert parse_strategies("packing, padding") == ["packing", "padding"]
+    with pytest.raises(ValueError, match="unknown strategy 'packed'"):
+        parse_strategies("packing,packed")
+
+
+def _cfg(**kw):
+    base = dict(model="tiny-gpt2", data="-", strategies=("padding", "packing"), steps=4, batch_size=6,
+                max_length=64, warmup_steps=1, lr=1e-3, eval_examples=4, train_on="all",
+                grad_accumulation=1, limit=None)  # fmt: skip
+    return bench_run.RunConfig(**{**base, **kw})
+
+
+def test_padding_and_packing_losses_match_step_for_step():
+    """Same examples per step, same init: packing changes the speed, not what is learned."""
+    import torch
+
+    from padless.bench.measure import PeakMemory, StrategyRecorder
+
+    # token ids from a 16-token subset of the 512-token vocabulary: quick to learn, so the loss drops
+    feats = make_features(np.random.default_rng(1).integers(1, 40, 40), vocab_size=16, seed=1, with_labels=True)
+    train, evals = feats[4:], feats[:4]
+    cfg = _cfg(grad_accumulation=2, batch_size=3)
+    steps = bench_run.same_example_steps(len(train), cfg.steps, cfg.batch_size * cfg.grad_accumulation, 0)
+    losses = {}
+    for name in ("padding", "packing", "flattening", "bucketing"):
+        rec = StrategyRecorder()
+        bench_run.train_strategy(name, cfg, train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
+                                 pad_token_id=0, recorder=rec, memory=PeakMemory("cpu"), progress=False)  # fmt: skip
+        losses[name] = (rec.loss, rec.eval_loss_start, rec.eval_loss_end)
+    for name in ("packing", "flattening", "bucketing"):
+        np.testing.assert_allclose(losses[name][0], losses["padding"][0], rtol=2e-5)
+        np.testing.assert_allclose(losses[name][1:], losses["padding"][1:], rtol=2e-5)
+    assert losses["padding"][2] < losses["padding"][1] - 0.1  # it trains: the held-out loss drops
+
+
+@pytest.mark.slow
+def test_quick_preset_end_to_end(tmp_path):
+    from padless.bench.results import validate
+    from padless.cli import main
+
+    out = tmp_path / "quick"
+    assert main(["bench", "--preset", "quick", "--out", str(out), "--no-progress"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert validate(data) == []
+    assert data["status"]["state"] == "complete"
+    assert set(data["strategies"]) == {"padding", "bucketing", "packing", "flattening"}
+    for run in data["strategies"].values():
+        assert len(run["loss"]) == 6 and all(np.isfinite(run["loss"]))
+        assert run["figures"]["real_tokens_per_s"] > 0
+    assert data["strategies"]["packing"]["figures"]["padding_fraction"] < data["strategies"]["padding"]["figures"]["padding_fraction"]
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html
+    redraw = tmp_path / "redraw"
+    assert main(["report", str(out / "results.json"), "--out", str(redraw)]) == 0
+    assert (redraw / "report.html").exists()
