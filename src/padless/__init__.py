@@ -25,6 +25,30 @@ _EXPORTS: dict[str, str] = {
     "cu_seqlens_from_lengths": "padless.layout",
     "document_ids_from_lengths": "padless.layout",
     "lengths_from_position_ids": "padless.layout",
+    # masks
+    "block_causal_mask": "padless.masks",
+    "additive_block_causal_mask": "padless.masks",
+    # collators and samplers
+    "PaddingCollator": "padless.collate",
+    "PackingCollator": "padless.collate",
+    "FeatureSpec": "padless.collate",
+    "LengthGroupedBatchSampler": "padless.sampling",
+    "PackedRows": "padless.sampling",
+    # loss
+    "causal_lm_loss": "padless.loss",
+    "model_loss": "padless.loss",
+    "step_num_items": "padless.loss",
+    "trained_tokens": "padless.loss",
+    # verification
+    "verify_isolation": "padless.verify",
+    "VerifyReport": "padless.verify",
+    "TOLERANCES": "padless.verify",
+    # models
+    "build_model": "padless.models",
+    # benchmark results
+    "BenchResults": "padless.bench.results",
+    "load_results": "padless.bench.results",
+    "write_report": "padless.bench.report",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

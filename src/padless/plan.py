@@ -1,0 +1,358 @@
+"""Packing planners: sequence lengths -> which sequences share a row (pure numpy, no tokens).
+
+``plan_packs(lengths, max_length)`` returns a :class:`PackPlan`: flat arrays that say, row by row,
+which slice of which sequence goes where. Tokens are placed into rows later by the collators, so a
+planner can be tested on a list of ints and plans a million sequences in well under a second::
+
+    lengths  [5, 3, 6, 2]   max_length 8, best_fit_decreasing
+    row 0    seq 2 (6) + seq 3 (2)     8/8 tokens
+    row 1    seq 0 (5) + seq 1 (3)     8/8 tokens
+
+Strategies (``STRATEGIES``; rows in the order they were opened, pieces in a row in placement order):
+
+* ``next_fit``: keeps the input order; opens a new row when the next sequence does not fit.
+* ``first_fit_decreasing``: longest first, into the lowest-numbered row with room.
+* ``best_fit_decreasing``: longest first, into the fullest row with room (ties: lowest-numbered).
+* ``histogram_best_fit``: the same best fit run on the histogram of lengths (Krell et al. 2021,
+  SPFHP): identical rows to ``best_fit_decreasing`` without ``max_per_row``, grouped by pattern,
+  faster on millions of sequences. The only strategy that uses ``seed``: it draws which of several
+  sequences of equal length fills a slot of that length.
+* ``wrapped``: concatenates in order and cuts every ``max_length`` tokens; a cut sequence continues
+  as a separate document in the next row (``start`` says where each piece begins).
+
+Sequences longer than ``max_length`` follow ``overlong`` (``OVERLONG_POLICIES``), applied before any
+strategy: ``error`` raises, ``truncate`` keeps the first ``max_length`` tokens, ``split`` cuts into
+pieces of at most ``max_length`` (separate documents), ``drop`` leaves the sequence out. Truncated,
+split and dropped sequences are counted in :class:`PlanStats`. Every strategy is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Literal, get_args
+
+import numpy as np
+
+from padless import _binpack
+
+Strategy = Literal["next_fit", "first_fit_decreasing", "best_fit_decreasing", "histogram_best_fit", "wrapped"]
+OverlongPolicy = Literal["error", "truncate", "split", "drop"]
+
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+OVERLONG_POLICIES: tuple[str, ...] = get_args(OverlongPolicy)
+
+# planner(sizes, capacity, max_per_row, seed) -> (item, offset inside the item, length, row_offsets)
+Planner = Callable[[np.ndarray, int, "int | None", int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+
+
+def _whole(engine: Callable[..., tuple[np.ndarray, np.ndarray]], *, seeded: bool = False) -> Planner:
+    """Adapt an engine that keeps items whole (one piece per item) to the planner signature."""
+
+    def planner(sizes: np.ndarray, capacity: int, max_per_row: int | None, seed: int):  # type: ignore[no-untyped-def]
+        order, row_offsets = engine(sizes, capacity, max_per_row, *((seed,) if seeded else ()))
+        return order, np.zeros(order.size, dtype=np.int64), sizes[order], row_offsets
+
+    return planner
+
+
+_PLANNERS: dict[str, Planner] = {
+    "next_fit": _whole(_binpack.next_fit),
+    "first_fit_decreasing": _whole(_binpack.first_fit_decreasing),
+    "best_fit_decreasing": _whole(_binpack.best_fit_decreasing),
+    "histogram_best_fit": _whole(_binpack.histogram_best_fit, seeded=True),
+    "wrapped": lambda sizes, capacity, max_per_row, seed: _binpack.wrapped(sizes, capacity, max_per_row),
+}
+
+
+def _empty() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class PlanStats:
+    """How well a plan uses its rows, and what the overlong policy cost."""
+
+    num_sequences: int
+    """Input sequences, including dropped ones."""
+    num_rows: int
+    """Rows of ``max_length`` tokens the plan fills."""
+    real_tokens: int
+    """Tokens placed in rows."""
+    capacity_tokens: int
+    """``num_rows * max_length``."""
+    efficiency: float
+    """``real_tokens / capacity_tokens`` (1.0 for an empty plan: nothing is wasted)."""
+    padding_fraction: float
+    """``1 - efficiency``: the share of row tokens that would be padding."""
+    lower_bound: int
+    """``ceil(real_tokens / max_length)``: no plan of these pieces can use fewer rows."""
+    gap_to_lower_bound: int
+    """``num_rows - lower_bound``."""
+    relative_gap: float
+    """``gap_to_lower_bound / lower_bound`` (0.0 when the bound is 0)."""
+    mean_per_row: float
+    """Pieces (documents) per row on average."""
+    max_per_row: int
+    """Most pieces in any row."""
+    truncated_sequences: int
+    """Sequences cut to ``max_length`` by ``overlong="truncate"``."""
+    truncated_tokens: int
+    """Tokens those sequences lost."""
+    split_sequences: int
+    """Sequences placed as more than one piece (``overlong="split"`` or cut by ``wrapped``)."""
+    dropped_sequences: int
+    """Sequences left out by ``overlong="drop"``."""
+    dropped_tokens: int
+    """Tokens those sequences had."""
+
+    def as_dict(self) -> dict[str, int | float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, eq=False)
+class PackPlan:
+    """Which slice of which sequence goes into which row: flat arrays, one entry per piece.
+
+    A piece is a whole sequence, or a slice of one (``split`` / ``wrapped``), placed as its own
+    document. Row ``r`` holds pieces ``row_offsets[r]:row_offsets[r + 1]``. Arrays are read-only.
+    """
+
+    max_length: int
+    """Row capacity in tokens."""
+    num_sequences: int
+    """Length of the input lengths list (sequence indices run ``0..num_sequences - 1``)."""
+    index: np.ndarray
+    """int64 ``[num_pieces]``: source sequence of each piece, grouped row by row."""
+    start: np.ndarray
+    """int64 ``[num_pieces]``: offset in the source sequence where the piece begins."""
+    length: np.ndarray
+    """int64 ``[num_pieces]``: tokens the piece takes."""
+    row_offsets: np.ndarray
+    """int64 ``[num_rows + 1]``: row ``r`` holds pieces ``row_offsets[r]:row_offsets[r + 1]``."""
+    dropped: np.ndarray = field(default_factory=_empty)
+    """int64: indices of sequences left out (``overlong="drop"``), ascending."""
+    truncated: np.ndarray = field(default_factory=_empty)
+    """int64: indices of sequences cut to ``max_length`` (``overlong="truncate"``), ascending."""
+    truncated_tokens: int = 0
+    """Tokens removed by truncation."""
+    dropped_tokens: int = 0
+    """Tokens of the dropped sequences."""
+
+    def __post_init__(self) -> None:
+        for name in ("index", "start", "length", "row_offsets", "dropped", "truncated"):
+            arr = np.array(getattr(self, name), dtype=np.int64)  # a private copy, then frozen
+            arr.setflags(write=False)
+            object.__setattr__(self, name, arr)
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_offsets.size - 1
+
+    def row(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(index, start, length)`` views of row ``r``'s pieces."""
+        if not -self.num_rows <= r < self.num_rows:
+            raise IndexError(f"row {r} out of range for a plan of {self.num_rows} rows")
+        r %= self.num_rows
+        a, b = self.row_offsets[r], self.row_offsets[r + 1]
+        return self.index[a:b], self.start[a:b], self.length[a:b]
+
+    def rows(self) -> list[np.ndarray]:
+        """Source indices per row (a convenience; the flat arrays are the plan)."""
+        return np.split(self.index, self.row_offsets[1:-1]) if self.num_rows else []
+
+    @cached_property
+    def row_lengths(self) -> np.ndarray:
+        """int64 ``[num_rows]``: tokens used in each row."""
+        cum = np.concatenate(([0], np.cumsum(self.length)))
+        return cum[self.row_offsets[1:]] - cum[self.row_offsets[:-1]]
+
+    @cached_property
+    def stats(self) -> PlanStats:
+        """Rows, efficiency, gap to the lower bound and overlong counts (computed once)."""
+        rows, real = self.num_rows, int(self.length.sum())
+        capacity = rows * self.max_length
+        efficiency = real / capacity if capacity else 1.0
+        bound = -(-real // self.max_length)
+        per_row = np.diff(self.row_offsets)
+        pieces = np.bincount(self.index, minlength=self.num_sequences) if self.index.size else self.index
+        return PlanStats(
+            num_sequences=self.num_sequences,
+            num_rows=rows,
+            real_tokens=real,
+            capacity_tokens=capacity,
+            efficiency=efficiency,
+            padding_fraction=1.0 - efficiency,
+            lower_bound=bound,
+            gap_to_lower_bound=rows - bound,
+            relative_gap=(rows - bound) / bound if bound else 0.0,
+            mean_per_row=self.index.size / rows if rows else 0.0,
+            max_per_row=int(per_row.max()) if rows else 0,
+            truncated_sequences=int(self.truncated.size),
+            truncated_tokens=self.truncated_tokens,
+            split_sequences=int((pieces > 1).sum()),
+            dropped_sequences=int(self.dropped.size),
+            dropped_tokens=self.dropped_tokens,
+        )
+
+    def check(self, lengths: Sequence[int] | np.ndarray) -> None:
+        """Raise ``ValueError`` unless this plan accounts for every token of ``lengths`` exactly once.
+
+        Every row fits ``max_length``; every sequence is dropped (and absent), or its pieces cover
+        ``[0, placed)`` contiguously, where ``placed`` is its length (or ``max_length`` if truncated).
+        """
+        lengths = validate_lengths(lengths)
+        if lengths.size != self.num_sequences:
+            raise ValueError(f"plan is for {self.num_sequences} sequences, got {lengths.size} lengths")
+        if self.num_rows and int(self.row_lengths.max()) > self.max_length:
+            r = int(np.argmax(self.row_lengths))
+            raise ValueError(f"row {r} holds {int(self.row_lengths[r])} tokens > max_length {self.max_length}")
+        if np.any(np.diff(self.row_offsets) < 1) or self.row_offsets[0] != 0 or self.row_offsets[-1] != self.index.size:
+            raise ValueError("row_offsets must rise strictly from 0 to the number of pieces")
+        if self.length.size and self.length.min() < 1:
+            raise ValueError(f"piece {int(np.argmin(self.length))} is empty")
+        placed = lengths.copy()
+        placed[self.truncated] = np.minimum(placed[self.truncated], self.max_length)
+        placed[self.dropped] = 0
+        if int(lengths[self.dropped].sum()) != self.dropped_tokens or int(
+            (lengths - np.minimum(lengths, self.max_length))[self.truncated].sum()
+        ) != self.truncated_tokens:
+            raise ValueError("dropped_tokens / truncated_tokens do not match the lengths")
+        # Sort pieces by (sequence, start): each sequence's pieces must tile [0, placed) in order.
+        order = np.lexsort((self.start, self.index))
+        idx, st, ln = self.index[order], self.start[order], self.length[order]
+        first = np.ones(idx.size, dtype=bool)
+        first[1:] = idx[1:] != idx[:-1]
+        expected = np.where(first, 0, np.concatenate(([0], st[:-1] + ln[:-1])))
+        if np.any(st != expected):
+            bad = int(idx[np.flatnonzero(st != expected)[0]])
+            raise ValueError(f"pieces of sequence {bad} do not start at 0 and follow each other")
+        covered = np.bincount(idx, weights=ln, minlength=lengths.size).astype(np.int64)
+        if np.any(covered != placed):
+            bad = int(np.flatnonzero(covered != placed)[0])
+            raise ValueError(f"sequence {bad}: plan places {int(covered[bad])} tokens, expected {int(placed[bad])}")
+
+    def save(self, path: str) -> None:
+        """Write the flat arrays (and scalars) to an ``.npz`` file; :meth:`load` reads it back."""
+        np.savez(
+            path, max_length=self.max_length, num_sequences=self.num_sequences, index=self.index,
+            start=self.start, length=self.length, row_offsets=self.row_offsets, dropped=self.dropped,
+            truncated=self.truncated, truncated_tokens=self.truncated_tokens, dropped_tokens=self.dropped_tokens,
+        )  # fmt: skip
+
+    @classmethod
+    def load(cls, path: str) -> PackPlan:
+        with np.load(path, allow_pickle=False) as f:
+            scalars = {k: int(f[k]) for k in ("max_length", "num_sequences", "truncated_tokens", "dropped_tokens")}
+            arrays = {k: f[k] for k in ("index", "start", "length", "row_offsets", "dropped", "truncated")}
+        return cls(**scalars, **arrays)
+
+
+def validate_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Lengths as int64 ``[n]``, or ``ValueError`` naming the first bad entry."""
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be one-dimensional, got shape {arr.shape}")
+    if arr.dtype == np.bool_:
+        raise ValueError("lengths must be integers, got booleans")
+    if arr.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+        if bad.size:
+            raise ValueError(f"lengths must be integers: lengths[{bad[0]}] = {float(arr[bad[0]])!r}")
+    elif arr.dtype.kind not in "iu" and arr.size:
+        raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and arr.min() < 1:
+        i = int(np.flatnonzero(arr < 1)[0])
+        raise ValueError(f"sequence {i} has length {int(arr[i])}; every sequence needs at least 1 token")
+    return arr
+
+
+def _positive_int(value: object, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class _Items:
+    """What the planners pack once the overlong policy has been applied: whole or partial sequences."""
+
+    sizes: np.ndarray
+    """int64 ``[m]``: tokens per item, each ``<= max_length`` (unless ``cut`` was False)."""
+    source: np.ndarray | None
+    """int64 ``[m]``: source sequence of each item; None when item ``i`` is sequence ``i``."""
+    offset: np.ndarray | None
+    """int64 ``[m]``: where each item starts in its sequence; None when all start at 0."""
+    truncated: np.ndarray
+    dropped: np.ndarray
+    truncated_tokens: int = 0
+    dropped_tokens: int = 0
+
+    @classmethod
+    def of(cls, lengths: np.ndarray, max_length: int, overlong: str, *, cut: bool) -> _Items:
+        """Apply ``overlong`` to sequences over ``max_length``; ``cut=False`` leaves ``split`` to the
+        strategy (``wrapped`` cuts every sequence at row boundaries anyway)."""
+        long = np.flatnonzero(lengths > max_length)
+        if long.size == 0 or (overlong == "split" and not cut):
+            return cls(lengths, None, None, _empty(), _empty())
+        if overlong == "error":
+            i = int(long[0])
+            more = f" (and {long.size - 1} more)" if long.size > 1 else ""
+            raise ValueError(
+                f"sequence {i} has length {int(lengths[i])}, longer than max_length {max_length}{more}; "
+                "choose overlong='truncate', 'split' or 'drop'"
+            )
+        if overlong == "truncate":
+            lost = int((lengths[long] - max_length).sum())
+            return cls(np.minimum(lengths, max_length), None, None, long, _empty(), truncated_tokens=lost)
+        if overlong == "drop":
+            keep = np.flatnonzero(lengths <= max_length)
+            return cls(lengths[keep], keep, None, _empty(), long, dropped_tokens=int(lengths[long].sum()))
+        # split: a sequence of length l becomes ceil(l / max_length) consecutive pieces
+        pieces = -(-lengths // max_length)
+        source = np.repeat(np.arange(lengths.size, dtype=np.int64), pieces)
+        offset = (np.arange(source.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * max_length
+        return cls(np.minimum(lengths[source] - offset, max_length), source, offset, _empty(), _empty())
+
+
+def plan_packs(
+    lengths: Sequence[int] | np.ndarray,
+    max_length: int,
+    *,
+    strategy: Strategy = "best_fit_decreasing",
+    overlong: OverlongPolicy = "error",
+    max_per_row: int | None = None,
+    seed: int = 0,
+) -> PackPlan:
+    """Plan rows of ``max_length`` tokens for sequences of the given ``lengths``.
+
+    ``max_per_row`` caps the pieces (documents) per row. ``seed`` only affects
+    ``histogram_best_fit`` (which of several equal-length sequences fills a slot). See the module
+    docstring for the strategies and overlong policies.
+    """
+    lengths = validate_lengths(lengths)
+    max_length = _positive_int(max_length, "max_length")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if overlong not in OVERLONG_POLICIES:
+        raise ValueError(f"unknown overlong policy {overlong!r}; choose one of {', '.join(OVERLONG_POLICIES)}")
+    if max_per_row is not None:
+        max_per_row = _positive_int(max_per_row, "max_per_row")
+    items = _Items.of(lengths, max_length, overlong, cut=strategy != "wrapped")
+    item, within, length, row_offsets = _PLANNERS[strategy](items.sizes, max_length, max_per_row, seed)
+    index = item if items.source is None else items.source[item]
+    start = within if items.offset is None else items.offset[item] + within
+    return PackPlan(
+        max_length=max_length,
+        num_sequences=lengths.size,
+        index=index,
+        start=start,
+        length=length,
+        row_offsets=row_offsets,
+        dropped=items.dropped,
+        truncated=items.truncated,
+        truncated_tokens=items.truncated_tokens,
+        dropped_tokens=items.dropped_tokens,
+    )
