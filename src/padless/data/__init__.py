@@ -1,0 +1,58 @@
+"""Real data, offline: the GPT-2 and SmolLM2 tokenizers, built-in corpora (tweets, dialogues, tool
+calls, agent traces), the user's files, chat templates with assistant-only labels, a token cache.
+
+    >>> from padless.data import load_corpus, load_tokenizer
+    >>> tok = load_tokenizer("gpt2")
+    >>> corpus = load_corpus("toolcalls", tok, train_on="assistant", max_length=1024, overlong="skip")
+
+Names are resolved lazily from their modules, so importing this package loads nothing heavy (and
+``python -m padless.data.assets`` runs without importing the others first).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "load_tokenizer": "padless.data.tokenizer",
+    "tokenizer_fingerprint": "padless.data.tokenizer",
+    "CORPORA": "padless.data.corpora",
+    "CorpusRecipe": "padless.data.corpora",
+    "load_corpus": "padless.data.load",
+    "corpus_lengths": "padless.data.load",
+    "TokenizedCorpus": "padless.data.load",
+    "CorpusReport": "padless.data.load",
+    "RecordError": "padless.data.records",
+    "TRAIN_ON": "padless.data.chat",
+    "DEFAULT_CHAT_TEMPLATE": "padless.data.chat",
+    "chat_pieces": "padless.data.chat",
+    "check_messages": "padless.data.chat",
+    "agentic_traces": "padless.data.agentic",
+    "cache_root": "padless.data.assets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'padless.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
+    from padless.data.agentic import agentic_traces
+    from padless.data.assets import cache_root
+    from padless.data.chat import DEFAULT_CHAT_TEMPLATE, TRAIN_ON, chat_pieces, check_messages
+    from padless.data.corpora import CORPORA, CorpusRecipe
+    from padless.data.load import CorpusReport, TokenizedCorpus, corpus_lengths, load_corpus
+    from padless.data.records import RecordError
+    from padless.data.tokenizer import load_tokenizer, tokenizer_fingerprint

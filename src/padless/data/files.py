@@ -1,0 +1,141 @@
+"""The user's own data: JSON lines, CSV, Parquet, or a ``datasets`` name / saved folder -> records.
+
+Each row needs a ``text``, ``messages`` or ``input_ids`` field (see :mod:`padless.data.records`).
+
+- ``.jsonl`` / ``.json``: read here, line by line (a ``.json`` file holding one JSON array works
+  too), so a bad line is reported by its line number and chats keep their exact nested structure
+  (Arrow would add missing keys as nulls to every message and tool-call argument object).
+- ``.csv`` / ``.tsv``: ``pyarrow.csv``; a ``messages``, ``input_ids`` or ``labels`` cell holds JSON.
+- ``.parquet``: ``pyarrow.parquet``. Tool-call arguments are best stored as JSON strings (the OpenAI
+  wire format), since Parquet structs give every object the union of all keys.
+- a folder written by ``Dataset.save_to_disk``: ``datasets.load_from_disk``; any other folder or name:
+  ``datasets.load_dataset(name, split=split)`` (which may need the network for hub names).
+
+A file whose content is not what its extension says raises ``ValueError`` naming the file; a bad row
+raises :class:`~padless.data.records.RecordError` (or is counted, with ``on_error="skip"``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from padless.data.records import RecordError
+
+JSON_FIELDS = ("messages", "input_ids", "labels")
+"""Fields that a CSV cell (or any string value) may carry as JSON."""
+SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
+
+
+def _decode_json_cells(row: dict[str, Any], index: int) -> dict[str, Any]:
+    for name in JSON_FIELDS:
+        value = row.get(name)
+        if isinstance(value, str):
+            try:
+                row[name] = json.loads(value)
+            except json.JSONDecodeError:
+                raise RecordError("bad_json", f"record {index}: field {name!r} is a string that is not JSON") from None
+    return row
+
+
+def _read_json_lines(path: Path, on_error: str, skipped: Counter[str]) -> list[Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a UTF-8 text file, so not JSON lines "
+                         f"({err.reason} at byte {err.start})") from None
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON: {err}") from None
+        return list(rows)
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            problem = RecordError("bad_json", f"{path}, line {lineno}: not valid JSON ({err.msg})")
+            if on_error == "raise":
+                raise problem from None
+            skipped[problem.reason] += 1
+    if not rows and not skipped:
+        raise ValueError(f"{path} holds no records")
+    return rows
+
+
+def _read_arrow(path: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+        else:
+            import pyarrow.csv as pcsv
+
+            parse = pcsv.ParseOptions(delimiter="\t" if path.suffix == ".tsv" else ",")
+            convert = pcsv.ConvertOptions(strings_can_be_null=True)  # an empty cell is a missing field
+            table = pcsv.read_csv(path, parse_options=parse, convert_options=convert)
+        return table.to_pylist()
+    except (pa.ArrowException, UnicodeDecodeError) as err:
+        kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+        raise ValueError(f"{path} is not a readable {kind} file: {err}") from None
+
+
+def _read_datasets(name: str, split: str) -> tuple[list[dict[str, Any]], str]:
+    import datasets
+
+    try:
+        folder = Path(name)
+        if folder.is_dir() and ((folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()):
+            ds = datasets.load_from_disk(name)
+        else:
+            ds = datasets.load_dataset(name, split=split)
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ValueError(f"{name} has no split {split!r} (it has {', '.join(ds)})")
+            ds = ds[split]
+    except ValueError:
+        raise
+    except Exception as err:  # datasets raises many kinds (FileNotFoundError, ConnectionError, DatasetNotFoundError)
+        raise ValueError(f"{name!r} is not a built-in corpus, a data file, or a dataset that loads: {err}") from None
+    return ds.to_list(), ds._fingerprint
+
+
+def file_fingerprint(path: Path) -> dict[str, Any]:
+    """What identifies a file's content for the token cache: path, size and modification time."""
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def read_records(name: str, *, split: str = "train",
+                 on_error: str = "raise") -> tuple[list[tuple[int, Any]], Counter[str], Any]:
+    """``([(record number, row)], rows skipped while reading by reason, source fingerprint)`` of a file,
+    folder or dataset. Record numbers count the rows read (a skipped bad JSON line has none)."""
+    path = Path(name).expanduser()
+    skipped: Counter[str] = Counter()
+    if path.is_file():
+        if path.suffix not in SUFFIXES:
+            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(SUFFIXES)}")
+        rows = _read_json_lines(path, on_error, skipped) if path.suffix in (".jsonl", ".json") else _read_arrow(path)
+        fingerprint: Any = file_fingerprint(path)
+    elif path.suffix in SUFFIXES:  # looks like a data file, so do not send it to the hub as a dataset name
+        raise ValueError(f"{path}: no such file")
+    else:
+        rows, fingerprint = _read_datasets(name, split)
+        fingerprint = {"dataset": name, "split": split, "fingerprint": fingerprint}
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append((i, _decode_json_cells(dict(row), i) if isinstance(row, dict) else row))
+        except RecordError as err:
+            if on_error == "raise":
+                raise
+            skipped[err.reason] += 1
+    return out, skipped, fingerprint

@@ -1,0 +1,214 @@
+"""``load_corpus``: a built-in corpus or the user's data -> a tokenized corpus with labels, cached.
+
+    >>> corpus = load_corpus("dialogues", "gpt2", train_on="assistant", max_length=512)
+    >>> corpus.features()[0]          # what the collators take
+    {'input_ids': [27, 91, ...], 'labels': [-100, -100, ...]}
+    >>> corpus.lengths                # numpy int64, one per example, EOS included
+    >>> print(corpus.report)          # read / kept / skipped by reason / truncated tokens
+
+The first call tokenizes (a progress bar on a terminal for large corpora) and stores the result under
+``<cache root>/tokens``; a later call with the same source, tokenizer and options loads it at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from padless.data.assets import VADER_VERSION
+from padless.data.cache import cache_key, entry_path, load_entry, save_entry
+from padless.data.chat import TrainOn
+from padless.data.corpora import TOOL_SCHEMA, split_corpus_name
+from padless.data.encode import EncodeCounts, EncodeOptions, OnError, Overlong, encode_records
+from padless.layout import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+RECIPES_VERSION = 1
+"""Bump when a built-in recipe changes what it produces (invalidates cached tokens)."""
+
+
+@dataclass(frozen=True)
+class CorpusReport:
+    """What loading a corpus did, in counts."""
+
+    read: int
+    """Records read from the source (before ``limit``)."""
+    selected: int
+    """Records left after ``limit``."""
+    kept: int
+    """Examples in the corpus."""
+    skipped: dict[str, int]
+    """Records left out, by reason (``on_error="skip"``, ``overlong="skip"``)."""
+    truncated_examples: int
+    """Examples cut to ``max_length`` (``overlong="truncate"``)."""
+    truncated_tokens: int
+    """Tokens removed by those cuts."""
+    boundary_mismatches: int
+    """Chats whose piece-wise tokenization differs from whole-text tokenization (see ``encode``)."""
+    tokens: int
+    """Tokens in the corpus, EOS included."""
+    trained_tokens: int
+    """Tokens whose label is not ``IGNORE_INDEX``."""
+
+    def __str__(self) -> str:
+        skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
+        return (f"read {self.read}, kept {self.kept} (selected {self.selected}); skipped: {skipped}; "
+                f"truncated {self.truncated_examples} examples / {self.truncated_tokens} tokens; "
+                f"{self.tokens} tokens, {self.trained_tokens} trained")
+
+
+@dataclass(frozen=True)
+class TokenizedCorpus:
+    """Token ids and aligned labels of every example (``IGNORE_INDEX`` where not trained)."""
+
+    name: str
+    """The corpus name or path it was loaded from."""
+    input_ids: list[list[int]]
+    """Token ids per example; each ends with EOS when loaded with ``add_eos``."""
+    labels: list[list[int]]
+    """Same lengths as ``input_ids``."""
+    report: CorpusReport
+    """Counts of what loading did."""
+    from_cache: bool = False
+    """Whether the tokens came from the on-disk cache."""
+    lengths: np.ndarray = dataclasses.field(init=False, repr=False)
+    """``[n]`` int64 token count per example."""
+
+    def __post_init__(self) -> None:
+        if len(self.input_ids) != len(self.labels):
+            raise ValueError(f"{len(self.input_ids)} input_ids rows but {len(self.labels)} labels rows")
+        lengths = np.fromiter((len(x) for x in self.input_ids), dtype=np.int64, count=len(self.input_ids))
+        bad = next((i for i, (x, y) in enumerate(zip(self.input_ids, self.labels)) if len(x) != len(y)), None)
+        if bad is not None:
+            raise ValueError(f"example {bad}: {len(self.input_ids[bad])} input_ids but {len(self.labels[bad])} labels")
+        object.__setattr__(self, "lengths", lengths)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def features(self) -> list[dict[str, list[int]]]:
+        """``[{"input_ids": [...], "labels": [...]}, ...]``, what the collators take."""
+        return [{"input_ids": x, "labels": y} for x, y in zip(self.input_ids, self.labels)]
+
+
+def _report(counts: EncodeCounts, read: int, selected: int, ids: list[list[int]],
+            labels: list[list[int]]) -> CorpusReport:
+    return CorpusReport(
+        read=read, selected=selected, kept=len(ids), skipped=dict(counts.skipped),
+        truncated_examples=counts.truncated_examples, truncated_tokens=counts.truncated_tokens,
+        boundary_mismatches=counts.boundary_mismatches, tokens=sum(map(len, ids)),
+        trained_tokens=sum(sum(1 for t in y if t != IGNORE_INDEX) for y in labels),
+    )
+
+
+def _asset_versions() -> dict[str, str]:
+    out = {"vader": VADER_VERSION}
+    for dist in ("bfcl-eval", "chatterbot-corpus"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "missing"
+    return out
+
+
+def _subsample(n: int, limit: int | None, seed: int) -> list[int]:
+    """``limit`` of ``n`` record numbers, seeded, in source order."""
+    if limit is None or limit >= n:
+        return list(range(n))
+    return sorted(np.random.default_rng(seed).choice(n, size=limit, replace=False).tolist())
+
+
+def load_corpus(
+    name_or_path: str | Path,
+    tokenizer: str | PreTrainedTokenizerBase = "gpt2",
+    *,
+    train_on: TrainOn = "all",
+    max_length: int | None = None,
+    overlong: Overlong = "error",
+    limit: int | None = None,
+    seed: int = 0,
+    add_eos: bool = True,
+    on_error: OnError = "raise",
+    field: str | None = None,
+    tool_schema: str | None = None,
+    chat_template: str | None = None,
+    split: str = "train",
+    cache: bool = True,
+    progress: bool | None = None,
+) -> TokenizedCorpus:
+    """Tokenize a built-in corpus (:data:`CORPORA`, e.g. ``"tweets:all"``) or a data file / dataset.
+
+    ``train_on`` picks the targets (``all`` | ``assistant`` | ``completion``, see
+    :mod:`padless.data.chat`); ``max_length`` with ``overlong`` (``error`` | ``skip`` | ``truncate``)
+    bounds the example length; ``on_error`` (``raise`` | ``skip``) decides what a bad record does;
+    ``limit`` keeps a seeded random subset of that many records (in source order); ``seed`` also
+    drives the recipes' choices; ``tool_schema`` (``half`` | ``always`` | ``never``; default: the
+    recipe's, ``half`` for toolcalls, ``never`` for agentic-rag) whether built-in tool-call examples
+    show their schemas in a system turn; ``field`` forces the record field read from user data;
+    ``chat_template`` overrides the tokenizer's; ``split`` is the ``datasets`` split.
+    """
+    from padless.data.files import file_fingerprint, read_records
+    from padless.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+    opts = EncodeOptions(train_on=train_on, add_eos=add_eos, max_length=max_length, overlong=overlong,
+                         on_error=on_error, field=field, chat_template=chat_template)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit={limit} must be at least 1 (or None)")
+    if tool_schema is not None and tool_schema not in TOOL_SCHEMA:
+        raise ValueError(f"tool_schema={tool_schema!r} is not one of {', '.join(TOOL_SCHEMA)}")
+    name = str(name_or_path)
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    builtin = split_corpus_name(name)
+    key_parts: dict[str, Any] = {
+        "tokenizer": tokenizer_fingerprint(tok), "options": asdict(opts), "limit": limit, "seed": seed,
+    }
+    rows: list[tuple[int, Any]] | None = None
+    if builtin is not None:
+        recipe, selector = builtin
+        tool_schema = tool_schema or recipe.tool_schema
+        if recipe.kind == "text" and train_on != "all":
+            raise ValueError(f"corpus {recipe.name!r} is plain text; train_on={train_on!r} needs chats; "
+                             "use train_on='all'")
+        key_parts["source"] = {"recipe": name, "version": RECIPES_VERSION, "assets": _asset_versions(),
+                               "tool_schema": tool_schema}
+        pre_skipped: dict[str, int] = {}
+    elif tool_schema is not None:
+        raise ValueError(f"tool_schema={tool_schema!r} applies to the built-in corpora only, not to {name!r}")
+    elif Path(name).expanduser().is_file():
+        key_parts["source"] = file_fingerprint(Path(name).expanduser())
+    else:  # a datasets folder or name: its fingerprint is known only once loaded
+        rows, pre, key_parts["source"] = read_records(name, split=split, on_error=on_error)
+        pre_skipped = dict(pre)
+    path = entry_path(Path(name).name if builtin is None else name, cache_key(key_parts))
+    if cache and (hit := load_entry(path)) is not None:
+        ids, labels, meta = hit
+        return TokenizedCorpus(name, ids, labels, CorpusReport(**meta["report"]), from_cache=True)
+
+    if builtin is not None:
+        recipe, selector = builtin
+        rows = list(enumerate(recipe.build(selector, seed, tool_schema or recipe.tool_schema)))
+    elif rows is None:
+        rows, pre, _ = read_records(name, split=split, on_error=on_error)
+        pre_skipped = dict(pre)
+    read = len(rows) + sum(pre_skipped.values())
+    chosen = [rows[i] for i in _subsample(len(rows), limit, seed)]
+    ids, labels, counts = encode_records([r for _, r in chosen], tok, opts, indices=[i for i, _ in chosen],
+                                         progress=progress, desc=f"tokenizing {name}")
+    counts.skipped.update(pre_skipped)
+    report = _report(counts, read, len(chosen), ids, labels)
+    if cache:
+        save_entry(path, ids, labels, {"name": name, "key": key_parts, "report": asdict(report)})
+    return TokenizedCorpus(name, ids, labels, report)
+
+
+def corpus_lengths(name: str, tokenizer: str | PreTrainedTokenizerBase = "gpt2", **options: Any) -> np.ndarray:
+    """``[n]`` int64 token lengths of a corpus (EOS included); ``options`` go to :func:`load_corpus`."""
+    return load_corpus(name, tokenizer, **options).lengths
+

@@ -1,0 +1,234 @@
+"""The user's own data through ``load_corpus``: formats, pre-tokenized ids, bad input, the token cache."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from padless.data import load as load_module
+from padless.data.cache import entry_path
+from padless.data.load import load_corpus
+from padless.data.records import RecordError
+from padless.data.tokenizer import load_tokenizer
+from padless.layout import IGNORE_INDEX
+
+EOS = 50256
+
+
+@cache
+def gpt2() -> Any:
+    return load_tokenizer("gpt2")
+
+
+@pytest.fixture(autouse=True)
+def private_token_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setattr(load_module, "entry_path", lambda name, key: entry_path(name, key, root))
+    return root
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def ids_of(text: str) -> list[int]:
+    return gpt2()(text)["input_ids"]
+
+
+def test_jsonl_text(tmp_path: Path) -> None:
+    c = load_corpus(write_jsonl(tmp_path / "d.jsonl", [{"text": "Hello world"}, {"text": "hi"}]), gpt2())
+    assert c.input_ids == [[15496, 995, EOS], [*ids_of("hi"), EOS]]
+    assert c.labels == c.input_ids
+    assert c.lengths.tolist() == [3, 2] and c.lengths.dtype.name == "int64"
+    assert c.features()[0] == {"input_ids": [15496, 995, EOS], "labels": [15496, 995, EOS]}
+    assert len(c) == 2 and c.report.read == 2 and c.report.kept == 2 and c.report.skipped == {}
+
+
+def test_add_eos_false_and_no_double_eos(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "Hello world"}, {"input_ids": [1, 2, EOS]}])
+    assert load_corpus(path, gpt2(), add_eos=False).input_ids == [[15496, 995], [1, 2, EOS]]
+    assert load_corpus(path, gpt2()).input_ids == [[15496, 995, EOS], [1, 2, EOS]]
+
+
+def test_messages_with_assistant_labels(tmp_path: Path) -> None:
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    c = load_corpus(write_jsonl(tmp_path / "d.jsonl", [{"messages": chat}]), gpt2(), train_on="assistant")
+    prompt = ids_of("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    reply = ids_of("Yo<|im_end|>\n")
+    assert c.input_ids == [[*prompt, *reply, EOS]]
+    assert c.labels == [[IGNORE_INDEX] * len(prompt) + [*reply, EOS]]
+    assert c.report.trained_tokens == len(reply) + 1
+
+
+def test_pretokenized_ids_and_labels(tmp_path: Path) -> None:
+    rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8, 9]}]
+    c = load_corpus(write_jsonl(tmp_path / "d.jsonl", rows), gpt2())
+    assert c.input_ids == [[5, 6, 7, EOS], [8, 9, EOS]]
+    assert c.labels == [[-100, 6, 7, EOS], [8, 9, EOS]]
+    masked_end = write_jsonl(tmp_path / "m.jsonl", [{"input_ids": [5, 6], "labels": [5, -100]}])
+    assert load_corpus(masked_end, gpt2()).labels == [[5, -100, -100]]
+
+
+def test_csv_with_text_and_json_messages(tmp_path: Path) -> None:
+    chat = json.dumps([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]).replace('"', '""')
+    (tmp_path / "d.csv").write_text(f'text,messages\nHello world,\n,"{chat}"\n')
+    c = load_corpus(tmp_path / "d.csv", gpt2())
+    assert c.input_ids[0] == [15496, 995, EOS]
+    assert c.input_ids[1][-1] == EOS and len(c.input_ids[1]) > 10
+
+
+def test_parquet_and_json_array_and_saved_dataset(tmp_path: Path) -> None:
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    chat = [{"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                                  "function": {"name": "f", "arguments": '{"x": 1}'}}]}]
+    rows = [{"messages": chat}, {"messages": [{"role": "user", "content": "A"}, {"role": "assistant", "content": "B"}]}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    (tmp_path / "d.json").write_text(json.dumps(rows))
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    from_json = load_corpus(tmp_path / "d.json", gpt2(), train_on="assistant")
+    for other in ("d.parquet", "saved"):
+        c = load_corpus(tmp_path / other, gpt2(), train_on="assistant")
+        assert c.input_ids == from_json.input_ids and c.labels == from_json.labels
+
+
+def test_field_chooses_between_present_fields(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "Hello world", "input_ids": [1, 2]}])
+    assert load_corpus(path, gpt2()).input_ids == [[1, 2, EOS]]
+    assert load_corpus(path, gpt2(), field="text").input_ids == [[15496, 995, EOS]]
+
+
+@pytest.mark.parametrize(
+    ("rows", "reason", "match"),
+    [
+        ([{"text": "ok"}, {"body": "x"}], "missing_field", "record 1 has none of the fields input_ids, messages, text"),
+        ([{"text": "ok"}, {"text": "   "}], "empty", "record 1: 'text' is empty"),
+        ([{"text": "ok"}, {"text": 3}], "bad_type", "record 1: 'text' is a int"),
+        ([{"text": "ok"}, {"messages": [{"role": "bot", "content": "x"}]}], "unknown_role",
+         "record 1, message 0: unknown role 'bot'"),
+        ([{"text": "ok"}, {"input_ids": [1, 2], "labels": [1]}], "length_mismatch",
+         "record 1: 1 labels for 2 input_ids"),
+        ([{"text": "ok"}, {"input_ids": [1, 99999]}], "bad_token", r"record 1: input_ids\[1\] = 99999 is outside"),
+        ([{"text": "ok"}, {"input_ids": []}], "empty", "record 1: 'input_ids' is empty"),
+        ([{"text": "ok"}, {"input_ids": [1.5]}], "bad_type", "non-integer"),
+        ([{"text": "ok"}, [1, 2]], "not_a_record", "record 1 is a list"),
+    ],
+)
+def test_bad_records_raise_or_are_counted(tmp_path: Path, rows: list[Any], reason: str, match: str) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(RecordError, match=match):
+        load_corpus(path, gpt2())
+    c = load_corpus(path, gpt2(), on_error="skip")
+    assert c.report.skipped == {reason: 1}
+    assert (c.report.read, c.report.kept) == (2, 1)
+    assert c.input_ids == [[*ids_of("ok"), EOS]]
+
+
+def test_bad_json_line_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "ok"}\n\n{"text": oops}\n')
+    with pytest.raises(RecordError, match=r"d\.jsonl, line 3: not valid JSON"):
+        load_corpus(path, gpt2())
+    c = load_corpus(path, gpt2(), on_error="skip")
+    assert c.report.skipped == {"bad_json": 1} and c.report.read == 2 and c.report.kept == 1
+
+
+def test_csv_cell_that_is_not_json(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_text("messages\n[not json\n")
+    with pytest.raises(RecordError, match="record 0: field 'messages' is a string that is not JSON"):
+        load_corpus(tmp_path / "d.csv", gpt2())
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "match"),
+    [
+        ("d.parquet", b"text,not parquet\n", "is not a readable Parquet file"),
+        ("d.csv", b"\xff\xfe\x00binary\x00\x81\n\xc3\x28\n", "is not a readable CSV file"),
+        ("d.jsonl", b"\xff\xfe\x00\x81", "is not a UTF-8 text file"),
+        ("d.json", b"[1, 2", "is not valid JSON"),
+        ("d.txt", b"hello", "unsupported file type '.txt'"),
+        ("d.jsonl", b"\n\n", "holds no records"),
+    ],
+)
+def test_file_that_is_not_what_its_extension_says(tmp_path: Path, name: str, content: bytes, match: str) -> None:
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=match):
+        load_corpus(tmp_path / name, gpt2(), on_error="skip")
+
+
+def test_missing_file_is_not_sent_to_the_hub(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no such file"):
+        load_corpus(tmp_path / "absent.jsonl", gpt2())
+
+
+def test_overlong_policies(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3, 4, 5, 6]}, {"input_ids": [7, 8]}])
+    with pytest.raises(ValueError, match=r"record 0 has 7 tokens, more than max_length=4; pass overlong='skip'"):
+        load_corpus(path, gpt2(), max_length=4)
+    skipped = load_corpus(path, gpt2(), max_length=4, overlong="skip")
+    assert skipped.input_ids == [[7, 8, EOS]] and skipped.report.skipped == {"overlong": 1}
+    cut = load_corpus(path, gpt2(), max_length=4, overlong="truncate")
+    assert cut.input_ids == [[1, 2, 3, EOS], [7, 8, EOS]]  # the first tokens, then EOS
+    assert (cut.report.truncated_examples, cut.report.truncated_tokens) == (1, 3)
+    no_eos = load_corpus(path, gpt2(), max_length=4, overlong="truncate", add_eos=False)
+    assert no_eos.input_ids == [[1, 2, 3, 4], [7, 8]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"train_on": "prompt"}, "train_on='prompt' is not one of"),
+        ({"overlong": "drop"}, "overlong='drop' is not one of error, skip, truncate"),
+        ({"on_error": "ignore"}, "on_error='ignore' is not one of raise, skip"),
+        ({"max_length": 1}, "max_length=1 must be at least 2"),
+        ({"limit": 0}, "limit=0 must be at least 1"),
+        ({"tool_schema": "half"}, "tool_schema='half' applies to the built-in corpora only"),
+        ({"field": "body"}, "field='body' is not one of"),
+        ({"train_on": "assistant"}, "record 0 is plain text; train_on='assistant' needs chats"),
+    ],
+)
+def test_bad_options_are_named(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "hi"}])
+    with pytest.raises(ValueError, match=match):
+        load_corpus(path, gpt2(), on_error=kwargs.pop("on_error", "skip"), **kwargs)
+
+
+def test_limit_is_a_seeded_subset_in_source_order(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [i + 1]} for i in range(50)])
+    a = load_corpus(path, gpt2(), limit=10, seed=1)
+    firsts = [x[0] for x in a.input_ids]
+    assert len(firsts) == 10 and firsts == sorted(firsts) and a.report.selected == 10 and a.report.read == 50
+    assert load_corpus(path, gpt2(), limit=10, seed=1).input_ids == a.input_ids
+    assert load_corpus(path, gpt2(), limit=10, seed=2).input_ids != a.input_ids
+    assert len(load_corpus(path, gpt2(), limit=500)) == 50
+
+
+def test_second_load_comes_from_the_cache_until_the_file_changes(tmp_path: Path, private_token_cache: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "Hello world"}])
+    first = load_corpus(path, gpt2())
+    second = load_corpus(path, gpt2())
+    assert not first.from_cache and second.from_cache
+    assert second.input_ids == first.input_ids and second.report == first.report
+    assert len(list(private_token_cache.glob("tokens/*.npz"))) == 1
+    assert not load_corpus(path, gpt2(), train_on="all", max_length=10).from_cache  # other options, other entry
+    write_jsonl(path, [{"text": "Goodbye"}])
+    third = load_corpus(path, gpt2())
+    assert not third.from_cache and third.input_ids == [[*ids_of("Goodbye"), EOS]]
+    assert not load_corpus(path, gpt2(), cache=False).from_cache
+
+
+def test_damaged_cache_entry_is_rebuilt(tmp_path: Path, private_token_cache: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "Hello world"}])
+    load_corpus(path, gpt2())
+    (entry,) = private_token_cache.glob("tokens/*.npz")
+    entry.write_bytes(b"garbage")
+    again = load_corpus(path, gpt2())
+    assert not again.from_cache and again.input_ids == [[15496, 995, EOS]]
