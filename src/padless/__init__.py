@@ -19,6 +19,13 @@ _EXPORTS: dict[str, str] = {
     "PlanStats": "padless.plan",
     "STRATEGIES": "padless.plan",
     "OVERLONG_POLICIES": "padless.plan",
+    "validate_lengths": "padless.plan",
+    # statistics of lengths and padding
+    "summarize_lengths": "padless.stats",
+    "LengthSummary": "padless.stats",
+    "padding_fraction_pad_to_longest": "padless.stats",
+    "padding_fraction_bucketed": "padless.stats",
+    "synthetic_lengths": "padless.stats",
     # layout of packed rows
     "IGNORE_INDEX": "padless.layout",
     "position_ids_from_lengths": "padless.layout",
@@ -43,8 +50,23 @@ _EXPORTS: dict[str, str] = {
     "verify_isolation": "padless.verify",
     "VerifyReport": "padless.verify",
     "TOLERANCES": "padless.verify",
+    # attention backends
+    "register_padless_attention": "padless.attention",
+    "resolve_backend": "padless.attention",
+    "backend_inputs": "padless.attention",
+    "varlen_attention": "padless.varlen",
+    # data
+    "load_tokenizer": "padless.data.tokenizer",
+    "load_corpus": "padless.data.load",
+    "corpus_lengths": "padless.data.load",
+    "TokenizedCorpus": "padless.data.load",
+    "CorpusReport": "padless.data.load",
+    "CORPORA": "padless.data.corpora",
+    "RecordError": "padless.data.records",
     # models
     "build_model": "padless.models",
+    "load_tokenizer_for": "padless.models",
+    "tokenizer_name_for": "padless.models",
     # benchmark results
     "BenchResults": "padless.bench.results",
     "load_results": "padless.bench.results",

@@ -259,17 +259,6 @@ class RunConfig:
     tokenizer: str | None = None
 
 
-def tokenizer_for(model: str) -> str:
-    """The tokenizer a model name trains with: GPT-2 sizes and tiny configs use GPT-2's."""
-    from padless.models import GPT2_SIZES
-
-    if model in GPT2_SIZES or model.startswith("tiny-"):
-        return "gpt2"
-    if model.startswith("smollm2"):
-        return "smollm2"
-    return model
-
-
 def _resolve_device(cfg: RunConfig) -> tuple[Any, Any]:
     import torch
 
@@ -286,8 +275,9 @@ def _resolve_device(cfg: RunConfig) -> tuple[Any, Any]:
 def _load(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     """Tokenized train and eval features (a seeded split) and the pad token id."""
     from padless.data import load_corpus, load_tokenizer
+    from padless.models import tokenizer_name_for
 
-    tokenizer = load_tokenizer(cfg.tokenizer or tokenizer_for(cfg.model))
+    tokenizer = load_tokenizer(cfg.tokenizer or tokenizer_name_for(cfg.model))
     corpus = load_corpus(cfg.data, tokenizer, train_on=cfg.train_on, max_length=cfg.max_length,
                          overlong="truncate", limit=cfg.limit, seed=cfg.seed)  # fmt: skip
     features = corpus.features()
