@@ -55,6 +55,10 @@ _EXPORTS: dict[str, str] = {
     "resolve_backend": "padless.attention",
     "backend_inputs": "padless.attention",
     "varlen_attention": "padless.varlen",
+    "reference_varlen_attention": "padless.varlen",
+    "padless_attention": "padless.attention",
+    "packed_documents": "padless.attention",
+    "BACKENDS": "padless.attention",
     # data
     "load_tokenizer": "padless.data.tokenizer",
     "load_corpus": "padless.data.load",
@@ -63,6 +67,12 @@ _EXPORTS: dict[str, str] = {
     "CorpusReport": "padless.data.load",
     "CORPORA": "padless.data.corpora",
     "RecordError": "padless.data.records",
+    # streaming and offline packing
+    "PackedStream": "padless.stream",
+    "PackedIterableDataset": "padless.stream",
+    "StreamOptions": "padless.buffered",
+    "compare_stream_to_offline": "padless.buffered",
+    "pack_to_parquet": "padless.shards",
     # models
     "build_model": "padless.models",
     "load_tokenizer_for": "padless.models",

@@ -1,0 +1,391 @@
+"""padless attention in transformers: the ``"padless"`` attention backend, and backend selection.
+
+How a packed batch reaches the attention function in transformers 5.24 (read from the sources and
+checked with a probe backend on GPT-2, Llama, Mistral and Qwen2): the model forwards its
+``**kwargs`` down to every attention layer, and the decoder layer adds ``position_ids``. So the
+attention function receives ``position_ids`` (the user's, or ``arange`` when none were given),
+``use_cache``, and, when the collator sends them, ``cu_seq_lens_q/k`` and ``max_length_q/k``
+(offsets over the flattened ``B * L`` tokens). Models with ``_supports_attention_backend = True``
+promise exactly this forwarding. Boundaries are taken from ``cu_seq_lens_q`` when present (checked
+against ``position_ids``, which must restart at every document), else from ``position_ids`` (a new
+document wherever a position is not its predecessor + 1), else from a :func:`packed_documents`
+context around the forward (for models that forward neither).
+
+Which mask transformers builds: ``create_causal_mask`` looks the backend name up in
+``AttentionMaskInterface``. An unregistered name builds no mask at all, and also *drops* a 2D padding
+mask silently. So padless registers :func:`padless_mask`: it builds nothing (no dense ``L x L``
+mask), lets right padding through (harmless for causal attention) and refuses any other padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from padless.varlen import _LastValue, flash_attn_available, varlen_attention
+
+if TYPE_CHECKING:
+    import torch
+
+BACKEND_NAME = "padless"
+"""The name the padless attention function is registered under."""
+
+Backend = Literal["padless", "sdpa", "eager", "flash_attention_2", "flex_attention"]
+AttentionInputs = Literal["varlen", "mask4d", "position_ids"]
+
+_CONTEXT: ContextVar[tuple[Any, Any, Any] | None] = ContextVar("padless_documents", default=None)
+_POSITIONS = _LastValue()  # position_ids -> cu_seqlens, once per forward
+_CHECKED = _LastValue()  # cu_seq_lens_q checked against position_ids, once per forward
+_SAME_KV = _LastValue()  # cu_seq_lens_k checked equal to cu_seq_lens_q, once per forward
+# kwargs some models send that change what attention computes; padless cannot honour them.
+_REFUSED_KWARGS = {"s_aux": "attention sinks (s_aux)", "position_bias": "an additive position bias"}
+
+
+@contextmanager
+def packed_documents(
+    *, position_ids: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None
+) -> Iterator[None]:
+    """Document boundaries for a forward whose attention layers receive neither ``position_ids`` nor
+    ``cu_seq_lens_q`` (a model without ``_supports_attention_backend``). Give ``position_ids``
+    ``[B, L]`` restarting at 0 per document, or ``cu_seqlens`` ``[N + 1]`` over the flat ``B * L``
+    tokens. Kwargs that do reach the attention layers take precedence."""
+    if (position_ids is None) == (cu_seqlens is None):
+        raise ValueError("packed_documents needs exactly one of position_ids or cu_seqlens")
+    token = _CONTEXT.set((position_ids, cu_seqlens, max_seqlen))
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def cu_seqlens_from_position_ids(position_ids: torch.Tensor, batch: int) -> torch.Tensor:
+    """``[N + 1]`` int32 offsets over the flat ``batch * L`` tokens: a document starts at every row
+    start and wherever a position is not its predecessor + 1 (transformers' packed-row rule)."""
+    import torch
+
+    if position_ids.ndim != 2 or position_ids.shape[0] not in (1, batch):
+        raise ValueError(
+            f"position_ids must be [batch, length] (or [1, length]) for padless attention, got shape "
+            f"{tuple(position_ids.shape)} (multi-axis rotary positions cannot mark documents)"
+        )
+    pos = position_ids.expand(batch, -1)  # [B, L]
+    start = torch.ones(pos.shape, dtype=torch.bool, device=pos.device)
+    start[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    first = start.reshape(-1).nonzero().squeeze(1)  # [N]
+    return torch.cat([first, first.new_tensor([pos.numel()])]).to(torch.int32)
+
+
+def _document_boundaries(kwargs: dict[str, Any], batch: int, length: int) -> tuple[torch.Tensor, int | None]:
+    cu, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_len = kwargs.get("max_length_q")
+    pos = kwargs.get("position_ids")
+    if (cu is None) != (cu_k is None):
+        raise ValueError("padless attention needs both cu_seq_lens_q and cu_seq_lens_k, or neither")
+    if cu is not None and cu_k is not cu:
+        _SAME_KV.get(cu_k, id(cu), lambda: _check_same_kv(cu, cu_k))
+    if cu is None and pos is None:
+        context = _CONTEXT.get()
+        if context is None:
+            raise ValueError(
+                "padless attention received neither position_ids nor cu_seq_lens_q, so it cannot tell where "
+                "documents start; wrap the forward in padless.attention.packed_documents(position_ids=...)"
+            )
+        pos, cu, max_len = context
+    if pos is not None:
+        if pos.shape[-1] != length:
+            raise ValueError(f"position_ids cover {pos.shape[-1]} tokens but the attention input has {length}")
+        from_pos = _POSITIONS.get(pos, batch, lambda: cu_seqlens_from_position_ids(pos, batch))
+        if cu is None:
+            return from_pos, None
+        _CHECKED.get(cu, id(from_pos), lambda: _check_same_documents(cu, from_pos))
+    return cu, None if max_len is None else int(max_len)
+
+
+def _check_same_kv(cu: torch.Tensor, cu_k: torch.Tensor) -> None:
+    import torch
+
+    if not torch.equal(cu.cpu().long(), cu_k.cpu().long()):
+        raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ; padless attention is self-attention over one layout")
+
+
+def _check_same_documents(cu: torch.Tensor, from_pos: torch.Tensor) -> None:
+    import torch
+
+    given = cu.to(device=from_pos.device, dtype=torch.int32)
+    if not torch.equal(given, from_pos):
+        raise ValueError(
+            f"position_ids do not restart exactly where cu_seq_lens_q starts documents "
+            f"({given.numel() - 1} documents by cu_seq_lens_q, {from_pos.numel() - 1} by position_ids); "
+            "send position_ids restarting at 0 at every document start"
+        )
+
+
+def padless_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: ``query`` ``[B, Hq, L, D]``, ``key``/``value`` ``[B, Hk, L, D]``
+    -> (``[B, L, Hq, D]``, no weights). Exact causal attention inside each packed document."""
+    batch, heads, length, dim = query.shape
+    if key.shape[2] != length:
+        raise ValueError(
+            f"padless attention got {length} queries but {key.shape[2]} keys: a KV-cache (generation) step or "
+            "cross-attention, where packed documents do not apply; generate with attn_implementation='sdpa'"
+        )
+    if attention_mask is not None:
+        raise ValueError(
+            f"padless attention got an attention_mask of shape {tuple(attention_mask.shape)} that it would have to "
+            "ignore; send position_ids (and cu_seq_lens_q/k) instead, or use backend 'sdpa' for a 4D mask"
+        )
+    is_causal = kwargs.get("is_causal")
+    if not (getattr(module, "is_causal", True) if is_causal is None else is_causal):
+        raise ValueError("padless attention is causal only; this layer asks for bidirectional attention")
+    for name, what in _REFUSED_KWARGS.items():
+        if kwargs.get(name) is not None:
+            raise ValueError(f"padless attention cannot apply {what} ({name}); use attn_implementation='eager'")
+    cu, max_len = _document_boundaries(kwargs, batch, length)
+    q = query.transpose(1, 2).reshape(batch * length, heads, dim)  # [T, Hq, D], T = B * L
+    k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)  # [T, Hk, D]
+    v = value.transpose(1, 2).reshape(batch * length, value.shape[1], dim)
+    out = varlen_attention(
+        q,
+        k,
+        v,
+        cu,
+        max_len,
+        scale=scaling,
+        causal=True,
+        dropout_p=dropout,
+        sliding_window=kwargs.get("sliding_window"),
+        softcap=kwargs.get("softcap"),
+    )
+    return out.reshape(batch, length, heads, dim), None
+
+
+def padless_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Callable | None = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> None:
+    """transformers' mask interface for the padless backend: builds no mask. A 2D ``attention_mask``
+    is accepted only if every row is right-padded (``1 ... 1 0 ... 0``): later padding never reaches a
+    real token under causal attention. Anything padless cannot honour raises."""
+    config = kwargs.get("config")
+    if kwargs.get("use_vmap"):
+        raise ValueError(
+            "this model adds its own mask pattern (or_mask_function/and_mask_function) that padless attention "
+            "cannot honour; use attn_implementation='sdpa' or 'eager'"
+        )
+    if getattr(config, "attention_chunk_size", None) is not None:
+        raise ValueError("padless attention has no chunked attention; use attn_implementation='sdpa' or 'eager'")
+    if attention_mask is None:
+        return None
+    keep = attention_mask[:, -kv_length:].bool()  # [B, kv_length]
+    later_real = keep[:, 1:] & ~keep[:, :-1]  # a real token right after padding
+    if bool(later_real.any()):
+        row = int(later_real.any(dim=1).nonzero()[0, 0])
+        raise ValueError(
+            f"attention_mask row {row} has padding before a real token (left or inner padding), which padless "
+            "attention would ignore; pack rows with position_ids instead, or use attn_implementation='sdpa'"
+        )
+    return None
+
+
+def register_padless_attention(name: str = BACKEND_NAME) -> str:
+    """Register :func:`padless_attention` and :func:`padless_mask` with transformers under ``name``
+    (idempotent); then ``model.set_attn_implementation(name)`` or ``attn_implementation=name`` at load."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, padless_attention)
+    AttentionMaskInterface.register(name, padless_mask)
+    return name
+
+
+# --------------------------------------------------------------------------------------- selection
+
+
+@dataclass(frozen=True)
+class _Target:
+    device: torch.device
+    dtype: torch.dtype
+    config: Any
+    model_class: type | None
+    max_length: int | None
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """How a transformers attention backend isolates packed documents."""
+
+    inputs: AttentionInputs
+    """What the collator must send: ``varlen`` (position_ids + cu_seq_lens_q/k, max_length_q/k, no
+    attention_mask), ``mask4d`` (4D float additive block-causal mask + position_ids) or ``position_ids``."""
+    refuse: Callable[[_Target], str | None]
+    """Why the backend cannot guarantee isolation for a model, device and dtype (None: it can)."""
+
+
+def _half(t: _Target) -> bool:
+    import torch
+
+    return t.dtype in (torch.float16, torch.bfloat16)
+
+
+def _softcap(t: _Target) -> float | None:
+    return getattr(t.config, "attn_logit_softcapping", None)
+
+
+def _active_window(t: _Target) -> int | None:
+    """The model's sliding window if some layer uses one and rows may be longer than it."""
+    window = getattr(t.config, "sliding_window", None)
+    if window is None or (t.max_length is not None and t.max_length <= window):
+        return None
+    layer_types = getattr(t.config, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    return None if getattr(t.config, "use_sliding_window", True) is False else window
+
+
+def _lacks(t: _Target, flag: str) -> bool:
+    return t.model_class is not None and not getattr(t.model_class, flag, False)
+
+
+def _refuse_padless(t: _Target) -> str | None:
+    if _lacks(t, "_supports_attention_backend"):
+        return f"{t.model_class.__name__} does not pass position_ids and attention kwargs to its attention layers"
+    if getattr(t.config, "attention_chunk_size", None) is not None:
+        return "the model uses chunked attention"
+    if _softcap(t) is not None and not (t.device.type == "cuda" and _half(t) and flash_attn_available()):
+        return "attention logit soft-capping needs flash-attn on CUDA with fp16/bf16"
+    return None
+
+
+def _refuse_mask4d(t: _Target, name: str, flag: str | None) -> str | None:
+    if flag and _lacks(t, flag):
+        return f"{t.model_class.__name__} does not support attn_implementation={name!r}"
+    window = _active_window(t)
+    if window is not None:
+        return f"a 4D mask replaces the model's sliding window ({window} tokens) in every layer"
+    if name == "sdpa" and _softcap(t) is not None:
+        return "sdpa has no attention logit soft-capping"
+    return None
+
+
+def _refuse_flash2(t: _Target) -> str | None:
+    if t.device.type != "cuda":
+        return f"flash_attention_2 runs on CUDA only, not {t.device.type}"
+    if not _half(t):
+        return f"flash_attention_2 needs fp16 or bf16, not {t.dtype}"
+    if not flash_attn_available():
+        return "the flash-attn package is not installed"
+    if _lacks(t, "_supports_flash_attn"):
+        return f"{t.model_class.__name__} does not support flash_attention_2"
+    return None
+
+
+def _refuse_flex(t: _Target) -> str | None:
+    if t.device.type == "cpu":
+        return "FlexAttention has no backward on CPU in torch 2.13 and crashes the process with 4D masks"
+    if _lacks(t, "_supports_flex_attn"):
+        return f"{t.model_class.__name__} does not support flex_attention"
+    if getattr(t.config, "use_cache", False):
+        return "config.use_cache=True disables transformers' packed-row detection from position_ids"
+    return None
+
+
+BACKENDS: dict[str, BackendSpec] = {
+    "padless": BackendSpec("varlen", _refuse_padless),
+    "sdpa": BackendSpec("mask4d", lambda t: _refuse_mask4d(t, "sdpa", "_supports_sdpa")),
+    "eager": BackendSpec("mask4d", lambda t: _refuse_mask4d(t, "eager", None)),
+    # transformers 5.24 infers documents from position_ids only when the batch has one row
+    # (_is_packed_sequence): with B > 1 it needs cu_seq_lens_q/k, so flash_attention_2 takes varlen.
+    "flash_attention_2": BackendSpec("varlen", _refuse_flash2),
+    "flex_attention": BackendSpec("position_ids", _refuse_flex),
+}
+"""Backend name -> what the collator sends for it and when it is refused."""
+
+_PREFERENCE = ("padless", "flash_attention_2", "sdpa", "eager")
+"""Fastest exact first: padless' cost follows the documents; the mask4d backends pay for L x L."""
+
+
+def backend_inputs(backend: str) -> AttentionInputs:
+    """What a packed batch must carry for ``backend`` (see :class:`BackendSpec`)."""
+    spec = BACKENDS.get(backend)
+    if spec is None:
+        raise ValueError(
+            f"attention backend {backend!r} has no known way to isolate packed documents; "
+            f"use one of {', '.join(BACKENDS)}"
+        )
+    return spec.inputs
+
+
+def _model_class(config: Any) -> type | None:
+    if config is None:
+        return None
+    if hasattr(config, "config") and hasattr(config, "forward"):  # a model was given
+        return type(config)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except (KeyError, ValueError):
+        return None  # unknown to transformers: padless_attention still refuses at run time
+
+
+def resolve_backend(
+    requested: str | None = None,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    config: Any = None,
+    max_length: int | None = None,
+) -> str:
+    """The attention backend to train packed rows with: ``requested`` if it can isolate documents for
+    this model (``config``: a transformers config or model), device and dtype, else ``ValueError``
+    naming one that can; with ``requested=None`` the fastest exact one. ``max_length`` (longest row)
+    lets a mask4d backend serve a sliding-window model whose window covers the whole row. Registers
+    the padless backend when it is returned, so the name can be used at once."""
+    import torch
+
+    config_obj = getattr(config, "config", config) if config is not None and hasattr(config, "forward") else config
+    target = _Target(torch.device(device), dtype, config_obj, _model_class(config), max_length)
+    if requested is not None:
+        spec = BACKENDS.get(requested)
+        if spec is None:
+            raise ValueError(f"unknown attention backend {requested!r}; choose one of {', '.join(BACKENDS)}")
+        reason = spec.refuse(target)
+        if reason is not None:
+            raise ValueError(
+                f"attention backend {requested!r} cannot guarantee isolated packed documents here: {reason}; "
+                f"use backend {_first_exact(target)!r}"
+            )
+        chosen = requested
+    else:
+        chosen = _first_exact(target)
+    if chosen == BACKEND_NAME:
+        register_padless_attention()
+    return chosen
+
+
+def _first_exact(target: _Target) -> str:
+    reasons = []
+    for name in _PREFERENCE:
+        reason = BACKENDS[name].refuse(target)
+        if reason is None:
+            return name
+        reasons.append(f"{name}: {reason}")
+    raise ValueError("no attention backend can isolate packed documents here (" + "; ".join(reasons) + ")")

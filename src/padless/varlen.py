@@ -1,0 +1,413 @@
+"""Exact causal attention over packed documents, with cost that follows the documents.
+
+A packed row of ``L`` tokens holding documents of lengths ``l_i`` needs only ``sum(l_i^2)`` score
+entries, not ``L^2``. :func:`varlen_attention` takes the flash-attn "varlen" layout: every token of
+the batch on one axis, and ``cu_seqlens`` giving the document boundaries on that axis::
+
+    q, k, v     [T, H, D]         T = total tokens (B * L for a packed batch), H heads, D head dim
+    cu_seqlens  [N + 1]           0 = c_0 < c_1 < ... < c_N = T; document i is tokens c_i .. c_{i+1}-1
+
+Strategies (one table, :data:`STRATEGIES`):
+
+- ``grouped_sdpa`` (any device, any dtype): sort documents by length, cut the sorted list into
+  buckets by a small dynamic program over a cost model (:class:`BucketCost`), pad each document to
+  its bucket's longest and run one causal SDPA call per bucket. Padding sits at the end of a
+  document, so causal attention never lets a real token see it; padded rows are dropped and get a
+  zero gradient. Chosen by measurement (``benchmarks/attention.py``, 2 CPU cores, torch 2.13): it
+  beats one SDPA call per document (per-call overhead) and the dense mask (``L^2`` work). Nested
+  (jagged) tensors were tried too: torch 2.13's SDPA refuses them with ``is_causal=True`` on CPU.
+- ``flash_attn`` (CUDA, fp16/bf16): ``flash_attn.flash_attn_varlen_func`` when flash-attn is
+  installed; supports dropout, sliding windows and logit soft-capping.
+- ``torch_varlen`` (CUDA sm80+, fp16/bf16): ``torch.nn.attention.varlen.varlen_attn`` (shipped by torch 2.13);
+  no dropout, no soft-capping.
+
+``auto`` picks flash_attn, then torch_varlen, then grouped_sdpa, skipping any that cannot run the
+call exactly. :func:`reference_varlen_attention` is the slow dense oracle the tests hold them to.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+VarlenImpl = Literal["auto", "grouped_sdpa", "flash_attn", "torch_varlen"]
+IMPLS: tuple[str, ...] = ("auto", "grouped_sdpa", "flash_attn", "torch_varlen")
+
+
+@dataclass(frozen=True)
+class BucketCost:
+    """Cost model used to cut sorted documents into SDPA buckets; only the ratios matter.
+
+    A bucket of ``n`` documents padded to ``m`` tokens costs ``call + n * m * (token + pair * m) * w``
+    with ``w = heads * head_dim / 768``. Fitted on 2 CPU cores (torch 2.13, fwd+bwd, 12 x 64 fp32).
+    """
+
+    call: float = 2e-4
+    """Fixed cost of one bucket (an SDPA call, its gathers and launches)."""
+    token: float = 3.3e-6
+    """Cost per padded token (projections of the gathered rows, softmax bookkeeping)."""
+    pair: float = 7.4e-8
+    """Cost per padded (query, key) pair."""
+
+
+CPU_COST = BucketCost()
+# Not measured (no GPU here): launches dominate on a GPU, so buckets are fewer and wider.
+CUDA_COST = BucketCost(call=5e-5, token=2e-9, pair=2e-11)
+
+
+def bucket_documents(lengths: np.ndarray, cost: BucketCost = CPU_COST, width: int = 768) -> list[np.ndarray]:
+    """Cut documents into buckets of similar length; returns each bucket's document indices, sorted by
+    length (longest last). Optimal for ``cost`` among cuts of the length-sorted list: O(k^2) in the
+    number ``k`` of distinct lengths, vectorised over the cut position."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size == 0:
+        return []
+    order = np.argsort(lengths, kind="stable")
+    uniq, counts = np.unique(lengths[order], return_counts=True)
+    before = np.concatenate([[0], np.cumsum(counts)])  # documents shorter than uniq[j]
+    scale = width / 768.0
+    best = np.zeros(uniq.size + 1)
+    cut = np.zeros(uniq.size + 1, dtype=np.int64)
+    for j in range(1, uniq.size + 1):
+        m = float(uniq[j - 1])  # the bucket (i, j] is padded to its longest length, uniq[j-1]
+        n = before[j] - before[:j]
+        total = best[:j] + cost.call + n * m * (cost.token + cost.pair * m) * scale
+        cut[j] = int(np.argmin(total))
+        best[j] = total[cut[j]]
+    bounds = []
+    j = uniq.size
+    while j > 0:
+        bounds.append((before[cut[j]], before[j]))
+        j = cut[j]
+    return [order[a:b] for a, b in reversed(bounds)]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Validated document boundaries of a packed batch, shared by every layer of one forward."""
+
+    cu_seqlens: torch.Tensor
+    """``[N + 1]`` int32 offsets on the device of the inputs."""
+    lengths: np.ndarray
+    """``[N]`` document lengths on the host."""
+    max_seqlen: int
+    """Longest document."""
+
+
+@dataclass(frozen=True)
+class _GroupPlan:
+    buckets: tuple[tuple[int, int], ...]
+    """(documents, padded length) per bucket, in slot order."""
+    gather: torch.Tensor | None
+    """``[P]`` source token of every padded slot; None when the tokens already form equal rows."""
+    scatter: torch.Tensor | None
+    """``[T]`` slot holding every token."""
+    key_lengths: tuple[torch.Tensor | None, ...]
+    """Per bucket, ``[n]`` true lengths when some document is padded (to mask padded keys when
+    attention is not causal), else None."""
+
+
+class _LastValue:
+    """One-entry cache keyed on a tensor's identity and version: every layer of a forward passes the
+    same boundary tensor, so boundaries are validated and buckets planned once per forward."""
+
+    def __init__(self) -> None:
+        self._key: tuple[weakref.ref, int, object] | None = None
+        self._value: object = None
+
+    def get(self, tensor: torch.Tensor, extra: object, make: Callable[[], object]) -> object:
+        key = self._key
+        if key is not None and key[0]() is tensor and key[1] == tensor._version and key[2] == extra:
+            return self._value
+        value = make()
+        self._key, self._value = (weakref.ref(tensor), tensor._version, extra), value
+        return value
+
+
+_LAYOUTS = _LastValue()
+_PLANS = _LastValue()
+
+
+def layout_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int | None, device) -> Layout:
+    """Check ``cu_seqlens`` against ``total`` tokens (one host sync, cached per tensor)."""
+
+    def make() -> Layout:
+        import torch
+
+        if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.dtype.is_floating_point:
+            raise ValueError(f"cu_seqlens must hold integers, got {cu_seqlens.dtype}")
+        cu = cu_seqlens.detach().cpu().numpy().astype(np.int64)
+        if cu[0] != 0:
+            raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
+        if cu[-1] != total:
+            raise ValueError(f"cu_seqlens ends at {int(cu[-1])} but the inputs hold {total} tokens")
+        lengths = np.diff(cu)
+        if lengths.min() < 1:
+            i = int(np.argmin(lengths))
+            raise ValueError(f"cu_seqlens gives document {i} length {int(lengths[i])}; every document needs a token")
+        longest = int(lengths.max())
+        if max_seqlen is not None and int(max_seqlen) < longest:
+            raise ValueError(f"max_seqlen={int(max_seqlen)} is below the longest document ({longest} tokens)")
+        on_device = cu_seqlens.to(device=device, dtype=torch.int32)
+        return Layout(on_device, lengths, longest)
+
+    return _LAYOUTS.get(cu_seqlens, (total, None if max_seqlen is None else int(max_seqlen), str(device)), make)
+
+
+def _group_plan(layout: Layout, cost: BucketCost, width: int, device) -> _GroupPlan:
+    import torch
+
+    lengths = layout.lengths
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    if np.all(lengths == lengths[0]):
+        # Equal documents already form rows of the flat axis: view them, no gather (the unpacked case).
+        return _GroupPlan(((lengths.size, int(lengths[0])),), None, None, (None,))
+    buckets, gathers, key_lengths = [], [], []
+    scatter = np.empty(int(lengths.sum()), dtype=np.int64)
+    slot = 0
+    for docs in bucket_documents(lengths, cost, width):
+        lens = lengths[docs]
+        m = int(lens.max())
+        steps = np.arange(m)
+        # Padded slots repeat the document's last token: causal attention never shows them to a real
+        # query, and their outputs are dropped, so any finite values would do.
+        gathers.append((starts[docs][:, None] + np.minimum(steps[None, :], lens[:, None] - 1)).ravel())
+        rows = slot + np.arange(docs.size) * m
+        tokens = np.repeat(starts[docs], lens) + _ranges(lens)
+        scatter[tokens] = np.repeat(rows, lens) + _ranges(lens)
+        buckets.append((int(docs.size), m))
+        key_lengths.append(torch.from_numpy(lens).to(device) if lens.min() < m else None)
+        slot += docs.size * m
+    gather = torch.from_numpy(np.concatenate(gathers)).to(device)
+    return _GroupPlan(tuple(buckets), gather, torch.from_numpy(scatter).to(device), tuple(key_lengths))
+
+
+def _ranges(lengths: np.ndarray) -> np.ndarray:
+    """``[sum(lengths)]`` concatenated ``arange(l)`` for each length."""
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if lengths.size else 0) - np.repeat(ends - lengths, lengths)
+
+
+def _sdpa_supports_gqa() -> bool:
+    import torch
+
+    return torch.__version__ >= (2, 5)
+
+
+def _grouped_sdpa(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_window, softcap):
+    import torch
+    import torch.nn.functional as F
+
+    if softcap is not None:
+        raise ValueError(
+            "logit soft-capping is not supported by the grouped_sdpa strategy (SDPA has no soft-cap); "
+            "use impl='flash_attn' on CUDA with fp16/bf16, or attn_implementation='eager' with a 4D mask"
+        )
+    if sliding_window is not None and not causal:
+        raise ValueError("sliding_window with causal=False is not supported by grouped_sdpa")
+    _, hq, d = q.shape
+    hk = k.shape[1]
+    cost = CUDA_COST if q.device.type == "cuda" else CPU_COST
+    plan = _PLANS.get(layout.cu_seqlens, (cost, hq * d), lambda: _group_plan(layout, cost, hq * d, q.device))
+    assert isinstance(plan, _GroupPlan)
+    gqa: dict = {}
+    if hq != hk:
+        if _sdpa_supports_gqa():
+            gqa = {"enable_gqa": True}
+        else:
+            k, v = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
+    if plan.gather is not None:
+        q, k, v = (x.index_select(0, plan.gather) for x in (q, k, v))  # [P, H, D] padded slots
+    # torch.split, not slicing: a slice's backward writes a zero tensor of the full size per bucket.
+    sizes = [n * m for n, m in plan.buckets]
+    q_parts, k_parts, v_parts = (x.split(sizes) for x in (q, k, v))
+    outs = []
+    for (n, m), key_len, *parts in zip(plan.buckets, plan.key_lengths, q_parts, k_parts, v_parts):
+        size = n * m
+        qb, kb, vb = (x.reshape(n, m, x.shape[1], d).transpose(1, 2) for x in parts)  # [n, H, m, D]
+        mask = None
+        if not causal and key_len is not None:
+            steps = torch.arange(m, device=q.device)
+            mask = (steps[None, :] < key_len[:, None])[:, None, None, :]  # [n, 1, 1, m] real keys
+        elif causal and sliding_window is not None and sliding_window < m:
+            steps = torch.arange(m, device=q.device)
+            gap = steps[:, None] - steps[None, :]
+            mask = (gap >= 0) & (gap < sliding_window)  # [m, m] causal band
+        out = F.scaled_dot_product_attention(
+            qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale, **gqa
+        )  # [n, H, m, D]
+        outs.append(out.transpose(1, 2).reshape(size, hq, d))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [P, H, D]
+    return out if plan.scatter is None else out.index_select(0, plan.scatter)  # [T, H, D]
+
+
+def _require_cuda_half(q, name: str) -> None:
+    import torch
+
+    if q.device.type != "cuda":
+        raise ValueError(f"impl={name!r} needs CUDA tensors, got device {q.device}; use impl='grouped_sdpa'")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"impl={name!r} needs fp16 or bf16, got {q.dtype}; use impl='grouped_sdpa'")
+
+
+def flash_attn_available() -> bool:
+    """Whether the flash-attn package can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def torch_varlen_available(device=None) -> bool:
+    """Whether torch ships ``torch.nn.attention.varlen.varlen_attn`` and ``device`` (default: the current
+    CUDA device) is an sm80+ GPU its flash kernel runs on."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("torch.nn.attention.varlen") is None or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def _flash_attn(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_window, softcap):
+    _require_cuda_half(q, "flash_attn")
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError as err:
+        raise ValueError("impl='flash_attn' needs the flash-attn package; use impl='grouped_sdpa'") from err
+    extra: dict = {}
+    if sliding_window is not None:
+        extra["window_size"] = (sliding_window - 1, 0 if causal else sliding_window - 1)
+    if softcap is not None:
+        extra["softcap"] = float(softcap)
+    cu = layout.cu_seqlens
+    m = layout.max_seqlen
+    return flash_attn_varlen_func(
+        q, k, v, cu, cu, m, m, dropout_p=dropout_p, softmax_scale=scale, causal=causal, **extra
+    )  # [T, H, D]
+
+
+def _torch_varlen(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_window, softcap):
+    _require_cuda_half(q, "torch_varlen")
+    if dropout_p:
+        raise ValueError("impl='torch_varlen' has no attention dropout; use impl='flash_attn' or 'grouped_sdpa'")
+    if softcap is not None:
+        raise ValueError("impl='torch_varlen' has no logit soft-capping; use impl='flash_attn'")
+    if not torch_varlen_available(q.device):
+        raise ValueError("impl='torch_varlen' needs torch.nn.attention.varlen and an sm80+ GPU")
+    from torch.nn.attention.varlen import varlen_attn
+
+    # flash convention: (left, right) keys visible around each query; -1 = unbounded.
+    left = -1 if sliding_window is None else sliding_window - 1
+    window = (left, 0) if causal else (left, left)
+    cu = layout.cu_seqlens
+    m = layout.max_seqlen
+    return varlen_attn(q, k, v, cu, cu, m, m, scale=scale, window_size=window, enable_gqa=q.shape[1] != k.shape[1])
+
+
+STRATEGIES: dict[str, Callable[..., torch.Tensor]] = {
+    "grouped_sdpa": _grouped_sdpa,
+    "flash_attn": _flash_attn,
+    "torch_varlen": _torch_varlen,
+}
+"""Strategy name -> function ``(q, k, v, layout, *, scale, causal, dropout_p, sliding_window, softcap)``."""
+
+
+def choose_impl(q: torch.Tensor, *, dropout_p: float = 0.0, softcap: float | None = None) -> str:
+    """The fastest strategy that runs this call exactly (what ``impl='auto'`` uses)."""
+    import torch
+
+    if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
+        if flash_attn_available():
+            return "flash_attn"
+        if not dropout_p and softcap is None and torch_varlen_available(q.device):
+            return "torch_varlen"
+    return "grouped_sdpa"
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int | None = None,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    dropout_p: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    impl: VarlenImpl = "auto",
+) -> torch.Tensor:
+    """Attention inside each document of a packed batch; differentiable in q, k and v.
+
+    ``q`` is ``[T, Hq, D]``, ``k`` and ``v`` are ``[T, Hk, D]`` with ``Hq % Hk == 0`` (GQA/MQA),
+    ``cu_seqlens`` is ``[N + 1]`` (see the module docstring), ``max_seqlen`` the longest document
+    (computed when None). Returns ``[T, Hq, D]`` in q's dtype. ``scale`` defaults to ``D ** -0.5``;
+    ``dropout_p`` drops attention probabilities (exact in distribution, not the dense path's random
+    stream); ``sliding_window = w`` lets a query see the ``w`` most recent keys of its document
+    (itself included, transformers' convention); ``softcap`` applies ``c * tanh(s / c)`` to the scores
+    (flash_attn only). Raises ``ValueError`` for anything the chosen strategy cannot do exactly.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; choose one of {', '.join(IMPLS)}")
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise ValueError(f"q, k, v must be [T, H, D], got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError(f"k and v must be [T, Hk, D] matching q {tuple(q.shape)}, got {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    layout = layout_from_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen, q.device)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    name = choose_impl(q, dropout_p=dropout_p, softcap=softcap) if impl == "auto" else impl
+    return STRATEGIES[name](
+        q, k, v, layout, scale=scale, causal=causal, dropout_p=dropout_p, sliding_window=sliding_window, softcap=softcap
+    )
+
+
+def reference_varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """The slow oracle: dense ``[T, T]`` document mask, scores and softmax in float32 (float64 if the
+    inputs are), same shapes and conventions as :func:`varlen_attention` (no dropout)."""
+    import torch
+
+    t, hq, d = q.shape
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kk = k.to(work).repeat_interleave(hq // k.shape[1], dim=1)
+    vv = v.to(work).repeat_interleave(hq // v.shape[1], dim=1)
+    lengths = torch.diff(cu_seqlens.to(device=q.device, dtype=torch.long))
+    doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=q.device), lengths)  # [T]
+    idx = torch.arange(t, device=q.device)
+    allowed = doc[:, None] == doc[None, :]  # [T, T] query rows, key columns
+    if causal:
+        allowed &= idx[None, :] <= idx[:, None]
+    if sliding_window is not None:
+        allowed &= (idx[:, None] - idx[None, :]).abs() < sliding_window
+    scores = torch.einsum("qhd,khd->hqk", q.to(work), kk) * (d**-0.5 if scale is None else scale)  # [H, T, T]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", probs, vv).to(q.dtype)  # [T, H, D]
