@@ -80,3 +80,28 @@ def test_loss_bad_input():
         causal_lm_loss(torch.randn(1, 4, 7), torch.zeros(1, 3, dtype=torch.long), 3)
     with pytest.raises(ValueError, match="no trained token"):
         causal_lm_loss(torch.randn(1, 4, 7), torch.full((1, 4), -100), 0)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_trained_logits_only_gives_the_same_loss_and_gradients(family, packed):
+    model = build_model(f"tiny-{family}").eval()
+    feats = make_features(LENGTHS, with_labels=True, seed=7)  # prompt-like prefixes masked
+    batch = (PackingCollator(max_length=24) if packed else PaddingCollator())(feats)
+    n = step_num_items([batch])
+    grads = []
+    for only in (False, True):
+        model.zero_grad(set_to_none=True)
+        loss = model_loss(model, batch, n, trained_logits_only=only)
+        loss.backward()
+        grads.append((loss.detach(), _grads(model)))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-5, atol=1e-7)
+
+
+def test_trained_logits_only_with_nothing_trained_is_zero():
+    model = build_model("tiny-gpt2")
+    batch = PaddingCollator()([{"input_ids": [1, 2, 3], "labels": [-100, -100, -100]}])
+    loss = model_loss(model, batch, 5, trained_logits_only=True)
+    assert loss.item() == 0.0
+    loss.backward()  # the graph is intact

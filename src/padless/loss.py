@@ -56,24 +56,60 @@ def causal_lm_loss(
 
     logits: ``[B, T, V]``; labels: ``[B, T]`` unshifted. ``num_items`` is the step's trained-token
     count (:func:`step_num_items`); ``world_size`` undoes DDP's gradient averaging. Cross-entropy is
-    computed in float32 whatever the logits' dtype.
+    computed in float32 whatever the logits' dtype. The labels are shifted, not the logits: slicing
+    ``[B, T, V]`` logits would copy the largest tensor of the step.
     """
     import torch.nn.functional as F
 
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} do not match")
-    n = num_items if not hasattr(num_items, "item") else num_items.to(logits.device)
     if int(num_items) <= 0:
         raise ValueError("num_items must be positive: the step has no trained token")
-    shift_logits = logits[..., :-1, :].float().reshape(-1, logits.shape[-1])  # [B*(T-1), V]
-    shift_labels = labels[..., 1:].reshape(-1).to(logits.device)  # [B*(T-1)]
-    total = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    return total * world_size / n
+    targets = F.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX).to(logits.device)  # [B, T]
+    return _ce_sum(logits, targets) * world_size / _on(num_items, logits.device)
 
 
-def model_loss(model: Any, batch: Mapping[str, Any], num_items: int | torch.Tensor, *, world_size: int = 1) -> torch.Tensor:
+def _ce_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    return F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def _on(num_items: int | torch.Tensor, device: torch.device) -> int | torch.Tensor:
+    return num_items.to(device) if hasattr(num_items, "to") else num_items
+
+
+def model_loss(
+    model: Any,
+    batch: Mapping[str, Any],
+    num_items: int | torch.Tensor,
+    *,
+    world_size: int = 1,
+    trained_logits_only: bool = False,
+) -> torch.Tensor:
     """Forward ``batch`` through a causal LM (labels withheld from the model) and return its
-    token-normalised loss contribution. Works for any batch our collators (or transformers') emit."""
+    token-normalised loss contribution. Works for any batch our collators (or transformers') emit.
+
+    ``trained_logits_only``: ask the model for logits only at the positions whose next token is a
+    target (transformers' ``logits_to_keep`` with an index tensor, shared by all rows of the batch).
+    The LM head over a 50k vocabulary dominates small models, so skipping untrained positions
+    (prompts, tool results, padding past every row's end) saves real work; the loss is unchanged.
+    """
+    import inspect
+
+    import torch
+
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    logits = model(**inputs).logits
-    return causal_lm_loss(logits, batch["labels"], num_items, world_size=world_size)
+    labels = batch["labels"]
+    if int(num_items) <= 0:
+        raise ValueError("num_items must be positive: the step has no trained token")
+    if not trained_logits_only or "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        return causal_lm_loss(model(**inputs).logits, labels, num_items, world_size=world_size)
+    targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)  # [B, T]
+    keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)  # [K] positions with a target
+    if keep.numel() == 0:  # nothing trained in this micro-batch: a zero that keeps the graph
+        return model(**inputs, logits_to_keep=1).logits.sum() * 0.0
+    logits = model(**inputs, logits_to_keep=keep.to(labels.device)).logits  # [B, K, V]
+    kept = targets[:, keep].to(logits.device)  # [B, K]
+    return _ce_sum(logits, kept) * world_size / _on(num_items, logits.device)

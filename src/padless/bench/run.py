@@ -212,7 +212,7 @@ def train_strategy(
             n = step_num_items(micro)
             total = torch.zeros((), device=device)
             for batch in micro:
-                loss = model_loss(model, batch, n)
+                loss = model_loss(model, batch, n, trained_logits_only=cfg.trained_logits_only)
                 loss.backward()
                 total += loss.detach()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -257,6 +257,7 @@ class RunConfig:
     device: str = "auto"
     dtype: str = "auto"
     tokenizer: str | None = None
+    trained_logits_only: bool = True
 
 
 def _resolve_device(cfg: RunConfig) -> tuple[Any, Any]:
@@ -385,6 +386,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--out", default="runs/bench", help="output folder for results.json, the plots and report.html")
+    parser.add_argument("--full-logits", action="store_true",
+                        help="compute logits at every position (default: only where a token is trained, for every strategy)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -395,6 +398,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return RunConfig(
         **values, strategies=tuple(parse_strategies(args.strategies)), mode=args.mode,
         token_budget=args.token_budget, seed=args.seed, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer,
+        trained_logits_only=not args.full_logits,
     )  # fmt: skip
 
 
