@@ -73,6 +73,11 @@ _EXPORTS: dict[str, str] = {
     "StreamOptions": "padless.buffered",
     "compare_stream_to_offline": "padless.buffered",
     "pack_to_parquet": "padless.shards",
+    # distributed training
+    "DistributedPackedBatchSampler": "padless.distributed",
+    "PackedRowView": "padless.distributed",
+    "schedule_epoch": "padless.distributed",
+    "world_info": "padless.distributed",
     # models
     "build_model": "padless.models",
     "load_tokenizer_for": "padless.models",
