@@ -108,3 +108,30 @@ def test_quick_preset_end_to_end(tmp_path):
     redraw = tmp_path / "redraw"
     assert main(["report", str(out / "results.json"), "--out", str(redraw)]) == 0
     assert (redraw / "report.html").exists()
+
+
+@pytest.mark.slow
+def test_bench_under_torchrun_two_gloo_ranks(tmp_path):
+    """``padless bench`` under ``torchrun --nproc-per-node 2``: aggregate figures from rank 0."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from padless.bench.results import validate
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(port), "-m", "padless.cli", "bench", "--preset", "quick", "--strategies",
+           "packing,padding", "--steps", "3", "--warmup-steps", "1", "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert validate(data) == [] and data["config"]["world_size"] == 2
+    # each step sums both ranks: 2 ranks x 4 examples
+    assert data["strategies"]["packing"]["sequences"] == [8, 8, 8]
+    np.testing.assert_allclose(data["strategies"]["packing"]["loss"], data["strategies"]["padding"]["loss"], rtol=1e-4)

@@ -104,7 +104,8 @@ def model_loss(
     labels = batch["labels"]
     if int(num_items) <= 0:
         raise ValueError("num_items must be positive: the step has no trained token")
-    if not trained_logits_only or "logits_to_keep" not in inspect.signature(model.forward).parameters:
+    inner = getattr(model, "module", model)  # DistributedDataParallel wraps the model
+    if not trained_logits_only or "logits_to_keep" not in inspect.signature(inner.forward).parameters:
         return causal_lm_loss(model(**inputs).logits, labels, num_items, world_size=world_size)
     targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)  # [B, T]
     keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)  # [K] positions with a target

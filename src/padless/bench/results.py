@@ -70,6 +70,8 @@ class BenchConfig:
     """Learning rate."""
     token_budget: int | None = None
     """Tokens per optimiser step in ``token-budget`` mode; ``None`` in ``same-examples`` mode."""
+    world_size: int = 1
+    """Data-parallel processes (``torchrun``); per-step tokens and sequences are summed over them."""
 
 
 @dataclass(frozen=True)

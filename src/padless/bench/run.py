@@ -55,15 +55,16 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # ~10 minutes for all four strategies on 2 CPU cores
-    "default": Preset("gpt2-mini", "agentic-rag", steps=120, batch_size=16, max_length=1024,
-                      warmup_steps=5, lr=1e-3, eval_examples=64),
+    # about 10 minutes for all four strategies on 2 CPU cores: the smallest GPT-2 architecture with
+    # the real 50k vocabulary, assistant-only training on agent traces (tool results are context)
+    "default": Preset("gpt2-tiny", "agentic-rag", steps=120, batch_size=8, max_length=1024,
+                      warmup_steps=5, lr=2e-3, eval_examples=32, train_on="assistant"),
     # a smoke run of about a minute (used by the tests)
-    "quick": Preset("gpt2-tiny", "agentic-rag", steps=6, batch_size=8, max_length=256,
-                    warmup_steps=2, lr=1e-3, eval_examples=8, limit=400),
+    "quick": Preset("gpt2-tiny", "agentic-rag", steps=6, batch_size=4, max_length=512,
+                    warmup_steps=2, lr=2e-3, eval_examples=8, train_on="assistant", limit=200),
     # GPU-sized: the 124M GPT-2 architecture, and a real fine-tune of the pretrained SmolLM2-135M
     "gpt2": Preset("gpt2", "agentic-rag", steps=200, batch_size=32, max_length=1024,
-                   warmup_steps=10, lr=3e-4, eval_examples=256),
+                   warmup_steps=10, lr=3e-4, eval_examples=256, train_on="assistant"),
     "smollm2": Preset("smollm2-135m", "agentic-rag", steps=200, batch_size=32, max_length=2048,
                       warmup_steps=10, lr=5e-5, eval_examples=256, train_on="assistant"),
 }  # fmt: skip
@@ -130,7 +131,9 @@ def _to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
     return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
 
 
-def evaluate(model: Any, features: Sequence[dict[str, Any]], batch_size: int, pad_token_id: int) -> float:
+def evaluate(
+    model: Any, features: Sequence[dict[str, Any]], batch_size: int, pad_token_id: int, trained_logits_only: bool = True
+) -> float:
     """Token-normalised loss over held-out examples, computed the same way for every strategy
     (padded batches on SDPA), so the figures are comparable."""
     import torch
@@ -147,11 +150,24 @@ def evaluate(model: Any, features: Sequence[dict[str, Any]], batch_size: int, pa
     model.eval()
     try:
         with torch.no_grad():
-            total = sum(model_loss(model, _to_device(b, device), n).item() for b in batches)
+            total = sum(model_loss(model, _to_device(b, device), n, trained_logits_only=trained_logits_only).item()
+                        for b in batches)  # fmt: skip
     finally:
         model.set_attn_implementation(original)
         model.train()
     return float(total)
+
+
+def _all_reduce_step(counts: list[float], device: Any) -> list[float]:
+    """[time, loss, real, padded, sequences] of this rank -> max time, summed rest over ranks."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(counts[:1], dtype=torch.float64, device=device)
+    rest = torch.tensor(counts[1:], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(rest)
+    return [t.item(), *rest.tolist()]
 
 
 def _schedule(optimizer: Any, warmup: int, steps: int) -> Any:
@@ -178,6 +194,7 @@ def train_strategy(
     recorder: Any,
     memory: Any,
     progress: bool = True,
+    world: tuple[int, int] = (0, 1),
 ) -> int | None:
     """Train one strategy from scratch (same seed, same init), record every step into ``recorder``
     and return the peak memory of its training phase (bytes)."""
@@ -200,19 +217,26 @@ def train_strategy(
         vocab_size=model.config.vocab_size,
     )
     batcher = strategy.make_batcher(opts, model)
+    rank, world_size = world
+    trained = model
+    if world_size > 1:  # gradients all-reduced in backward; the loss undoes DDP's averaging
+        from torch.nn.parallel import DistributedDataParallel
+
+        trained = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = _schedule(optimizer, cfg.warmup_steps, cfg.steps)
-    recorder.eval_loss_start = evaluate(model, evals, cfg.batch_size, pad_token_id)
+    recorder.eval_loss_start = evaluate(model, evals, cfg.batch_size, pad_token_id, cfg.trained_logits_only)
     timer = StepTimer(sync=synchronizer(device))
     memory.start()
-    for indices in tqdm(step_indices, desc=f"{name:>10}", unit="step", disable=not progress, leave=False):
+    show = progress and rank == 0
+    for indices in tqdm(step_indices, desc=f"{name:>10}", unit="step", disable=not show, leave=False):
         feats = [train[i] for i in indices]
         with timer.step():
             micro = [_to_device(b, device) for b in batcher(feats)]
             n = step_num_items(micro)
             total = torch.zeros((), device=device)
             for batch in micro:
-                loss = model_loss(model, batch, n, trained_logits_only=cfg.trained_logits_only)
+                loss = model_loss(trained, batch, n, world_size=world_size, trained_logits_only=cfg.trained_logits_only)
                 loss.backward()
                 total += loss.detach()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -220,15 +244,14 @@ def train_strategy(
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step_loss = total.item()  # waits for the step on an accelerator
-        recorder.record_step(
-            step_time_s=timer.times_s[-1],
-            loss=step_loss,
-            real_tokens=sum(len(f["input_ids"]) for f in feats),
-            padded_tokens=sum(int(b["input_ids"].numel()) for b in micro),
-            sequences=len(feats),
-        )
+        counts = [timer.times_s[-1], step_loss / world_size, sum(len(f["input_ids"]) for f in feats),
+                  sum(int(b["input_ids"].numel()) for b in micro), len(feats)]  # fmt: skip
+        if world_size > 1:  # the step of the slowest rank; tokens and loss summed over ranks
+            counts = _all_reduce_step(counts, device)
+        recorder.record_step(step_time_s=counts[0], loss=counts[1], real_tokens=int(counts[2]),
+                             padded_tokens=int(counts[3]), sequences=int(counts[4]))  # fmt: skip
     peak = memory.stop()
-    recorder.eval_loss_end = evaluate(model, evals, cfg.batch_size, pad_token_id)
+    recorder.eval_loss_end = evaluate(model, evals, cfg.batch_size, pad_token_id, cfg.trained_logits_only)
     return peak
 
 
@@ -260,10 +283,30 @@ class RunConfig:
     trained_logits_only: bool = True
 
 
-def _resolve_device(cfg: RunConfig) -> tuple[Any, Any]:
+def _init_distributed(cfg: RunConfig) -> tuple[int, int]:
+    """``(rank, world_size)``; under ``torchrun`` this joins the process group (gloo on CPU, NCCL
+    on CUDA)."""
+    import torch
+    import torch.distributed as dist
+
+    from padless.distributed import world_info
+
+    rank, world_size = world_info()
+    if world_size > 1 and not dist.is_initialized():
+        on_gpu = torch.cuda.is_available() and cfg.device != "cpu"
+        dist.init_process_group("nccl" if on_gpu else "gloo")
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return rank, world_size
+
+
+def _resolve_device(cfg: RunConfig, rank: int = 0) -> tuple[Any, Any]:
+    import os
+
     import torch
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
+    if device.type == "cuda" and device.index is None:  # one GPU per process under torchrun
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     if cfg.dtype == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
     else:
@@ -304,12 +347,14 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
 
     if cfg.mode not in ("same-examples", "token-budget"):
         raise ValueError(f"unknown --mode {cfg.mode!r}; choose same-examples or token-budget")
-    device, dtype = _resolve_device(cfg)
+    rank, world_size = _init_distributed(cfg)
+    device, dtype = _resolve_device(cfg, rank)
     train, evals, pad_token_id = _load(cfg)
     lengths = np.array([len(f["input_ids"]) for f in train], dtype=np.int64)
     budget = cfg.token_budget or cfg.batch_size * cfg.max_length
-    if cfg.mode == "same-examples":
-        shared = same_example_steps(len(train), cfg.steps, cfg.batch_size * cfg.grad_accumulation, cfg.seed)
+    if cfg.mode == "same-examples":  # each rank takes every world_size-th example of a global step
+        per_rank = cfg.batch_size * cfg.grad_accumulation
+        shared = [s[rank::world_size] for s in same_example_steps(len(train), cfg.steps, per_rank * world_size, cfg.seed)]
     memory = PeakMemory(device)
     runs: dict[str, Any] = {}
     done: list[str] = []
@@ -318,9 +363,12 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
     try:
         for name in cfg.strategies:
             current, recorder = name, StrategyRecorder()
-            steps = shared if cfg.mode == "same-examples" else token_budget_steps(name, lengths, cfg.steps, budget, cfg.seed)
-            peak = train_strategy(name, cfg, train, evals, steps, device=device, dtype=dtype,
-                                  pad_token_id=pad_token_id, recorder=recorder, memory=memory, progress=progress)  # fmt: skip
+            if cfg.mode == "same-examples":
+                steps = shared
+            else:
+                steps = token_budget_steps(name, lengths, cfg.steps * world_size, budget, cfg.seed)[rank::world_size]
+            peak = train_strategy(name, cfg, train, evals, steps, device=device, dtype=dtype, pad_token_id=pad_token_id,
+                                  recorder=recorder, memory=memory, progress=progress, world=(rank, world_size))  # fmt: skip
             runs[name] = recorder.result(peak, memory.method)
             done.append(name)
             current = None
@@ -334,6 +382,7 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
         batch_size=cfg.batch_size, max_length=cfg.max_length, mode=cfg.mode, seed=cfg.seed,
         device=str(device), dtype=str(dtype).removeprefix("torch."), grad_accumulation=cfg.grad_accumulation,
         warmup_steps=cfg.warmup_steps, lr=cfg.lr, token_budget=budget if cfg.mode == "token-budget" else None,
+        world_size=world_size,
     )  # fmt: skip
     results = BenchResults(
         config=bench_config,
@@ -344,8 +393,11 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
         padless_version=__version__,
     )
     out = Path(out_dir)
+    path = out / "results.json"
+    if rank != 0:  # rank 0 writes for everyone
+        return path
     out.mkdir(parents=True, exist_ok=True)
-    path = save_results(results, out / "results.json")
+    save_results(results, path)
     write_report(results, out)
     print(format_summary_table(results))
     print(f"results: {path}\nreport:  {out / 'report.html'}")
@@ -407,5 +459,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    run_benchmark(config_from_args(args), args.out, progress=not args.no_progress)
+    import torch.distributed as dist
+
+    try:
+        run_benchmark(config_from_args(args), args.out, progress=not args.no_progress)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
     return 0
