@@ -135,3 +135,40 @@ def test_bench_under_torchrun_two_gloo_ranks(tmp_path):
     # each step sums both ranks: 2 ranks x 4 examples
     assert data["strategies"]["packing"]["sequences"] == [8, 8, 8]
     np.testing.assert_allclose(data["strategies"]["packing"]["loss"], data["strategies"]["padding"]["loss"], rtol=1e-4)
+
+
+def test_ctrl_c_writes_what_was_measured(tmp_path, monkeypatch):
+    from padless.bench.results import load_results
+
+    feats = make_features(np.random.default_rng(2).integers(2, 30, 40), vocab_size=16, seed=2)
+    monkeypatch.setattr(bench_run, "_load", lambda cfg: (feats[4:], feats[:4], 0))
+    real_train = bench_run.train_strategy
+
+    def interrupted_second(name, cfg, train, evals, steps, **kw):
+        if name == "packing":  # two steps done, then Ctrl-C
+            real_train(name, cfg, train, evals, steps[:2], **kw)
+            raise KeyboardInterrupt
+        return real_train(name, cfg, train, evals, steps, **kw)
+
+    monkeypatch.setattr(bench_run, "train_strategy", interrupted_second)
+    path = bench_run.run_benchmark(_cfg(strategies=("padding", "packing", "flattening")), tmp_path, progress=False)
+    results = load_results(path)
+    assert results.status.state == "interrupted"
+    assert results.status.strategies_done == ("padding",)
+    assert results.status.interrupted_strategy == "packing" and results.status.interrupted_at_step == 2
+    assert len(results.strategies["packing"].loss) == 2 and "flattening" not in results.strategies
+    assert (tmp_path / "report.html").exists()
+
+
+def test_token_budget_mode_runs(tmp_path, monkeypatch):
+    from padless.bench.results import load_results
+
+    feats = make_features(np.random.default_rng(3).integers(2, 30, 60), vocab_size=16, seed=3)
+    monkeypatch.setattr(bench_run, "_load", lambda cfg: (feats[4:], feats[:4], 0))
+    cfg = _cfg(strategies=("padding", "packing"), mode="token-budget", token_budget=96, steps=3)
+    results = load_results(bench_run.run_benchmark(cfg, tmp_path, progress=False))
+    assert results.config.token_budget == 96
+    for run in results.strategies.values():
+        assert all(p <= 96 for p in run.padded_tokens)
+    # packing fills the budget with real tokens; padding spends part of it on pad
+    assert sum(results.strategies["packing"].real_tokens) > sum(results.strategies["padding"].real_tokens)

@@ -105,11 +105,24 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
-    from padless.layout import (
-        IGNORE_INDEX,
-        cu_seqlens_from_lengths,
-        document_ids_from_lengths,
-        lengths_from_position_ids,
-        position_ids_from_lengths,
-    )
-    from padless.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, PlanStats, plan_packs
+    from padless.attention import BACKENDS, backend_inputs, packed_documents, padless_attention, register_padless_attention, resolve_backend
+    from padless.bench.report import write_report
+    from padless.bench.results import BenchResults, load_results
+    from padless.buffered import compare_stream_to_offline, StreamOptions
+    from padless.collate import FeatureSpec, PackingCollator, PaddingCollator
+    from padless.data.corpora import CORPORA
+    from padless.data.load import corpus_lengths, CorpusReport, load_corpus, TokenizedCorpus
+    from padless.data.records import RecordError
+    from padless.data.tokenizer import load_tokenizer
+    from padless.distributed import DistributedPackedBatchSampler, PackedRowView, schedule_epoch, world_info
+    from padless.layout import IGNORE_INDEX, cu_seqlens_from_lengths, document_ids_from_lengths, lengths_from_position_ids, position_ids_from_lengths
+    from padless.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
+    from padless.masks import additive_block_causal_mask, block_causal_mask
+    from padless.models import build_model, load_tokenizer_for, tokenizer_name_for
+    from padless.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs, PlanStats, validate_lengths
+    from padless.sampling import LengthGroupedBatchSampler, PackedRows
+    from padless.shards import pack_to_parquet
+    from padless.stats import LengthSummary, padding_fraction_bucketed, padding_fraction_pad_to_longest, summarize_lengths, synthetic_lengths
+    from padless.stream import PackedIterableDataset, PackedStream
+    from padless.varlen import reference_varlen_attention, varlen_attention
+    from padless.verify import TOLERANCES, verify_isolation, VerifyReport

@@ -170,6 +170,19 @@ def load_tokenizer_for(model_name: str) -> Any:
     return load_tokenizer(tokenizer_name_for(model_name))
 
 
+def model_config(name: str, *, vocab_size: int | None = None, cache_dir: str | Path | None = None) -> PretrainedConfig:
+    """The config of a model name (as :func:`build_model` takes it), without building the weights."""
+    from transformers import AutoConfig
+
+    if name in PRETRAINED:
+        return AutoConfig.from_pretrained(str(smollm2_dir(cache_dir)))
+    if name.startswith("tiny-"):
+        return tiny_config(name.removeprefix("tiny-"), **({"vocab_size": vocab_size} if vocab_size else {}))
+    if name in GPT2_SIZES:
+        return gpt2_config(name, **({"vocab_size": vocab_size} if vocab_size else {}))
+    return AutoConfig.from_pretrained(name)
+
+
 def build_model(
     name: str,
     *,
@@ -200,13 +213,8 @@ def build_model(
         return model
     if cache_dir is not None:
         raise ValueError(f"cache_dir applies to the packaged models ({', '.join(PRETRAINED)}), not {name!r}")
-    if name.startswith("tiny-"):
-        config = tiny_config(name.removeprefix("tiny-"), **({"vocab_size": vocab_size} if vocab_size else {}))
-    elif name in GPT2_SIZES:
-        config = gpt2_config(name, **({"vocab_size": vocab_size} if vocab_size else {}))
-    else:
-        config = None
-    if config is not None:
+    if name.startswith("tiny-") or name in GPT2_SIZES:
+        config = model_config(name, vocab_size=vocab_size)
         torch.manual_seed(seed)
         config.use_cache = False
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)

@@ -52,7 +52,7 @@ class BenchConfig:
     batch_size: int
     """Sequences per micro-batch (same-examples mode) or per step before packing."""
     max_length: int
-    """Longest sequence in tokens (longer ones are truncated); also the packed row length."""
+    """Examples are truncated to this many tokens; packing puts each micro-batch into one padding-free row."""
     mode: Mode
     """``same-examples``: the same examples in every optimiser step; ``token-budget``: a fixed
     number of tokens per optimiser step."""

@@ -39,7 +39,7 @@ class Preset:
     batch_size: int
     """Examples per micro-batch."""
     max_length: int
-    """Examples are truncated to this many tokens; the packed row length in ``token-budget`` mode."""
+    """Examples are truncated to this many tokens (packing puts a micro-batch into one row)."""
     warmup_steps: int
     """Leading steps excluded from timing (and the learning-rate warm-up)."""
     lr: float
@@ -207,12 +207,12 @@ def train_strategy(
     from padless.bench.strategies import packing_attention
 
     strategy = STRATEGIES[name]
-    attn = packing_attention() if name == "packing" else strategy.attn_implementation
+    attn = packing_attention(cfg.model, device, dtype) if name == "packing" else strategy.attn_implementation
     model = build_model(cfg.model, attn_implementation=attn, seed=cfg.seed, dtype=dtype).to(device)
     model.train()
     opts = BatchingOptions(
         batch_size=cfg.batch_size,
-        max_length=cfg.max_length if cfg.mode == "token-budget" else None,
+        max_length=None,  # a micro-batch's examples packed into one padding-free row
         pad_token_id=pad_token_id,
         vocab_size=model.config.vocab_size,
     )
@@ -259,28 +259,25 @@ def train_strategy(
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """A resolved benchmark configuration (a preset plus overrides)."""
+class RunConfig(Preset):
+    """A resolved benchmark configuration: a preset's fields (overridden by flags) plus the run's."""
 
-    model: str
-    data: str
-    strategies: tuple[str, ...]
-    steps: int
-    batch_size: int
-    max_length: int
-    warmup_steps: int
-    lr: float
-    eval_examples: int
-    train_on: str
-    grad_accumulation: int
-    limit: int | None
+    strategies: tuple[str, ...] = tuple(STRATEGIES)
+    """Strategies to run, in order."""
     mode: str = "same-examples"
+    """``same-examples`` or ``token-budget`` (see the module docstring)."""
     token_budget: int | None = None
+    """Tokens per step, padding included, in ``token-budget`` mode (default batch size x max length)."""
     seed: int = 0
+    """Seed of the model initialisation, the data split and the example order."""
     device: str = "auto"
+    """``auto`` (a GPU when there is one), ``cpu``, ``cuda``, ``cuda:1``, ..."""
     dtype: str = "auto"
+    """``auto`` (bfloat16 on a GPU, float32 on a CPU), or a torch dtype name."""
     tokenizer: str | None = None
+    """Tokenizer name or path; default: the model's."""
     trained_logits_only: bool = True
+    """Compute logits only where a token is trained, for every strategy (the loss is unchanged)."""
 
 
 def _init_distributed(cfg: RunConfig) -> tuple[int, int]:

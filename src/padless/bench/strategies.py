@@ -120,16 +120,14 @@ def _flattening(opts: BatchingOptions, model: Any) -> Batcher:
     return batcher
 
 
-def packing_attention() -> str:
-    """The attention implementation padless packs with: its own varlen backend when it is available
-    for this device and dtype, else SDPA with a 4D block mask."""
-    try:
-        from padless.attention import register_padless_attention
+def packing_attention(model_name: str, device: Any, dtype: Any) -> str:
+    """The attention implementation padless packs with: the fastest backend that isolates documents
+    for this model, device and dtype (:func:`padless.attention.resolve_backend`; padless varlen on a
+    CPU, flash-attn varlen on CUDA where installed)."""
+    from padless.attention import resolve_backend
+    from padless.models import model_config
 
-        register_padless_attention()
-        return "padless"
-    except ImportError:  # pragma: no cover - the attention module ships with padless
-        return "sdpa"
+    return resolve_backend(None, device=device, dtype=dtype, config=model_config(model_name))
 
 
 STRATEGIES: dict[str, Strategy] = {
