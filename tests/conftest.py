@@ -6,8 +6,15 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# No per-example deadline (a loaded 2-core machine is slow, not wrong); in CI the examples are
+# derandomized so a run is reproducible.
+settings.register_profile("padless", deadline=None)
+settings.register_profile("ci", deadline=None, derandomize=True)
+settings.load_profile("ci" if os.environ.get("CI") else "padless")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -106,6 +106,12 @@ class FeatureSpec:
         return Sequences(all_ids, all_labels)
 
 
+def batch_to(batch: Mapping[str, Any], device: Any) -> dict[str, Any]:
+    """A collated batch with every tensor moved to ``device`` (python values such as
+    ``use_cache`` and ``max_length_q`` pass through)."""
+    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
 def _round_up(n: int, multiple: int | None) -> int:
     return n if not multiple else -(-n // multiple) * multiple
 

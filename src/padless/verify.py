@@ -111,10 +111,6 @@ def _loss_grads(model: Any, batch: dict[str, Any]) -> torch.Tensor:
     return grads
 
 
-def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
-
-
 def _check_backend(
     model: Any,
     backend: str,
@@ -126,7 +122,7 @@ def _check_backend(
     import torch
 
     from padless.attention import register_padless_attention, resolve_backend
-    from padless.collate import PackingCollator
+    from padless.collate import PackingCollator, batch_to
 
     device = next(model.parameters()).device
     try:
@@ -141,7 +137,7 @@ def _check_backend(
         return BackendResult(backend, "unavailable", detail=str(exc).splitlines()[0])
 
     collator = PackingCollator.for_model(model, max_length=max_length, pad_to_max_length=max_length is not None)
-    batch = _to(collator(features), device)
+    batch = batch_to(collator(features), device)
     # Which row and offset each sequence landed in, recovered from the planner's placement.
     with torch.no_grad():
         packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
@@ -191,7 +187,7 @@ def verify_isolation(
     include a 1-token document). ``max_length``: packed row length (``None``: one row for all).
     The model's attention implementation is restored afterwards.
     """
-    from padless.collate import PaddingCollator
+    from padless.collate import PaddingCollator, batch_to
 
     if sequences is None:
         features = _random_sequences(DEFAULT_LENGTHS, model.config.vocab_size, seed)
@@ -209,7 +205,7 @@ def verify_isolation(
     model.eval()  # dropout off: both sides must compute the same function
     try:
         model.set_attn_implementation("sdpa" if original not in ("sdpa", "eager") else original)
-        padded = _to(PaddingCollator()(features), device)
+        padded = batch_to(PaddingCollator()(features), device)
         padded_grads = _loss_grads(model, padded)
         results = [_check_backend(model, b, features, padded_grads, max_length, tol) for b in backends]
     finally:

@@ -127,10 +127,6 @@ def token_budget_steps(strategy: str, lengths: np.ndarray, steps: int, budget: i
 # --------------------------------------------------------------------------- training
 
 
-def _to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
-    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
-
-
 def evaluate(
     model: Any, features: Sequence[dict[str, Any]], batch_size: int, pad_token_id: int, trained_logits_only: bool = True
 ) -> float:
@@ -138,7 +134,7 @@ def evaluate(
     (padded batches on SDPA), so the figures are comparable."""
     import torch
 
-    from padless.collate import PaddingCollator
+    from padless.collate import PaddingCollator, batch_to
     from padless.loss import model_loss, step_num_items
 
     collate = PaddingCollator(pad_token_id=pad_token_id)
@@ -150,7 +146,7 @@ def evaluate(
     model.eval()
     try:
         with torch.no_grad():
-            total = sum(model_loss(model, _to_device(b, device), n, trained_logits_only=trained_logits_only).item()
+            total = sum(model_loss(model, batch_to(b, device), n, trained_logits_only=trained_logits_only).item()
                         for b in batches)  # fmt: skip
     finally:
         model.set_attn_implementation(original)
@@ -202,6 +198,7 @@ def train_strategy(
     from tqdm.auto import tqdm
 
     from padless.bench.measure import StepTimer, synchronizer
+    from padless.collate import batch_to
     from padless.loss import model_loss, step_num_items
     from padless.models import build_model
     from padless.bench.strategies import packing_attention
@@ -232,7 +229,7 @@ def train_strategy(
     for indices in tqdm(step_indices, desc=f"{name:>10}", unit="step", disable=not show, leave=False):
         feats = [train[i] for i in indices]
         with timer.step():
-            micro = [_to_device(b, device) for b in batcher(feats)]
+            micro = [batch_to(b, device) for b in batcher(feats)]
             n = step_num_items(micro)
             total = torch.zeros((), device=device)
             for batch in micro:
