@@ -287,3 +287,21 @@ def test_cli_bad_json_exits_2_with_a_clear_error(tmp_path, capsys, content, mess
     assert cli_main(["report", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("padless report: error: ") and message in err
+
+
+def test_a_file_without_a_later_defaulted_field_still_loads(tmp_path):
+    """Fields added to the schema with a default (here config.world_size) may be absent from files
+    written before them: the committed README run must stay readable."""
+    import json
+    from pathlib import Path
+
+    from padless.bench.results import load_results, validate
+
+    data = json.loads((Path(__file__).parents[1] / "docs" / "bench" / "results.json").read_text())
+    data["config"].pop("world_size", None)
+    assert validate(data) == []
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    assert load_results(path).config.world_size == 1
+    del data["config"]["steps"]  # a field without a default is still required
+    assert "config.steps: missing" in validate(data)

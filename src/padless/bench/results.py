@@ -23,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from padless.bench.schema import check, from_plain
 
 SCHEMA_VERSION = 1
 BASELINE = "padding"
@@ -231,7 +232,7 @@ class BenchResults:
             if len(problems) > 8:
                 shown += f"; and {len(problems) - 8} more"
             raise ValueError(f"not a valid padless results file: {shown}")
-        return _from_plain(cls, data)
+        return from_plain(cls, data)
 
     @classmethod
     def from_json(cls, text: str) -> BenchResults:
@@ -352,13 +353,13 @@ def validate(data: Any) -> list[str]:
     ``strategies.packing.loss[3]``), the derived ``figures`` and ``summary`` sections, and per-step
     arrays of unequal length. An empty list means the file is complete and well-typed."""
     problems: list[str] = []
-    _check(data, BenchResults, "", problems)
+    check(data, BenchResults, "", problems)
     if not isinstance(data, dict):
         return problems
     if "summary" not in data:
         problems.append("summary: missing")
     else:
-        _check(data["summary"], Summary, "summary", problems)
+        check(data["summary"], Summary, "summary", problems)
     strategies = data.get("strategies")
     if isinstance(strategies, dict):
         for name, run in strategies.items():
@@ -367,7 +368,7 @@ def validate(data: Any) -> list[str]:
             if "figures" not in run:
                 problems.append(f"strategies.{name}.figures: missing")
             else:
-                _check(run["figures"], StrategyFigures, f"strategies.{name}.figures", problems)
+                check(run["figures"], StrategyFigures, f"strategies.{name}.figures", problems)
             arrays = ("step_time_s", "loss", "real_tokens", "padded_tokens", "sequences")
             sizes = {a: len(run[a]) for a in arrays if isinstance(run.get(a), list)}
             if len(set(sizes.values())) > 1:
@@ -397,83 +398,3 @@ def _check_complete(data: dict[str, Any]) -> list[str]:
                 f"{config.get('steps')}, but status is complete"
             )
     return problems
-
-
-def _type_name(tp: Any) -> str:
-    if tp is type(None):
-        return "null"
-    if typing.get_origin(tp) is Literal:
-        return " or ".join(repr(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    names = {tuple: "list", dict: "object", float: "number"}
-    return names.get(typing.get_origin(tp) or tp, getattr(tp, "__name__", str(tp)))
-
-
-def _check(value: Any, tp: Any, path: str, problems: list[str]) -> None:
-    """Append to ``problems`` where ``value`` (decoded json) does not match type ``tp``."""
-    where = path or "results"
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            problems.append(f"{where}: expected an object, got {type(value).__name__}")
-            return
-        for name, ftp in typing.get_type_hints(tp).items():
-            sub = f"{path}.{name}" if path else name
-            if name not in value:
-                problems.append(f"{sub}: missing")
-            else:
-                _check(value[name], ftp, sub, problems)
-    elif origin in (typing.Union, types.UnionType):
-        trial: list[str] = []
-        for alt in typing.get_args(tp):
-            trial = []
-            _check(value, alt, path, trial)
-            if not trial:
-                return
-        problems.append(f"{where}: expected {_type_name(tp)}, got {json.dumps(value)[:40]}")
-    elif origin is Literal:
-        if value not in typing.get_args(tp):
-            problems.append(f"{where}: expected {_type_name(tp)}, got {json.dumps(value)[:40]}")
-    elif origin is tuple:
-        if not isinstance(value, list):
-            problems.append(f"{where}: expected a list, got {type(value).__name__}")
-            return
-        for i, item in enumerate(value):
-            _check(item, typing.get_args(tp)[0], f"{path}[{i}]", problems)
-    elif origin is dict:
-        if not isinstance(value, dict):
-            problems.append(f"{where}: expected an object, got {type(value).__name__}")
-            return
-        for key, item in value.items():
-            _check(item, typing.get_args(tp)[1], f"{path}.{key}", problems)
-    else:
-        ok = {
-            int: isinstance(value, int) and not isinstance(value, bool),
-            float: isinstance(value, (int, float)) and not isinstance(value, bool),
-            str: isinstance(value, str),
-            type(None): value is None,
-        }.get(tp)
-        if ok is None:  # pragma: no cover - a schema type this checker does not know
-            raise TypeError(f"cannot validate type {tp!r} at {where}")
-        if not ok:
-            problems.append(f"{where}: expected {_type_name(tp)}, got {json.dumps(value)[:40]}")
-
-
-def _from_plain(tp: Any, value: Any) -> Any:
-    """Build ``tp`` from validated json (lists -> tuples, objects -> dataclasses; extra keys such as
-    the derived sections are dropped)."""
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        return tp(**{name: _from_plain(hints[name], value[name]) for name in hints})
-    origin = typing.get_origin(tp)
-    if origin is tuple:
-        return tuple(_from_plain(typing.get_args(tp)[0], v) for v in value)
-    if origin is dict:
-        return {k: _from_plain(typing.get_args(tp)[1], v) for k, v in value.items()}
-    if origin in (typing.Union, types.UnionType) and value is not None:
-        # every union in this schema is "X | None"
-        return _from_plain(next(a for a in typing.get_args(tp) if a is not type(None)), value)
-    if tp is float and value is not None:
-        return float(value)
-    return value

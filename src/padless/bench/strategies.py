@@ -21,8 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
-
 StrategyName = Literal["padding", "bucketing", "packing", "flattening"]
 STRATEGY_NAMES: tuple[str, ...] = ("padding", "bucketing", "packing", "flattening")
 
