@@ -23,105 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from padless.bench.config import PRESETS, Preset, RunConfig, field_docs
+from padless.bench.steps import same_example_steps, token_budget_steps
 from padless.bench.strategies import STRATEGIES, BatchingOptions, parse_strategies
-
-
-@dataclasses.dataclass(frozen=True)
-class Preset:
-    """A named benchmark configuration; every field can be overridden on the command line."""
-
-    model: str
-    """Model name for :func:`padless.models.build_model`."""
-    data: str
-    """Corpus name (``padless.data.CORPORA``) or a path to the user's data."""
-    steps: int
-    """Optimiser steps per strategy."""
-    batch_size: int
-    """Examples per micro-batch."""
-    max_length: int
-    """Examples are truncated to this many tokens (packing puts a micro-batch into one row)."""
-    warmup_steps: int
-    """Leading steps excluded from timing (and the learning-rate warm-up)."""
-    lr: float
-    """Peak learning rate of AdamW (linear warm-up, then linear decay to 10%)."""
-    eval_examples: int
-    """Held-out examples evaluated before and after training."""
-    train_on: str = "all"
-    """Which tokens are trained (``all``, ``assistant``, ``completion``; see ``padless.data``)."""
-    grad_accumulation: int = 1
-    """Micro-batches per optimiser step."""
-    limit: int | None = None
-    """Read at most this many examples of the corpus (quick runs)."""
-
-
-PRESETS: dict[str, Preset] = {
-    # about 10 minutes for all four strategies on 2 CPU cores: the smallest GPT-2 architecture with
-    # the real 50k vocabulary, assistant-only training on agent traces (tool results are context)
-    "default": Preset("gpt2-tiny", "agentic-rag", steps=120, batch_size=8, max_length=1024,
-                      warmup_steps=5, lr=2e-3, eval_examples=32, train_on="assistant"),
-    # a smoke run of about a minute (used by the tests)
-    "quick": Preset("gpt2-tiny", "agentic-rag", steps=6, batch_size=4, max_length=512,
-                    warmup_steps=2, lr=2e-3, eval_examples=8, train_on="assistant", limit=200),
-    # GPU-sized: the 124M GPT-2 architecture, and a real fine-tune of the pretrained SmolLM2-135M
-    "gpt2": Preset("gpt2", "agentic-rag", steps=200, batch_size=32, max_length=1024,
-                   warmup_steps=10, lr=3e-4, eval_examples=256, train_on="assistant"),
-    "smollm2": Preset("smollm2-135m", "agentic-rag", steps=200, batch_size=32, max_length=2048,
-                      warmup_steps=10, lr=5e-5, eval_examples=256, train_on="assistant"),
-}  # fmt: skip
-
-
-# --------------------------------------------------------------------------- step plans
-
-
-def same_example_steps(num_examples: int, steps: int, per_step: int, seed: int) -> list[np.ndarray]:
-    """Indices of each step's examples: a seeded permutation cut into steps, reshuffled per epoch."""
-    if num_examples < per_step:
-        raise ValueError(f"the training split has {num_examples} examples; a step needs {per_step}")
-    rng = np.random.default_rng(seed)
-    out: list[np.ndarray] = []
-    order = rng.permutation(num_examples)
-    cursor = 0
-    while len(out) < steps:
-        if cursor + per_step > order.size:
-            order, cursor = rng.permutation(num_examples), 0
-        out.append(order[cursor : cursor + per_step])
-        cursor += per_step
-    return out
-
-
-def token_budget_steps(strategy: str, lengths: np.ndarray, steps: int, budget: int, seed: int) -> list[np.ndarray]:
-    """Indices of each step's examples when a step may feed at most ``budget`` tokens, padding included.
-
-    padding takes examples in order while ``count x longest`` fits; packing and flattening while the
-    sum of lengths fits; bucketing takes length-grouped batches (a different order, the same budget).
-    """
-    from padless.sampling import LengthGroupedBatchSampler
-
-    rng = np.random.default_rng(seed)
-    if strategy == "bucketing":
-        sampler = LengthGroupedBatchSampler(lengths, max_tokens=budget, seed=seed)
-        batches: list[np.ndarray] = []
-        while len(batches) < steps:
-            sampler.set_epoch(sampler.epoch + 1)
-            batches.extend(np.asarray(b) for b in sampler)
-        return batches[:steps]
-    padded = strategy == "padding"
-    out: list[np.ndarray] = []
-    order, cursor = rng.permutation(lengths.size), 0
-    while len(out) < steps:
-        take: list[int] = []
-        longest = total = 0
-        while True:
-            if cursor == order.size:
-                order, cursor = rng.permutation(lengths.size), 0
-            n = int(lengths[order[cursor]])
-            cost = max(longest, n) * (len(take) + 1) if padded else total + n
-            if take and cost > budget:
-                break
-            take.append(int(order[cursor]))
-            longest, total, cursor = max(longest, n), total + n, cursor + 1
-        out.append(np.asarray(take))
-    return out
 
 
 # --------------------------------------------------------------------------- training
@@ -255,28 +159,6 @@ def train_strategy(
 # --------------------------------------------------------------------------- the whole run
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig(Preset):
-    """A resolved benchmark configuration: a preset's fields (overridden by flags) plus the run's."""
-
-    strategies: tuple[str, ...] = tuple(STRATEGIES)
-    """Strategies to run, in order."""
-    mode: str = "same-examples"
-    """``same-examples`` or ``token-budget`` (see the module docstring)."""
-    token_budget: int | None = None
-    """Tokens per step, padding included, in ``token-budget`` mode (default batch size x max length)."""
-    seed: int = 0
-    """Seed of the model initialisation, the data split and the example order."""
-    device: str = "auto"
-    """``auto`` (a GPU when there is one), ``cpu``, ``cuda``, ``cuda:1``, ..."""
-    dtype: str = "auto"
-    """``auto`` (bfloat16 on a GPU, float32 on a CPU), or a torch dtype name."""
-    tokenizer: str | None = None
-    """Tokenizer name or path; default: the model's."""
-    trained_logits_only: bool = True
-    """Compute logits only where a token is trained, for every strategy (the loss is unchanged)."""
-
-
 def _init_distributed(cfg: RunConfig) -> tuple[int, int]:
     """``(rank, world_size)``; under ``torchrun`` this joins the process group (gloo on CPU, NCCL
     on CUDA)."""
@@ -299,8 +181,8 @@ def _resolve_device(cfg: RunConfig, rank: int = 0) -> tuple[Any, Any]:
     import torch
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
-    if device.type == "cuda" and device.index is None:  # one GPU per process under torchrun
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    if device.type != "cpu" and device.index is None:  # one accelerator per process under torchrun
+        device = torch.device(device.type, int(os.environ.get("LOCAL_RANK", rank)))
     if cfg.dtype == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
     else:
@@ -399,21 +281,6 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
 
 
 # --------------------------------------------------------------------------- CLI
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass (read from its source), for ``--help``."""
-    import ast
-    import inspect
-    import textwrap
-
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr):
-            if isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
-                docs[node.target.id] = " ".join(after.value.value.split()).replace("%", "%%")  # argparse formats help
-    return docs
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
