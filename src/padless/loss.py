@@ -14,6 +14,7 @@ contribution is multiplied by the world size so the averaged gradient is exactly
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,15 @@ def _on(num_items: int | torch.Tensor, device: torch.device) -> int | torch.Tens
     return num_items.to(device) if hasattr(num_items, "to") else num_items
 
 
+@functools.cache
+def _takes_logits_to_keep(model_class: type) -> bool:
+    """Whether a model class's forward accepts ``logits_to_keep`` (looked up once per class, not on
+    every micro-batch)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
+
+
 def model_loss(
     model: Any,
     batch: Mapping[str, Any],
@@ -96,8 +106,6 @@ def model_loss(
     The LM head over a 50k vocabulary dominates small models, so skipping untrained positions
     (prompts, tool results, padding past every row's end) saves real work; the loss is unchanged.
     """
-    import inspect
-
     import torch
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -105,7 +113,7 @@ def model_loss(
     if int(num_items) <= 0:
         raise ValueError("num_items must be positive: the step has no trained token")
     inner = getattr(model, "module", model)  # DistributedDataParallel wraps the model
-    if not trained_logits_only or "logits_to_keep" not in inspect.signature(inner.forward).parameters:
+    if not trained_logits_only or not _takes_logits_to_keep(type(inner)):
         return causal_lm_loss(model(**inputs).logits, labels, num_items, world_size=world_size)
     targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)  # [B, T]
     keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)  # [K] positions with a target

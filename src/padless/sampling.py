@@ -112,10 +112,13 @@ class PackedRows:
         seed: int = 0,
     ) -> None:
         from padless.collate import FeatureSpec
+        from padless.distributed import PackedRowView
         from padless.plan import plan_packs
 
         self.sequences = FeatureSpec().prepare(features)
         self.plan = plan_packs(self.sequences.lengths, max_length, strategy=strategy, overlong=overlong, seed=seed)
+        validated = [{"input_ids": i, "labels": l} for i, l in zip(self.sequences.input_ids, self.sequences.labels)]
+        self._rows = PackedRowView(validated)  # assembles a row from its (sequence, start, length) pieces
 
     def __len__(self) -> int:
         return self.plan.num_rows
@@ -124,6 +127,4 @@ class PackedRows:
         if not 0 <= r < len(self):
             raise IndexError(f"row {r} out of range [0, {len(self)})")
         index, start, length = self.plan.row(r)
-        ids = [self.sequences.input_ids[i][s : s + n] for i, s, n in zip(index, start, length)]
-        labels = [self.sequences.labels[i][s : s + n] for i, s, n in zip(index, start, length)]
-        return {"input_ids": np.concatenate(ids), "labels": np.concatenate(labels), "seq_lengths": length.copy()}
+        return self._rows[tuple(zip(index.tolist(), start.tolist(), length.tolist()))]

@@ -57,10 +57,14 @@ def _chunks(items: Sequence[Feature], size: int) -> list[Sequence[Feature]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _padding(opts: BatchingOptions, model: Any) -> Batcher:
+def _padding_collator(opts: BatchingOptions) -> Any:
     from padless.collate import FeatureSpec, PaddingCollator
 
-    collate = PaddingCollator(pad_token_id=opts.pad_token_id, features=FeatureSpec(vocab_size=opts.vocab_size))
+    return PaddingCollator(pad_token_id=opts.pad_token_id, features=FeatureSpec(vocab_size=opts.vocab_size))
+
+
+def _padding(opts: BatchingOptions, model: Any) -> Batcher:
+    collate = _padding_collator(opts)
     return lambda feats: [collate(c) for c in _chunks(feats, opts.batch_size)]
 
 
@@ -85,9 +89,7 @@ def bucket_partition(lengths: Sequence[int], overhead_tokens: int) -> list[list[
 
 
 def _bucketing(opts: BatchingOptions, model: Any) -> Batcher:
-    from padless.collate import FeatureSpec, PaddingCollator
-
-    collate = PaddingCollator(pad_token_id=opts.pad_token_id, features=FeatureSpec(vocab_size=opts.vocab_size))
+    collate = _padding_collator(opts)
 
     def batcher(feats: Sequence[Feature]) -> list[dict[str, Any]]:
         lengths = [len(f["input_ids"]) for f in feats]
