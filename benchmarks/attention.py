@@ -4,7 +4,7 @@ Part 1, one attention op (forward + backward w.r.t. q, k, v; projections exclude
 same for every method): 12 heads x 64, fp32, rows of 1024 / 2048 / 4096 tokens holding short documents
 (lognormal, median 60) or a few long ones (2-4 documents). Methods, measured interleaved in one run:
 
-- ``padless``: :func:`padless.varlen.varlen_attention` (grouped causal SDPA per length bucket)
+- ``padless``: :func:`padless.attention.varlen.varlen_attention` (grouped causal SDPA per length bucket)
 - ``dense mask``: SDPA over the whole row with the 4D float block-causal mask (the ``mask4d`` path)
 - ``causal``: plain causal SDPA over the whole row (lower bound for any whole-row method; not exact)
 - ``loop``: one causal SDPA call per document (the simplest exact alternative to grouping)
@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from padless.layout import cu_seqlens_from_lengths, position_ids_from_lengths
-from padless.masks import additive_block_causal_mask
-from padless.varlen import varlen_attention
+from padless.attention.masks import additive_block_causal_mask
+from padless.attention.varlen import varlen_attention
 
 
 def short_lengths(rng: np.random.Generator, n: int, median: float = 60.0, sigma: float = 0.8, cap: int = 1024):
@@ -127,7 +127,7 @@ def training_benchmark(
     repeats: int, rows_per_step: int, row: int, padded_tokens: int, model_name: str = "gpt2-small-cpu", seed: int = 0
 ) -> list[dict]:
     """Best time of one optimiser step on a fixed set of sequences, for each strategy (interleaved)."""
-    from padless.attention import register_padless_attention
+    from padless.attention.backend import register_padless_attention
     from padless.models import build_model
 
     register_padless_attention()

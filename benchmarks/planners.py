@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from padless.plan import STRATEGIES, plan_packs
-from padless.stats import load_lengths, synthetic_lengths
+from padless.planning.plan import STRATEGIES, plan_packs
+from padless.planning.lengths import load_lengths, synthetic_lengths
 
 PEERS_DIR = Path.home() / ".cache" / "padless" / "peers"
 SEQPACKER = "seqpacker==0.1.3"

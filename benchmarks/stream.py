@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from padless.buffered import stream_plan
-from padless.plan import plan_packs
+from padless.planning.buffered import stream_plan
+from padless.planning.plan import plan_packs
 
 
 def synthetic(n: int, seed: int) -> dict[str, np.ndarray]:

@@ -38,9 +38,10 @@ from typing import Any
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 
-from padless.attention import register_padless_attention
-from padless.collate import FeatureSpec, PackingCollator, PaddingCollator
-from padless.distributed import DistributedPackedBatchSampler, PackedRowView, world_info
+from padless.attention.backend import register_padless_attention
+from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
+from padless.batching.samplers import DistributedPackedBatchSampler, world_info
+from padless.batching.rows import PackedRowView
 from padless.models import build_model
 
 

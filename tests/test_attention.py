@@ -7,19 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padless.attention import (
-    BACKENDS,
-    backend_inputs,
-    cu_seqlens_from_position_ids,
-    packed_documents,
-    padless_attention,
-    register_padless_attention,
-    resolve_backend,
-)
+from padless.attention.select import BACKENDS, backend_inputs, resolve_backend
+from padless.attention.backend import cu_seqlens_from_position_ids, packed_documents, padless_attention, register_padless_attention
 from padless.layout import cu_seqlens_from_lengths, position_ids_from_lengths
-from padless.masks import additive_block_causal_mask
+from padless.attention.masks import additive_block_causal_mask
 from padless.models import build_model
-from padless.varlen import BucketCost, bucket_documents, reference_varlen_attention, varlen_attention
+from padless.attention.varlen import BucketCost, bucket_documents, reference_varlen_attention, varlen_attention
 
 # ------------------------------------------------------------------------------------------ kernels
 
@@ -162,7 +155,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 @pytest.mark.parametrize("impl", ["auto", "grouped_sdpa", "flash_attn", "torch_varlen"])
 @pytest.mark.parametrize("hk, window", [(4, None), (2, None), (1, 5)])
 def test_varlen_cuda(impl, hk, window):
-    from padless.varlen import flash_attn_available, torch_varlen_available
+    from padless.attention.varlen import flash_attn_available, torch_varlen_available
 
     if impl == "flash_attn" and not flash_attn_available():
         pytest.skip("flash-attn is not installed")
@@ -175,7 +168,7 @@ def test_varlen_cuda(impl, hk, window):
 @pytest.mark.gpu
 @cuda
 def test_flash_attn_softcap_cuda():
-    from padless.varlen import flash_attn_available
+    from padless.attention.varlen import flash_attn_available
 
     if not flash_attn_available():
         pytest.skip("flash-attn is not installed")

@@ -125,7 +125,7 @@ def test_bench_under_torchrun_two_gloo_ranks(tmp_path):
         port = s.getsockname()[1]
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), "-m", "padless.cli", "bench", "--preset", "quick", "--strategies",
+           "--master-port", str(port), "-m", "padless", "bench", "--preset", "quick", "--strategies",
            "packing,padding", "--steps", "3", "--warmup-steps", "1", "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

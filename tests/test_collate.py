@@ -4,7 +4,7 @@ from conftest import make_features
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padless.collate import FeatureSpec, PackingCollator, PaddingCollator
+from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
 from padless.layout import IGNORE_INDEX
 
 PAD = 9  # an odd pad id, so a wrong pad value shows up in the literal expectations

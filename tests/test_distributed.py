@@ -13,15 +13,10 @@ from conftest import make_features
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padless.collate import PackingCollator
-from padless.distributed import (
-    EMPTY_ROW,
-    REMAINDERS,
-    DistributedPackedBatchSampler,
-    PackedRowView,
-    schedule_epoch,
-    world_info,
-)
+from padless.batching.collate import PackingCollator
+from padless.planning.schedule import EMPTY_ROW, REMAINDERS, schedule_epoch
+from padless.batching.samplers import DistributedPackedBatchSampler, world_info
+from padless.batching.rows import PackedRowView
 from padless.layout import IGNORE_INDEX
 
 # ----------------------------------------------------------------------------- literal cases
@@ -201,7 +196,7 @@ def test_tokens_are_balanced_across_ranks(source, world, rows):
 
         lengths, max_length = load_corpus("dialogues", "gpt2", train_on="assistant").lengths, 256
     else:
-        from padless.stats import synthetic_lengths
+        from padless.planning.lengths import synthetic_lengths
 
         lengths, max_length = synthetic_lengths("lognormal", 20_000, seed=0), 2048
     sched = schedule_epoch(lengths, max_length, world_size=world, rows_per_batch=rows, overlong="truncate")

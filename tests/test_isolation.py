@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import make_features
 
-from padless.collate import PackingCollator
+from padless.batching.collate import PackingCollator
 from padless.models import TINY_FAMILIES, build_model
 
 LENGTHS = [6, 1, 11, 4, 9]

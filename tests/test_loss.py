@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import make_features
 
-from padless.collate import PackingCollator, PaddingCollator
+from padless.batching.collate import PackingCollator, PaddingCollator
 from padless.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
 from padless.models import build_model
 

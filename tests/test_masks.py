@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padless.masks import additive_block_causal_mask, block_causal_mask
+from padless.attention.masks import additive_block_causal_mask, block_causal_mask
 
 
 def test_block_causal_mask_literal():

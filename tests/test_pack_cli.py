@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from padless.cli import main
-from padless.collate import PackingCollator
-from padless.sources import SyntheticTokens
+from padless.batching.collate import PackingCollator
+from padless.export.sources import SyntheticTokens
 
 
 def write_tokens_jsonl(path, lengths, seed=0):

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padless import _binpack
-from padless.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, PlanStats, plan_packs
+from padless.planning import _binpack
+from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, PlanStats, plan_packs
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -304,7 +304,7 @@ def test_radix_argsort_is_a_stable_argsort(bound):
 
 
 def test_strategy_table_is_complete():
-    from padless.plan import _PLANNERS
+    from padless.planning.plan import _PLANNERS
 
     assert tuple(_PLANNERS) == STRATEGIES
     assert OVERLONG_POLICIES == ("error", "truncate", "split", "drop")

@@ -4,8 +4,9 @@ from conftest import make_features
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padless.collate import PackingCollator
-from padless.sampling import LengthGroupedBatchSampler, PackedRows
+from padless.batching.collate import PackingCollator
+from padless.batching.samplers import LengthGroupedBatchSampler
+from padless.batching.rows import PackedRows
 
 
 @settings(max_examples=40, deadline=None)

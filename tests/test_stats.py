@@ -12,16 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from padless.cli import main
-from padless.plan import PackPlan, plan_packs
-from padless.stats import (
-    bucketed_order,
-    compare_batching,
-    load_lengths,
-    padding_fraction_bucketed,
-    padding_fraction_pad_to_longest,
-    summarize_lengths,
-    synthetic_lengths,
-)
+from padless.planning.plan import PackPlan, plan_packs
+from padless.planning.lengths import bucketed_order, compare_batching, load_lengths, padding_fraction_bucketed, padding_fraction_pad_to_longest, summarize_lengths, synthetic_lengths
 
 # ------------------------------------------------------------------------------ library functions
 

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padless import stream as stream_mod
-from padless.buffered import StreamOptions, StreamPlanner, compare_stream_to_offline, stream_plan
-from padless.collate import PackingCollator
-from padless.stream import PackedStream
+from padless.batching import stream as stream_mod
+from padless.planning.buffered import StreamOptions, StreamPlanner, compare_stream_to_offline, stream_plan
+from padless.batching.collate import PackingCollator
+from padless.batching.stream import PackedStream
 
 
 def rows_of(plan):
@@ -309,7 +309,7 @@ def test_stream_and_pack_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from padless.stream import PackedStream; import padless.shards; "
+    code = ("import sys; from padless.batching.stream import PackedStream; import padless.export.parquet; "
             "rows = list(PackedStream([{'input_ids': [1, 2]}, {'input_ids': [3]}], 4)); "
             "print(len(rows), 'torch' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

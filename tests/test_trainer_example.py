@@ -39,8 +39,8 @@ def _first_step(example, examples, tmp_path, mode, attn):
     import torch
     from transformers import TrainerCallback
 
-    from padless.attention import register_padless_attention
-    from padless.distributed import schedule_epoch
+    from padless.attention.backend import register_padless_attention
+    from padless.planning.schedule import schedule_epoch
     from padless.models import build_model
 
     class FirstGrads(TrainerCallback):

@@ -31,7 +31,7 @@ def test_restores_the_models_attention_and_mode():
 
 def test_contamination_is_detected(monkeypatch):
     """A collator that lets documents see each other (a plain causal row) must fail the check."""
-    from padless.collate import PackingCollator
+    from padless.batching.collate import PackingCollator
 
     original = PackingCollator.__call__
 

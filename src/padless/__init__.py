@@ -14,18 +14,18 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     # planning (numpy only)
-    "plan_packs": "padless.plan",
-    "PackPlan": "padless.plan",
-    "PlanStats": "padless.plan",
-    "STRATEGIES": "padless.plan",
-    "OVERLONG_POLICIES": "padless.plan",
-    "validate_lengths": "padless.plan",
+    "plan_packs": "padless.planning.plan",
+    "PackPlan": "padless.planning.plan",
+    "PlanStats": "padless.planning.plan",
+    "STRATEGIES": "padless.planning.plan",
+    "OVERLONG_POLICIES": "padless.planning.plan",
+    "validate_lengths": "padless.planning.plan",
     # statistics of lengths and padding
-    "summarize_lengths": "padless.stats",
-    "LengthSummary": "padless.stats",
-    "padding_fraction_pad_to_longest": "padless.stats",
-    "padding_fraction_bucketed": "padless.stats",
-    "synthetic_lengths": "padless.stats",
+    "summarize_lengths": "padless.planning.lengths",
+    "LengthSummary": "padless.planning.lengths",
+    "padding_fraction_pad_to_longest": "padless.planning.lengths",
+    "padding_fraction_bucketed": "padless.planning.lengths",
+    "synthetic_lengths": "padless.planning.lengths",
     # layout of packed rows
     "IGNORE_INDEX": "padless.layout",
     "position_ids_from_lengths": "padless.layout",
@@ -33,14 +33,14 @@ _EXPORTS: dict[str, str] = {
     "document_ids_from_lengths": "padless.layout",
     "lengths_from_position_ids": "padless.layout",
     # masks
-    "block_causal_mask": "padless.masks",
-    "additive_block_causal_mask": "padless.masks",
+    "block_causal_mask": "padless.attention.masks",
+    "additive_block_causal_mask": "padless.attention.masks",
     # collators and samplers
-    "PaddingCollator": "padless.collate",
-    "PackingCollator": "padless.collate",
-    "FeatureSpec": "padless.collate",
-    "LengthGroupedBatchSampler": "padless.sampling",
-    "PackedRows": "padless.sampling",
+    "PaddingCollator": "padless.batching.collate",
+    "PackingCollator": "padless.batching.collate",
+    "FeatureSpec": "padless.batching.collate",
+    "LengthGroupedBatchSampler": "padless.batching.samplers",
+    "PackedRows": "padless.batching.rows",
     # loss
     "causal_lm_loss": "padless.loss",
     "model_loss": "padless.loss",
@@ -51,14 +51,14 @@ _EXPORTS: dict[str, str] = {
     "VerifyReport": "padless.verify",
     "TOLERANCES": "padless.verify",
     # attention backends
-    "register_padless_attention": "padless.attention",
-    "resolve_backend": "padless.attention",
-    "backend_inputs": "padless.attention",
-    "varlen_attention": "padless.varlen",
-    "reference_varlen_attention": "padless.varlen",
-    "padless_attention": "padless.attention",
-    "packed_documents": "padless.attention",
-    "BACKENDS": "padless.attention",
+    "register_padless_attention": "padless.attention.backend",
+    "resolve_backend": "padless.attention.select",
+    "backend_inputs": "padless.attention.select",
+    "varlen_attention": "padless.attention.varlen",
+    "reference_varlen_attention": "padless.attention.varlen",
+    "padless_attention": "padless.attention.backend",
+    "packed_documents": "padless.attention.backend",
+    "BACKENDS": "padless.attention.select",
     # data
     "load_tokenizer": "padless.data.tokenizer",
     "load_corpus": "padless.data.load",
@@ -68,16 +68,16 @@ _EXPORTS: dict[str, str] = {
     "CORPORA": "padless.data.corpora",
     "RecordError": "padless.data.records",
     # streaming and offline packing
-    "PackedStream": "padless.stream",
-    "PackedIterableDataset": "padless.stream",
-    "StreamOptions": "padless.buffered",
-    "compare_stream_to_offline": "padless.buffered",
-    "pack_to_parquet": "padless.shards",
+    "PackedStream": "padless.batching.stream",
+    "PackedIterableDataset": "padless.batching.stream",
+    "StreamOptions": "padless.planning.buffered",
+    "compare_stream_to_offline": "padless.planning.buffered",
+    "pack_to_parquet": "padless.export.parquet",
     # distributed training
-    "DistributedPackedBatchSampler": "padless.distributed",
-    "PackedRowView": "padless.distributed",
-    "schedule_epoch": "padless.distributed",
-    "world_info": "padless.distributed",
+    "DistributedPackedBatchSampler": "padless.batching.samplers",
+    "PackedRowView": "padless.batching.rows",
+    "schedule_epoch": "padless.planning.schedule",
+    "world_info": "padless.batching.samplers",
     # models
     "build_model": "padless.models",
     "load_tokenizer_for": "padless.models",
@@ -105,24 +105,26 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
-    from padless.attention import BACKENDS, backend_inputs, packed_documents, padless_attention, register_padless_attention, resolve_backend
+    from padless.attention.backend import packed_documents, padless_attention, register_padless_attention
+    from padless.attention.masks import additive_block_causal_mask, block_causal_mask
+    from padless.attention.select import backend_inputs, BACKENDS, resolve_backend
+    from padless.attention.varlen import reference_varlen_attention, varlen_attention
+    from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
+    from padless.batching.rows import PackedRows, PackedRowView
+    from padless.batching.samplers import DistributedPackedBatchSampler, LengthGroupedBatchSampler, world_info
+    from padless.batching.stream import PackedIterableDataset, PackedStream
     from padless.bench.report import write_report
     from padless.bench.results import BenchResults, load_results
-    from padless.buffered import compare_stream_to_offline, StreamOptions
-    from padless.collate import FeatureSpec, PackingCollator, PaddingCollator
     from padless.data.corpora import CORPORA
     from padless.data.load import corpus_lengths, CorpusReport, load_corpus, TokenizedCorpus
     from padless.data.records import RecordError
     from padless.data.tokenizer import load_tokenizer
-    from padless.distributed import DistributedPackedBatchSampler, PackedRowView, schedule_epoch, world_info
-    from padless.layout import IGNORE_INDEX, cu_seqlens_from_lengths, document_ids_from_lengths, lengths_from_position_ids, position_ids_from_lengths
+    from padless.export.parquet import pack_to_parquet
+    from padless.layout import cu_seqlens_from_lengths, document_ids_from_lengths, IGNORE_INDEX, lengths_from_position_ids, position_ids_from_lengths
     from padless.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
-    from padless.masks import additive_block_causal_mask, block_causal_mask
     from padless.models import build_model, load_tokenizer_for, tokenizer_name_for
-    from padless.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs, PlanStats, validate_lengths
-    from padless.sampling import LengthGroupedBatchSampler, PackedRows
-    from padless.shards import pack_to_parquet
-    from padless.stats import LengthSummary, padding_fraction_bucketed, padding_fraction_pad_to_longest, summarize_lengths, synthetic_lengths
-    from padless.stream import PackedIterableDataset, PackedStream
-    from padless.varlen import reference_varlen_attention, varlen_attention
+    from padless.planning.buffered import compare_stream_to_offline, StreamOptions
+    from padless.planning.lengths import LengthSummary, padding_fraction_bucketed, padding_fraction_pad_to_longest, summarize_lengths, synthetic_lengths
+    from padless.planning.plan import OVERLONG_POLICIES, PackPlan, plan_packs, PlanStats, STRATEGIES, validate_lengths
+    from padless.planning.schedule import schedule_epoch
     from padless.verify import TOLERANCES, verify_isolation, VerifyReport

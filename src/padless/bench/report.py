@@ -15,7 +15,6 @@ display are involved):
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import itertools
@@ -355,21 +354,3 @@ def write_report(
     page = render_html(results, {name: p.read_bytes() for name, p in paths.items()})
     html_path.write_text(page, encoding="utf-8")
     return {**paths, "html": html_path}
-
-
-def add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``padless report``."""
-    parser.add_argument("results", type=Path, metavar="RESULTS.json", help="a results.json of padless bench")
-    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help="where to write the plots and report.html (default: the folder of RESULTS.json)")
-
-
-def run_report(args: argparse.Namespace) -> int:
-    """``padless report``: redraw the plots and report.html from the json alone, print the table."""
-    results = load_results(args.results)  # ValueError (missing, not json, invalid) -> exit 2
-    paths = write_report(results, args.out if args.out is not None else args.results.parent)
-    print(format_summary_table(results))
-    print()
-    print(f"report: {paths['html']}")
-    print(f"plots:  {', '.join(str(p) for n, p in paths.items() if n != 'html')}")
-    return 0

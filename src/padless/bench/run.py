@@ -14,8 +14,6 @@ steps are excluded from the timing figures. Ctrl-C stops the run and still write
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from padless.bench.config import PRESETS, Preset, RunConfig, field_docs
+from padless.bench.config import RunConfig
 from padless.bench.steps import same_example_steps, token_budget_steps
-from padless.bench.strategies import STRATEGIES, BatchingOptions, parse_strategies
+from padless.bench.strategies import STRATEGIES, BatchingOptions
 
 
 # --------------------------------------------------------------------------- training
@@ -38,7 +36,7 @@ def evaluate(
     (padded batches on SDPA), so the figures are comparable."""
     import torch
 
-    from padless.collate import PaddingCollator, batch_to
+    from padless.batching.collate import PaddingCollator, batch_to
     from padless.loss import model_loss, step_num_items
 
     collate = PaddingCollator(pad_token_id=pad_token_id)
@@ -102,7 +100,7 @@ def train_strategy(
     from tqdm.auto import tqdm
 
     from padless.bench.measure import StepTimer, synchronizer
-    from padless.collate import batch_to
+    from padless.batching.collate import batch_to
     from padless.loss import model_loss, step_num_items
     from padless.models import build_model
     from padless.bench.strategies import packing_attention
@@ -165,7 +163,7 @@ def _init_distributed(cfg: RunConfig) -> tuple[int, int]:
     import torch
     import torch.distributed as dist
 
-    from padless.distributed import world_info
+    from padless.batching.samplers import world_info
 
     rank, world_size = world_info()
     if world_size > 1 and not dist.is_initialized():
@@ -278,53 +276,3 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
     print(format_summary_table(results))
     print(f"results: {path}\nreport:  {out / 'report.html'}")
     return path
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="default", choices=sorted(PRESETS),
-                        help="a named configuration; the flags below override it")  # fmt: skip
-    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset, e.g. packing,padding")
-    docs = field_docs(Preset)
-    for f in dataclasses.fields(Preset):
-        kind = {"int": int, "float": float, "int | None": int}.get(str(f.type), str)
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, help=docs.get(f.name))
-    parser.add_argument("--mode", default="same-examples", choices=["same-examples", "token-budget"])
-    parser.add_argument("--token-budget", type=int, default=None, help="tokens per step in token-budget mode (default batch size x max length)")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: the model's)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--out", default="runs/bench", help="output folder for results.json, the plots and report.html")
-    parser.add_argument("--full-logits", action="store_true",
-                        help="compute logits at every position (default: only where a token is trained, for every strategy)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    preset = PRESETS[args.preset]
-    values = {f.name: getattr(args, f.name) if getattr(args, f.name) is not None else getattr(preset, f.name)
-              for f in dataclasses.fields(Preset)}  # fmt: skip
-    return RunConfig(
-        **values, strategies=tuple(parse_strategies(args.strategies)), mode=args.mode,
-        token_budget=args.token_budget, seed=args.seed, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer,
-        trained_logits_only=not args.full_logits,
-    )  # fmt: skip
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    import torch.distributed as dist
-
-    try:
-        run_benchmark(config_from_args(args), args.out, progress=not args.no_progress)
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    return 0

@@ -27,7 +27,7 @@ def token_budget_steps(strategy: str, lengths: np.ndarray, steps: int, budget: i
     padding takes examples in order while ``count x longest`` fits; packing and flattening while the
     sum of lengths fits; bucketing takes length-grouped batches (a different order, the same budget).
     """
-    from padless.sampling import LengthGroupedBatchSampler
+    from padless.batching.samplers import LengthGroupedBatchSampler
 
     rng = np.random.default_rng(seed)
     if strategy == "bucketing":

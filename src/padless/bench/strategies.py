@@ -8,7 +8,7 @@ differ in speed, not in what the step learns:
 - ``padding``: micro-batches of ``batch_size`` examples in order, padded to the longest (SDPA).
 - ``bucketing``: the step's examples sorted by length and split into micro-batches of similar
   lengths (:func:`bucket_partition`); in ``token-budget`` mode, length-grouped batches over the
-  whole dataset (:class:`padless.sampling.LengthGroupedBatchSampler`).
+  whole dataset (:class:`padless.batching.samplers.LengthGroupedBatchSampler`).
 - ``packing``: padless. The step's examples packed into rows (one padding-free row when
   ``max_length`` is ``None``), attention by the fastest exact backend (padless varlen on CPU).
 - ``flattening``: the peer, transformers' ``DataCollatorWithFlattening`` on SDPA as its users run it
@@ -58,7 +58,7 @@ def _chunks(items: Sequence[Feature], size: int) -> list[Sequence[Feature]]:
 
 
 def _padding_collator(opts: BatchingOptions) -> Any:
-    from padless.collate import FeatureSpec, PaddingCollator
+    from padless.batching.collate import FeatureSpec, PaddingCollator
 
     return PaddingCollator(pad_token_id=opts.pad_token_id, features=FeatureSpec(vocab_size=opts.vocab_size))
 
@@ -100,7 +100,7 @@ def _bucketing(opts: BatchingOptions, model: Any) -> Batcher:
 
 
 def _packing(opts: BatchingOptions, model: Any) -> Batcher:
-    from padless.collate import PackingCollator
+    from padless.batching.collate import PackingCollator
 
     collate = PackingCollator.for_model(model, max_length=opts.max_length, pad_token_id=opts.pad_token_id)
     if opts.max_length is None:
@@ -122,9 +122,9 @@ def _flattening(opts: BatchingOptions, model: Any) -> Batcher:
 
 def packing_attention(model_name: str, device: Any, dtype: Any) -> str:
     """The attention implementation padless packs with: the fastest backend that isolates documents
-    for this model, device and dtype (:func:`padless.attention.resolve_backend`; padless varlen on a
+    for this model, device and dtype (:func:`padless.resolve_backend`; padless varlen on a
     CPU, flash-attn varlen on CUDA where installed)."""
-    from padless.attention import resolve_backend
+    from padless.attention.select import resolve_backend
     from padless.models import model_config
 
     return resolve_backend(None, device=device, dtype=dtype, config=model_config(model_name))

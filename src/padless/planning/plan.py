@@ -35,7 +35,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from padless import _binpack
+from padless.planning import _binpack
 
 Strategy = Literal["next_fit", "first_fit_decreasing", "best_fit_decreasing", "histogram_best_fit", "wrapped"]
 OverlongPolicy = Literal["error", "truncate", "split", "drop"]

@@ -1,11 +1,11 @@
-"""Bin-packing engines behind :func:`padless.plan.plan_packs`: item sizes in, rows out.
+"""Bin-packing engines behind :func:`padless.planning.plan.plan_packs`: item sizes in, rows out.
 
 Every engine takes ``sizes`` (int64 ``[m]``, each ``1 <= size <= capacity``), the row ``capacity``
 and an optional cap on items per row, and returns ``(order, row_offsets)``: ``order`` (int64 ``[m]``)
 lists item positions row by row, each row's items in placement order, and row ``r`` holds
 ``order[row_offsets[r]:row_offsets[r + 1]]``. Rows come in the order they were opened. ``wrapped``,
 which cuts items, returns pieces instead. Engines are pure numpy; validation, overlong handling and
-the public plan object live in ``padless.plan``.
+the public plan object live in ``padless.planning.plan``.
 
 The decreasing engines never loop over items in Python. Items of equal size are placed as one run:
 in textbook best fit (or first fit), once an item of size ``s`` lands in a row with ``c`` tokens

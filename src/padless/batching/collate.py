@@ -22,21 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from padless.attention.select import ATTENTION_INPUTS, AttentionInputs
 from padless.layout import IGNORE_INDEX, cu_seqlens_from_lengths, position_ids_from_lengths
 
 if TYPE_CHECKING:
     import torch
 
-AttentionInputs = Literal["mask4d", "varlen", "position_ids"]
-"""What a packed batch carries so the attention backend isolates documents:
-``mask4d`` a 4D additive block-causal float mask (SDPA, eager); ``varlen`` cumulative sequence
-lengths ``cu_seq_lens_q/k`` and ``max_length_q/k`` (padless varlen, flash-attn); ``position_ids``
-restarted position ids alone (flash-attn's own detection)."""
-ATTENTION_INPUTS: tuple[str, ...] = ("mask4d", "varlen", "position_ids")
 
 
 @dataclass(frozen=True)
@@ -204,7 +199,7 @@ class PackingCollator:
                 f"{type(model).__name__}.forward takes no position_ids, so packed documents would be given "
                 "positions that run on across document boundaries; padless refuses to pack for it"
             )
-        from padless.attention import backend_inputs
+        from padless.attention.select import backend_inputs
 
         backend = model.config._attn_implementation
         kwargs.setdefault("attention", backend_inputs(backend))
@@ -231,7 +226,7 @@ class PackingCollator:
         lengths = seqs.lengths
         if self.max_length is None:
             return self._place(seqs, [[(i, 0, int(n)) for i, n in enumerate(lengths)]])
-        from padless.plan import plan_packs
+        from padless.planning.plan import plan_packs
 
         plan = plan_packs(lengths, self.max_length, strategy=self.strategy, overlong=self.overlong)
         self._count(plan.stats, lengths)
@@ -276,7 +271,7 @@ class PackingCollator:
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         import torch
 
-        from padless.masks import additive_block_causal_mask
+        from padless.attention.masks import additive_block_causal_mask
 
         input_ids, labels, row_docs = self.pack(features)
         position_ids = np.stack([position_ids_from_lengths(docs) for docs in row_docs])

@@ -1,6 +1,6 @@
 """Buffered planning: sequence lengths arriving one by one -> rows, with a bounded buffer (pure numpy).
 
-The planner behind :class:`padless.stream.PackedStream`, with no tokens, so that it can be tested and
+The planner behind :class:`padless.batching.stream.PackedStream`, with no tokens, so that it can be tested and
 measured on a list of ints like the offline planners. Up to ``buffer_size`` sequences wait in a
 buffer; when it is full the buffer is planned with best-fit decreasing (:func:`padless.plan_packs`,
 ``histogram_best_fit``: the same rows, several times faster on a buffer of thousands) and
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from padless.plan import OVERLONG_POLICIES, OverlongPolicy, PackPlan, PlanStats, plan_packs, validate_lengths
+from padless.planning.plan import OVERLONG_POLICIES, OverlongPolicy, PackPlan, PlanStats, plan_packs, validate_lengths
 
 Piece = tuple[int, int, int]  # (position in the stream, start in the sequence, tokens)
 

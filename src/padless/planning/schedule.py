@@ -1,4 +1,4 @@
-"""Packed batches for data-parallel training (PyTorch DDP / torchrun): the same plan on every rank.
+"""The per-epoch schedule of packed rows for data-parallel training: the same plan on every rank.
 
 Every rank calls :func:`schedule_epoch` with the same lengths, seed and epoch and gets the same
 :class:`EpochSchedule` without any communication: the sequences are shuffled, packed into rows of
@@ -25,31 +25,20 @@ not fill a last step follow ``remainder`` (:data:`REMAINDERS`), and :class:`Epoc
 a row key is a tuple of ``(sequence, start, length)`` pieces (``()`` is the empty row). A
 :class:`PackedRowView` over the dataset turns a key into a pre-packed row feature (``input_ids``,
 ``labels``, ``seq_lengths``) that :class:`padless.PackingCollator` places as it is, without
-re-planning, so a rank trains on exactly its planned rows::
-
-    sampler = DistributedPackedBatchSampler(lengths, max_length=2048, rows_per_batch=4)
-    loader = DataLoader(PackedRowView(dataset), batch_sampler=sampler,
-                        collate_fn=PackingCollator.for_model(model, max_length=2048))
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)          # a new plan each epoch
-        ...
-
+re-planning, so a rank trains on exactly its planned rows (both live in :mod:`padless.batching`).
 Keys carry the row's content, so DataLoader workers need no shared state with the sampler.
 """
 
 from __future__ import annotations
 
 import heapq
-import os
-import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import numpy as np
 
-from padless.layout import IGNORE_INDEX
-from padless.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs, validate_lengths
+from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs, validate_lengths
 
 Remainder = Literal["empty", "repeat", "drop"]
 REMAINDERS: tuple[str, ...] = get_args(Remainder)
@@ -59,27 +48,6 @@ RowKey = tuple[tuple[int, int, int], ...]
 
 EMPTY_ROW = -1
 """Row id of an empty row in :attr:`EpochSchedule.batches`."""
-
-
-def world_info() -> tuple[int, int]:
-    """``(rank, world_size)`` of this process: from ``torch.distributed`` when it is initialised,
-    else from the ``RANK`` and ``WORLD_SIZE`` variables that ``torchrun`` sets, else ``(0, 1)``."""
-    dist = sys.modules.get("torch.distributed")  # never imported here: if absent, nothing is initialised
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    values = {}
-    for name in ("RANK", "WORLD_SIZE"):
-        raw = os.environ.get(name)
-        if raw is None:
-            continue
-        try:
-            values[name] = int(raw)
-        except ValueError:
-            raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-    rank, world = values.get("RANK", 0), values.get("WORLD_SIZE", 1)
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"environment gives RANK={rank}, WORLD_SIZE={world}; need 0 <= RANK < WORLD_SIZE")
-    return rank, world
 
 
 @dataclass(frozen=True)
@@ -151,13 +119,13 @@ def _renumber(plan: PackPlan, perm: np.ndarray) -> PackPlan:
     )  # fmt: skip
 
 
-def _check_int(value: object, name: str, minimum: int) -> int:
+def check_int(value: object, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
-def _check_choices(strategy: str, overlong: str, remainder: str) -> None:
+def check_choices(strategy: str, overlong: str, remainder: str) -> None:
     for value, choices, name in ((strategy, STRATEGIES, "strategy"), (overlong, OVERLONG_POLICIES, "overlong"),
                                  (remainder, REMAINDERS, "remainder")):
         if value not in choices:
@@ -186,17 +154,17 @@ def schedule_epoch(
     ``(seed, epoch)``, so epochs never share a stream with another seed.
     """
     lengths = validate_lengths(lengths)
-    world_size = _check_int(world_size, "world_size", 1)
-    rows_per_batch = _check_int(rows_per_batch, "rows_per_batch", 1)
-    epoch = _check_int(epoch, "epoch", 0)
-    max_length = _check_int(max_length, "max_length", 1)
-    _check_choices(strategy, overlong, remainder)
+    world_size = check_int(world_size, "world_size", 1)
+    rows_per_batch = check_int(rows_per_batch, "rows_per_batch", 1)
+    epoch = check_int(epoch, "epoch", 0)
+    max_length = check_int(max_length, "max_length", 1)
+    check_choices(strategy, overlong, remainder)
     if overlong == "error" and lengths.size and lengths.max() > max_length:
         # raised here, before the shuffle, so the message names the dataset's own index
         i = int(np.argmax(lengths > max_length))
         raise ValueError(f"sequence {i} has length {int(lengths[i])}, longer than max_length {max_length}; "
                          "choose overlong='truncate', 'split' or 'drop'")
-    rng = np.random.default_rng((_check_int(seed, "seed", 0), epoch))
+    rng = np.random.default_rng((check_int(seed, "seed", 0), epoch))
     perm = rng.permutation(lengths.size) if shuffle else np.arange(lengths.size)
     plan_seed = int(rng.integers(2**31))  # only histogram_best_fit draws from it
     plan = plan_packs(lengths[perm], max_length, strategy=strategy, overlong=overlong,  # type: ignore[arg-type]
@@ -238,118 +206,3 @@ def schedule_epoch(
                          tokens_per_rank=per_rank, **counts)
 
 
-@dataclass(eq=False)
-class DistributedPackedBatchSampler:
-    """A batch sampler of packed rows for one rank of a data-parallel job (see the module docstring).
-
-    Iterating yields one list of row keys per micro-batch: at most ``rows_per_batch`` keys (fewer only
-    in the last step with ``remainder="empty"``). Use it as ``DataLoader(PackedRowView(dataset),
-    batch_sampler=sampler, collate_fn=PackingCollator(...))`` and call :meth:`set_epoch` every epoch.
-    ``len(sampler)`` is the number of micro-batches of the current epoch, the same on every rank.
-    """
-
-    lengths: Sequence[int] | np.ndarray
-    """Token length of every sequence of the dataset (the same on every rank)."""
-    max_length: int
-    """Tokens per packed row."""
-    rows_per_batch: int
-    """Packed rows per micro-batch on each rank."""
-    num_replicas: int | None = None
-    """World size; ``None``: discovered by :func:`world_info` (torch.distributed, else torchrun's env)."""
-    rank: int | None = None
-    """This process' rank; ``None``: discovered by :func:`world_info`."""
-    seed: int = 0
-    """Seed of the shuffles, combined with the epoch; must be the same on every rank."""
-    shuffle: bool = True
-    """Shuffle sequences before planning, rows and steps after; off: steps follow the plan's row order
-    (sorted by size, ties in plan order)."""
-    strategy: str = "best_fit_decreasing"
-    """Planner strategy (:data:`padless.STRATEGIES`)."""
-    overlong: str = "error"
-    """Policy for a sequence longer than ``max_length`` (:data:`padless.OVERLONG_POLICIES`)."""
-    remainder: Remainder = "empty"
-    """What happens to the rows that do not fill a last step (:data:`REMAINDERS`)."""
-    max_per_row: int | None = None
-    """Cap on documents per row, passed to the planner."""
-    epoch: int = 0
-    """Current epoch (:meth:`set_epoch`)."""
-    _cache: tuple[int, EpochSchedule] | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self.lengths = validate_lengths(self.lengths)
-        _check_int(self.max_length, "max_length", 1)
-        _check_int(self.rows_per_batch, "rows_per_batch", 1)
-        _check_int(self.seed, "seed", 0)
-        _check_choices(self.strategy, self.overlong, self.remainder)
-        if self.num_replicas is None or self.rank is None:
-            rank, world = world_info()
-            self.num_replicas = world if self.num_replicas is None else self.num_replicas
-            self.rank = rank if self.rank is None else self.rank
-        _check_int(self.num_replicas, "num_replicas", 1)
-        if not isinstance(self.rank, (int, np.integer)) or not 0 <= self.rank < self.num_replicas:
-            raise ValueError(f"rank must be in [0, num_replicas={self.num_replicas}), got {self.rank!r}")
-
-    def set_epoch(self, epoch: int) -> None:
-        """Re-plan for ``epoch`` (the next iteration uses it); call with the same epoch on every rank."""
-        self.epoch = _check_int(epoch, "epoch", 0)
-
-    def schedule(self) -> EpochSchedule:
-        """The current epoch's schedule (computed once per epoch)."""
-        if self._cache is None or self._cache[0] != self.epoch:
-            assert self.num_replicas is not None  # set in __post_init__
-            sched = schedule_epoch(
-                self.lengths, self.max_length, world_size=self.num_replicas, rows_per_batch=self.rows_per_batch,
-                epoch=self.epoch, seed=self.seed, shuffle=self.shuffle, strategy=self.strategy,
-                overlong=self.overlong, remainder=self.remainder, max_per_row=self.max_per_row,
-            )  # fmt: skip
-            self._cache = (self.epoch, sched)
-        return self._cache[1]
-
-    def __iter__(self) -> Iterator[list[RowKey]]:
-        sched = self.schedule()
-        for step in sched.batches:
-            yield [sched.row_key(r) for r in step[self.rank]]  # type: ignore[index]
-
-    def __len__(self) -> int:
-        return self.schedule().num_steps
-
-
-class PackedRowView:
-    """A map-style dataset of sequences seen as packed rows: item ``key`` (a :data:`RowKey`) is the
-    pre-packed row ``{"input_ids", "labels", "seq_lengths"}`` (int64 numpy) made of those pieces.
-
-    ``dataset[i]`` must give a mapping with ``input_ids`` and optionally ``labels`` (every token is
-    trained without them), e.g. a list of dicts, :meth:`padless.TokenizedCorpus.features` or a
-    ``datasets.Dataset``. The empty row ``()`` is one ``pad_token_id`` token with no trained label.
-    """
-
-    def __init__(self, dataset: Sequence[Mapping[str, Any]] | Any, *, pad_token_id: int = 0) -> None:
-        self.dataset = dataset
-        self.pad_token_id = pad_token_id
-
-    def __len__(self) -> int:
-        """Sequences in the underlying dataset."""
-        return len(self.dataset)
-
-    def __getitem__(self, key: RowKey) -> dict[str, np.ndarray]:
-        if not isinstance(key, tuple):
-            raise ValueError(f"a packed row is read by a row key (a tuple of (sequence, start, length)), got {key!r}")
-        if not key:
-            return {"input_ids": np.array([self.pad_token_id], dtype=np.int64),
-                    "labels": np.array([IGNORE_INDEX], dtype=np.int64), "seq_lengths": np.array([1], dtype=np.int64)}
-        ids, labels = [], []
-        for index, start, length in key:
-            feature = self.dataset[int(index)]
-            seq = np.asarray(feature["input_ids"], dtype=np.int64)
-            lab = feature.get("labels")
-            lab = seq if lab is None else np.asarray(lab, dtype=np.int64)
-            piece, piece_labels = seq[start : start + length], lab[start : start + length]
-            if piece.size != length or piece_labels.size != length:
-                raise ValueError(
-                    f"sequence {index} has {seq.size} tokens and {lab.size} labels, too few for the planned "
-                    f"piece [{start}, {start + length}); were the lengths given to the sampler this dataset's?"
-                )
-            ids.append(piece)
-            labels.append(piece_labels)
-        return {"input_ids": np.concatenate(ids), "labels": np.concatenate(labels),
-                "seq_lengths": np.array([n for _, _, n in key], dtype=np.int64)}

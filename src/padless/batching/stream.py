@@ -2,7 +2,7 @@
 
 The offline planner (:func:`padless.plan_packs`) needs every length up front. Here examples arrive one
 by one (a streaming ``datasets`` dataset, a generator, a file too large for memory) and rows leave as
-they are decided by the buffered planner (:mod:`padless.buffered`: best fit within a buffer of
+they are decided by the buffered planner (:mod:`padless.planning.buffered`: best fit within a buffer of
 ``buffer_size`` sequences; full rows leave, under-full ones wait for partners, everything is flushed at
 the end; overlong sequences follow ``overlong`` and are counted). Only the buffered examples' tokens
 are held: at most ``buffer_size`` sequences (plus the pieces of one split sequence).
@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from padless.buffered import Piece, StreamCounts, StreamOptions, StreamPlanner
+from padless.planning.buffered import Piece, StreamCounts, StreamOptions, StreamPlanner
 
 STATE_VERSION = 1
 """Bumped whenever the layout of :meth:`PackedStream.state_dict` changes."""
@@ -295,17 +295,3 @@ def __getattr__(name: str) -> Any:
         globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def add_pack_arguments(parser: Any) -> None:
-    """Flags of ``padless pack`` (implemented in :mod:`padless.shards`)."""
-    from padless.shards import add_arguments
-
-    add_arguments(parser)
-
-
-def run_pack(args: Any) -> int:
-    """``padless pack``: tokenize if needed and pack a dataset into Parquet shards of packed rows."""
-    from padless.shards import run
-
-    return run(args)

@@ -1,8 +1,9 @@
 """The ``padless`` command line: a table of subcommands, each a thin wrapper over one library call.
 
-Every subcommand lives in the module that owns its concept and exposes two functions:
-``add_<command>_arguments(parser)`` and ``run_<command>(args) -> int`` (the exit status). Modules are imported only when
-their subcommand is chosen, so ``padless --help`` is instant.
+Every subcommand is one module of this package, ``padless.cli.<command>``, with two functions:
+``add_<command>_arguments(parser)`` and ``run_<command>(args) -> int`` (the exit status). A module is
+imported only when its subcommand is chosen, so ``padless --help`` is instant. Only this package
+knows flags, argparse and printing; the library raises errors that name arguments.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "stats": ("padless.stats", "length distribution, plan statistics and padding a batch would waste"),
-    "plan": ("padless.stats", "plan packed rows for a lengths file and save the plan"),
-    "verify": ("padless.verify", "check that packed rows are isolated and train like padded ones"),
-    "bench": ("padless.bench.run", "fine-tune with padding, bucketing and packing; measure and report"),
-    "report": ("padless.bench.report", "redraw the plots and report.html from a results.json"),
-    "pack": ("padless.stream", "tokenize and pack a dataset into Parquet shards of packed rows"),
+    "stats": ("padless.cli.stats", "length distribution, plan statistics and padding a batch would waste"),
+    "plan": ("padless.cli.plan", "plan packed rows for a lengths file and save the plan"),
+    "verify": ("padless.cli.verify", "check that packed rows are isolated and train like padded ones"),
+    "bench": ("padless.cli.bench", "fine-tune with padding, bucketing and packing; measure and report"),
+    "report": ("padless.cli.report", "redraw the plots and report.html from a results.json"),
+    "pack": ("padless.cli.pack", "tokenize and pack a dataset into Parquet shards of packed rows"),
 }
 
 

@@ -1,0 +1,96 @@
+"""Packed rows as dataset items: a row is read by the ``(sequence, start, length)`` pieces it holds.
+
+- :class:`PackedRowView`: a view of a dataset of sequences whose items are keyed by a planned row
+  (:data:`padless.planning.schedule.RowKey`); what :class:`padless.DistributedPackedBatchSampler`
+  yields.
+- :class:`PackedRows`: a dataset whose items are whole packed rows, planned once over the whole
+  dataset (a fixed token budget per row).
+
+Each item is a pre-packed feature ``{"input_ids", "labels", "seq_lengths"}`` that
+:class:`padless.PackingCollator` places as it is, without re-planning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from padless.layout import IGNORE_INDEX
+from padless.planning.schedule import RowKey
+
+
+class PackedRowView:
+    """A map-style dataset of sequences seen as packed rows: item ``key`` (a :data:`RowKey`) is the
+    pre-packed row ``{"input_ids", "labels", "seq_lengths"}`` (int64 numpy) made of those pieces.
+
+    ``dataset[i]`` must give a mapping with ``input_ids`` and optionally ``labels`` (every token is
+    trained without them), e.g. a list of dicts, :meth:`padless.TokenizedCorpus.features` or a
+    ``datasets.Dataset``. The empty row ``()`` is one ``pad_token_id`` token with no trained label.
+    """
+
+    def __init__(self, dataset: Sequence[Mapping[str, Any]] | Any, *, pad_token_id: int = 0) -> None:
+        self.dataset = dataset
+        self.pad_token_id = pad_token_id
+
+    def __len__(self) -> int:
+        """Sequences in the underlying dataset."""
+        return len(self.dataset)
+
+    def __getitem__(self, key: RowKey) -> dict[str, np.ndarray]:
+        if not isinstance(key, tuple):
+            raise ValueError(f"a packed row is read by a row key (a tuple of (sequence, start, length)), got {key!r}")
+        if not key:
+            return {"input_ids": np.array([self.pad_token_id], dtype=np.int64),
+                    "labels": np.array([IGNORE_INDEX], dtype=np.int64), "seq_lengths": np.array([1], dtype=np.int64)}
+        ids, labels = [], []
+        for index, start, length in key:
+            feature = self.dataset[int(index)]
+            seq = np.asarray(feature["input_ids"], dtype=np.int64)
+            lab = feature.get("labels")
+            lab = seq if lab is None else np.asarray(lab, dtype=np.int64)
+            piece, piece_labels = seq[start : start + length], lab[start : start + length]
+            if piece.size != length or piece_labels.size != length:
+                raise ValueError(
+                    f"sequence {index} has {seq.size} tokens and {lab.size} labels, too few for the planned "
+                    f"piece [{start}, {start + length}); were the lengths given to the sampler this dataset's?"
+                )
+            ids.append(piece)
+            labels.append(piece_labels)
+        return {"input_ids": np.concatenate(ids), "labels": np.concatenate(labels),
+                "seq_lengths": np.array([n for _, _, n in key], dtype=np.int64)}
+
+
+class PackedRows:
+    """A map-style dataset of packed rows planned once over ``features``.
+
+    Item ``r`` is ``{"input_ids", "labels", "seq_lengths"}``: the documents of row ``r``
+    concatenated, and their lengths. :attr:`plan` keeps the statistics (truncated/dropped counts).
+    """
+
+    def __init__(
+        self,
+        features: Sequence[Mapping[str, Any]],
+        max_length: int,
+        *,
+        strategy: str = "best_fit_decreasing",
+        overlong: str = "error",
+        seed: int = 0,
+    ) -> None:
+        from padless.batching.collate import FeatureSpec
+        from padless.planning.plan import plan_packs
+
+        self.sequences = FeatureSpec().prepare(features)
+        self.plan = plan_packs(self.sequences.lengths, max_length, strategy=strategy, overlong=overlong, seed=seed)
+        validated = [{"input_ids": i, "labels": l} for i, l in zip(self.sequences.input_ids, self.sequences.labels)]
+        self._rows = PackedRowView(validated)  # assembles a row from its (sequence, start, length) pieces
+
+    def __len__(self) -> int:
+        return self.plan.num_rows
+
+    def __getitem__(self, r: int) -> dict[str, Any]:
+        if not 0 <= r < len(self):
+            raise IndexError(f"row {r} out of range [0, {len(self)})")
+        index, start, length = self.plan.row(r)
+        return self._rows[tuple(zip(index.tolist(), start.tolist(), length.tolist()))]

@@ -1,0 +1,1 @@
+"""Packing to disk: ``sources`` (inputs to stream from) and ``parquet`` (atomic, resumable shards)."""
