@@ -4,7 +4,7 @@ from conftest import make_features
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
+from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator, batch_to
 from padless.layout import IGNORE_INDEX
 
 PAD = 9  # an odd pad id, so a wrong pad value shows up in the literal expectations
@@ -179,3 +179,28 @@ def test_for_model_refuses_a_model_without_position_ids():
 
     with pytest.raises(ValueError, match="takes no position_ids"):
         PackingCollator.for_model(NoPositions())
+
+
+def test_placements_say_where_every_piece_went():
+    """Placements replace re-running the planner: each feature's pieces, rows and offsets."""
+    feats = [{"input_ids": list(range(1, n + 1))} for n in (5, 3, 9, 2)]
+    collate = PackingCollator(max_length=6, overlong="split")
+    batch = collate(feats)
+    p = batch.placements
+    assert p.num_features == 4 and sorted(set(p.feature.tolist())) == [0, 1, 2, 3]
+    for i, f in enumerate(feats):
+        pieces = p.of_feature(i)
+        assert sum(n for *_, n in pieces) == len(f["input_ids"])
+        for start, row, offset, n in pieces:
+            assert batch["input_ids"][row, offset : offset + n].tolist() == f["input_ids"][start : start + n]
+    assert len(p.of_feature(2)) == 2  # 9 tokens in rows of 6: split once
+    moved = batch_to(batch, "cpu")
+    assert moved.placements is p and set(moved) == set(batch)
+
+
+def test_labels_outside_the_vocabulary_are_refused_by_both_collators():
+    feats = [{"input_ids": [1, 2], "labels": [1, 99999]}]
+    spec = FeatureSpec(vocab_size=512)
+    for collate in (PaddingCollator(features=spec), PackingCollator(features=spec)):
+        with pytest.raises(ValueError, match="label 99999"):
+            collate(feats)

@@ -23,7 +23,7 @@ def indexed_features(lengths, with_labels=True):
     for i, n in enumerate(lengths):
         f = {"input_ids": np.full(int(n), i, dtype=np.int64)}
         if with_labels:
-            f["labels"] = np.arange(int(n)) * (-1 if i % 3 == 0 else 1)  # some negative (masked-like) labels
+            f["labels"] = np.arange(int(n)) + (1000 if i % 3 == 0 else 0)  # labels differ from the ids
         feats.append(f)
     return feats
 
@@ -177,10 +177,11 @@ def test_rows_go_through_the_collator_without_replanning():
     ("example", "match"),
     [
         ({"text": "hi"}, "example 1 has no 'input_ids'"),
-        ({"input_ids": []}, "sequence 1 is empty"),
+        ({"input_ids": []}, "example 1 is an empty sequence"),
         ({"input_ids": [1, 2], "labels": [1]}, "labels has 1 tokens but input_ids has 2"),
         ({"input_ids": [[1, 2]]}, "1-D"),
-        ({"input_ids": [-3, 2]}, "outside token-id range"),
+        ({"input_ids": [-3, 2]}, "outside the vocabulary"),
+        ({"input_ids": [1, 2], "labels": [-5, 2]}, r"label -5 \(labels\[0\]\) is neither -100"),
         ([1, 2], "a list"),
     ],
 )

@@ -31,7 +31,7 @@ def test_restores_the_models_attention_and_mode():
 
 def test_contamination_is_detected(monkeypatch):
     """A collator that lets documents see each other (a plain causal row) must fail the check."""
-    from padless.batching.collate import PackingCollator
+    from padless.batching.collate import PackedBatch, PackingCollator
 
     original = PackingCollator.__call__
 
@@ -39,7 +39,7 @@ def test_contamination_is_detected(monkeypatch):
         batch = original(self, features)
         batch.pop("attention_mask", None)
         batch["position_ids"] = None  # positions run on, and no mask: plain causal over the row
-        return {k: v for k, v in batch.items() if v is not None}
+        return PackedBatch({k: v for k, v in batch.items() if v is not None}, batch.placements)
 
     monkeypatch.setattr(PackingCollator, "__call__", leaky)
     report = verify_isolation(build_model("tiny-gpt2"), backends=["sdpa"])

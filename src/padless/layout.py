@@ -13,7 +13,8 @@ python ints and return numpy int64 arrays; the collators turn them into tensors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -72,3 +73,134 @@ def lengths_from_position_ids(position_ids: Sequence[int] | np.ndarray) -> np.nd
         bad = int(np.flatnonzero(pos != position_ids_from_lengths(lengths))[0])
         raise ValueError(f"position_ids do not count up by 1 inside a document (at index {bad})")
     return lengths
+
+
+# ------------------------------------------------------------------------ tokens and rows
+
+Piece = tuple[int, int, int]
+"""A slice of a sequence placed in a row: ``(sequence index, start, length)``. A row is a tuple of
+pieces, in order; a sequence split by the overlong policy appears as several pieces."""
+
+
+class TokenError(ValueError):
+    """Token ids or labels that cannot be trained on; ``reason`` names the kind of problem
+    (``bad_type``, ``empty``, ``bad_token``, ``bad_label``, ``length_mismatch``)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _int_array(values: Any, what: str, where: str) -> np.ndarray:
+    if values is None:
+        raise TokenError("bad_type", f"{where}: {what} is null; expected a list of integer token ids")
+    if hasattr(values, "detach"):  # a torch tensor
+        values = values.detach().cpu().numpy()
+    try:
+        arr = np.asarray(values)
+    except (ValueError, OverflowError) as exc:
+        raise TokenError("bad_type", f"{where}: {what} is not a flat list of integers ({exc})") from None
+    if arr.ndim != 1:
+        raise TokenError("bad_type", f"{where}: {what} must be a 1-D list of integers, got shape {arr.shape}")
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if arr.dtype == object:  # python ints beyond int64, or mixed types
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in arr.tolist()):
+            raise TokenError("bad_type", f"{where}: {what} must hold integers only")
+        big = next((v for v in arr.tolist() if not -(2**63) <= v < 2**63), None)
+        if big is None:
+            return arr.astype(np.int64)
+        raise TokenError("bad_token" if what == "input_ids" else "bad_label", f"{where}: {what} holds {big}, "
+                         "far outside any vocabulary")
+    if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+        arr = arr.astype(np.int64)  # 3.0 from a JSON/CSV reader is the integer 3
+    if arr.dtype.kind not in "iu":
+        raise TokenError("bad_type", f"{where}: {what} must be integer token ids, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= 2**63:
+        raise TokenError("bad_token", f"{where}: {what} holds {int(arr.max())}, far outside any vocabulary")
+    return arr.astype(np.int64, copy=False)
+
+
+def check_tokens(
+    input_ids: Any, labels: Any = None, *, vocab_size: int | None = None, where: str = "sequence"
+) -> tuple[np.ndarray, np.ndarray]:
+    """The one validator of token ids and labels; every entry point (collators, rows, streams,
+    files) calls it, so a bad token is refused the same way wherever it comes in.
+
+    ``input_ids``: a non-empty 1-D sequence of integers in ``[0, vocab_size)`` (``[0, inf)`` without
+    a vocabulary). ``labels`` (optional, unshifted): the same length, each ``IGNORE_INDEX`` or a valid
+    id (a label past the vocabulary would fail inside cross-entropy, on a GPU as a device assert).
+    Returns int64 ``(input_ids, labels)``; without labels, a copy of the ids (every token trained).
+    Raises :class:`TokenError` (a ``ValueError``) whose message starts with ``where``.
+    """
+    ids = _int_array(input_ids, "input_ids", where)
+    if ids.size == 0:
+        raise TokenError("empty", f"{where} is an empty sequence; every sequence needs at least one token")
+    high = f"{vocab_size}" if vocab_size is not None else "inf"
+    low_i, high_i = int(ids.min()), int(ids.max())
+    if low_i < 0 or (vocab_size is not None and high_i >= vocab_size):
+        bad = int(np.flatnonzero((ids < 0) | (ids >= (vocab_size if vocab_size is not None else 2**63 - 1)))[0])
+        raise TokenError("bad_token", f"{where}: token id {int(ids[bad])} is outside the vocabulary "
+                         f"[0, {high}) (input_ids[{bad}])")
+    if labels is None:
+        return ids, ids.copy()
+    lab = _int_array(labels, "labels", where)
+    if lab.size != ids.size:
+        raise TokenError("length_mismatch", f"{where}: labels has {lab.size} tokens but input_ids has {ids.size}; "
+                         "they must match")
+    wrong = (lab != IGNORE_INDEX) & ((lab < 0) | (lab >= (vocab_size if vocab_size is not None else 2**63 - 1)))
+    if wrong.any():
+        bad = int(np.flatnonzero(wrong)[0])
+        raise TokenError("bad_label", f"{where}: label {int(lab[bad])} (labels[{bad}]) is neither {IGNORE_INDEX} "
+                         f"(not trained) nor a token id in [0, {high})")
+    return ids, lab
+
+
+def build_row(
+    pieces: Sequence[Piece], lookup: Callable[[int], tuple[np.ndarray, np.ndarray]], dtype: Any = np.int64
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The one row builder: ``(input_ids, labels, seq_lengths)`` of a row made of ``pieces``.
+
+    ``lookup(i)`` gives sequence ``i``'s ``(input_ids, labels)`` arrays. Labels are copied as they
+    are (unshifted); :func:`mask_document_starts` masks each document's first label when the row is
+    trained. An empty row is invalid: every row holds at least one piece.
+    """
+    if not pieces:
+        raise ValueError("a row needs at least one piece")
+    ids, labels = [], []
+    for index, start, length in pieces:
+        seq, lab = lookup(int(index))
+        if length < 1 or start < 0 or start + length > min(seq.size, lab.size):
+            raise ValueError(f"sequence {index} has {seq.size} tokens and {lab.size} labels, too few for the "
+                             f"piece [{start}, {start + length}); were the lengths planned from these sequences?")
+        ids.append(seq[start : start + length])
+        labels.append(lab[start : start + length])
+    return (np.concatenate(ids).astype(dtype, copy=False), np.concatenate(labels).astype(dtype, copy=False),
+            np.fromiter((n for _, _, n in pieces), dtype=dtype, count=len(pieces)))  # fmt: skip
+
+
+def mask_document_starts(labels: np.ndarray, seq_lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``labels`` with the label at every document start set to ``IGNORE_INDEX`` (in place).
+
+    Labels are unshifted: the label at a document's first position is what the *previous* token
+    would be trained to predict, i.e. the last token of the previous document predicting the first
+    of this one. Masking it is what keeps documents from training on each other's boundaries.
+    """
+    labels[cu_seqlens_from_lengths(seq_lengths)[:-1]] = IGNORE_INDEX
+    return labels
+
+
+def append_separator(
+    input_ids: np.ndarray, labels: np.ndarray, separator_id: int, *, trainable: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """``input_ids`` ending with ``separator_id`` (appended unless already last), and its labels.
+
+    The one rule for an appended separator (EOS): it is a target exactly when the token before it is
+    a target (and ``trainable``). A model learns to end what it is trained to write (an answer, a
+    whole text) but not to end a prompt or a tool result, which it is never asked to produce.
+    """
+    if input_ids.size and input_ids[-1] == separator_id:
+        return input_ids, labels
+    trained = trainable and labels.size > 0 and labels[-1] != IGNORE_INDEX
+    return (np.append(input_ids, separator_id).astype(input_ids.dtype, copy=False),
+            np.append(labels, separator_id if trained else IGNORE_INDEX).astype(labels.dtype, copy=False))  # fmt: skip

@@ -137,11 +137,11 @@ def _check_backend(
 
     collator = PackingCollator.for_model(model, max_length=max_length, pad_to_max_length=max_length is not None)
     batch = batch_to(collator(features), device)
-    # Which row and offset each sequence landed in, recovered from the planner's placement.
     with torch.no_grad():
         packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
         worst, scale = 0.0, 0.0
-        for (row, offset), feature in zip(_placements(collator, features), features):
+        for i, feature in enumerate(features):
+            ((_, row, offset, _),) = batch.placements.of_feature(i)  # overlong="error": one piece each
             ids = torch.tensor([feature["input_ids"]], device=device)
             alone = model(input_ids=ids, use_cache=False).logits[0]
             got = packed[row, offset : offset + ids.shape[1]]
@@ -152,23 +152,6 @@ def _check_backend(
     rel = ((grads - padded_grads).norm() / padded_grads.norm()).item()
     ok = worst <= logit_tol and rel <= tol.grad_rtol
     return BackendResult(backend, "pass" if ok else "fail", worst, logit_tol, rel, tol.grad_rtol)
-
-
-def _placements(collator: Any, features: list[dict[str, list[int]]]) -> list[tuple[int, int]]:
-    """(row, offset) of every feature in the collator's packed batch, in feature order."""
-    from padless.planning.plan import plan_packs
-
-    lengths = [len(f["input_ids"]) for f in features]
-    if collator.max_length is None:
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        return [(0, int(o)) for o in offsets]
-    plan = plan_packs(lengths, collator.max_length, strategy=collator.strategy, overlong="error")
-    where: dict[int, tuple[int, int]] = {}
-    for r in range(plan.num_rows):
-        index, _, length = plan.row(r)
-        offsets = np.concatenate([[0], np.cumsum(length)[:-1]])
-        where.update({int(i): (r, int(o)) for i, o in zip(index, offsets)})
-    return [where[i] for i in range(len(features))]
 
 
 def verify_isolation(

@@ -27,7 +27,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from padless.attention.select import ATTENTION_INPUTS, AttentionInputs
-from padless.layout import IGNORE_INDEX, cu_seqlens_from_lengths, position_ids_from_lengths
+from padless.layout import (
+    IGNORE_INDEX, Piece, append_separator, build_row, check_tokens, cu_seqlens_from_lengths, mask_document_starts,
+    position_ids_from_lengths,
+)  # fmt: skip
 
 if TYPE_CHECKING:
     import torch
@@ -46,29 +49,20 @@ class Sequences:
         return np.fromiter((ids.size for ids in self.input_ids), dtype=np.int64, count=len(self.input_ids))
 
 
-def _to_array(values: Any, what: str, i: int) -> np.ndarray:
-    if hasattr(values, "detach"):  # a torch tensor
-        values = values.detach().cpu().numpy()
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"feature {i}: {what} must be 1-D, got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"feature {i}: {what} must be integer token ids, got dtype {arr.dtype}")
-    return arr.astype(np.int64, copy=False)
-
-
 @dataclass(frozen=True)
 class FeatureSpec:
     """How raw features become validated sequences; shared by both collators so that padded and
     packed batches of the same features hold exactly the same tokens."""
 
     vocab_size: int | None = None
-    """If set, every token id must lie in ``[0, vocab_size)``; checked here because an id past the
-    embedding table fails deep inside the model with an unhelpful index error (or not at all on GPU)."""
+    """If set, every token id and every trained label must lie in ``[0, vocab_size)``; checked here
+    (:func:`padless.layout.check_tokens`) because an id past the embedding table fails deep inside
+    the model with an unhelpful index error (on a GPU, a device assert)."""
     separator_id: int | None = None
     """If set, appended to every sequence that does not already end with it (e.g. EOS)."""
     train_on_separator: bool = True
-    """Whether an appended separator is a training target (a model learns to end a document)."""
+    """Whether an appended separator may be a training target: it is one exactly when the token
+    before it is (:func:`padless.layout.append_separator`); ``False``: never."""
 
     def prepare(self, features: Sequence[Mapping[str, Any]]) -> Sequences:
         if len(features) == 0:
@@ -76,35 +70,57 @@ class FeatureSpec:
         all_ids: list[np.ndarray] = []
         all_labels: list[np.ndarray] = []
         for i, feature in enumerate(features):
-            if "input_ids" not in feature:
-                raise ValueError(f"feature {i} has no 'input_ids' (keys: {sorted(feature)})")
-            ids = _to_array(feature["input_ids"], "input_ids", i)
-            if ids.size == 0:
-                raise ValueError(f"feature {i} is an empty sequence; every sequence needs at least one token")
-            labels_in = feature.get("labels")
-            labels = ids.copy() if labels_in is None else _to_array(labels_in, "labels", i).copy()
-            if labels.size != ids.size:
-                raise ValueError(
-                    f"feature {i}: labels has {labels.size} tokens but input_ids has {ids.size}; they must match"
-                )
-            if self.separator_id is not None and ids[-1] != self.separator_id:
-                ids = np.append(ids, self.separator_id)
-                labels = np.append(labels, self.separator_id if self.train_on_separator else IGNORE_INDEX)
-            low, high = int(ids.min()), int(ids.max())
-            if low < 0 or (self.vocab_size is not None and high >= self.vocab_size):
-                bad = low if low < 0 else high
-                raise ValueError(
-                    f"feature {i}: token id {bad} is outside the vocabulary [0, {self.vocab_size or 'inf'})"
-                )
+            if not isinstance(feature, Mapping) or "input_ids" not in feature:
+                keys = sorted(feature) if isinstance(feature, Mapping) else type(feature).__name__
+                raise ValueError(f"feature {i} has no 'input_ids' ({keys})")
+            ids, labels = check_tokens(feature["input_ids"], feature.get("labels"), vocab_size=self.vocab_size,
+                                       where=f"feature {i}")  # fmt: skip
+            if self.separator_id is not None:
+                ids, labels = append_separator(ids, labels, self.separator_id, trainable=self.train_on_separator)
+                check_tokens(ids[-1:], vocab_size=self.vocab_size, where=f"feature {i}'s separator")
             all_ids.append(ids)
             all_labels.append(labels)
         return Sequences(all_ids, all_labels)
 
 
+@dataclass(frozen=True)
+class Placements:
+    """Where every piece of every feature of a packed batch went: parallel int64 arrays, one entry per
+    piece, in row order (a feature split by ``overlong="split"`` has several pieces; a dropped one
+    none). ``feature`` is the index in the list given to the collator; ``start`` where the piece
+    begins inside that feature (after validation and separator); ``row`` and ``offset`` where it
+    begins in the batch; ``length`` its tokens. Consumers (:mod:`padless.verify`, per-sequence
+    log-probs) read features back from here instead of re-running the planner."""
+
+    feature: np.ndarray
+    start: np.ndarray
+    row: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    num_features: int
+    """Features given to the collator (dropped ones included)."""
+
+    def of_feature(self, i: int) -> list[tuple[int, int, int, int]]:
+        """``(start, row, offset, length)`` of each piece of feature ``i``, in the feature's order."""
+        sel = np.flatnonzero(self.feature == i)
+        sel = sel[np.argsort(self.start[sel], kind="stable")]
+        return [(int(self.start[j]), int(self.row[j]), int(self.offset[j]), int(self.length[j])) for j in sel]
+
+
+class PackedBatch(dict):
+    """A packed batch: the dict a model's ``forward()`` takes (``model(**batch)``), plus
+    :attr:`placements`, an attribute, so it never reaches ``forward()`` as a keyword."""
+
+    def __init__(self, data: Mapping[str, Any], placements: Placements) -> None:
+        super().__init__(data)
+        self.placements = placements
+
+
 def batch_to(batch: Mapping[str, Any], device: Any) -> dict[str, Any]:
     """A collated batch with every tensor moved to ``device`` (python values such as
-    ``use_cache`` and ``max_length_q`` pass through)."""
-    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+    ``use_cache`` and ``max_length_q`` pass through; a :class:`PackedBatch` keeps its placements)."""
+    moved = {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+    return PackedBatch(moved, batch.placements) if isinstance(batch, PackedBatch) else moved
 
 
 def _round_up(n: int, multiple: int | None) -> int:
@@ -208,9 +224,9 @@ class PackingCollator:
             kwargs.setdefault("features", FeatureSpec(vocab_size=model.config.vocab_size))
         return cls(**kwargs)
 
-    def pack(self, features: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
-        """Plan and place tokens: ``input_ids`` and ``labels`` ``[R, L]`` and each row's document
-        lengths (the trailing pad, if any, is the last document of its row).
+    def pack(self, features: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, list[list[int]], Placements]:
+        """Plan and place tokens: ``input_ids`` and ``labels`` ``[R, L]``, each row's document lengths
+        (the trailing pad, if any, is the last document of its row) and the :class:`Placements`.
 
         Features that carry ``seq_lengths`` are rows packed beforehand (:class:`padless.PackedRows`,
         ``padless pack``): each becomes one row with those documents, without re-planning.
@@ -235,9 +251,9 @@ class PackingCollator:
             raise ValueError("every sequence of the batch was dropped by the overlong policy; nothing to train on")
         return self._place(seqs, rows)
 
-    def _prepacked_row(self, i: int, seq_lengths: Any, total: int) -> list[tuple[int, int, int]]:
-        docs = _to_array(seq_lengths, "seq_lengths", i)
-        if docs.size == 0 or docs.min() < 1 or int(docs.sum()) != total:
+    def _prepacked_row(self, i: int, seq_lengths: Any, total: int) -> list[Piece]:
+        docs = np.asarray(seq_lengths, dtype=np.int64) if not hasattr(seq_lengths, "detach") else seq_lengths.cpu().numpy()
+        if docs.ndim != 1 or docs.size == 0 or docs.min() < 1 or int(docs.sum()) != total:
             raise ValueError(f"feature {i}: seq_lengths {docs.tolist()} must be positive and sum to its {total} tokens")
         if self.max_length is not None and total > self.max_length:
             raise ValueError(f"feature {i}: a pre-packed row of {total} tokens exceeds max_length={self.max_length}")
@@ -245,35 +261,34 @@ class PackingCollator:
         return [(i, int(s), int(n)) for s, n in zip(starts, docs)]
 
     def _place(
-        self, seqs: Sequences, pieces_per_row: list[list[tuple[int, int, int]]]
-    ) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
-        """Copy each piece ``(sequence, start, length)`` into its row; mask each document's first label."""
+        self, seqs: Sequences, pieces_per_row: list[list[Piece]]
+    ) -> tuple[np.ndarray, np.ndarray, list[list[int]], Placements]:
+        """Build each row from its pieces (:func:`padless.layout.build_row`) into a padded
+        ``[R, width]`` batch; mask each document's first label."""
         used = max(sum(n for _, _, n in row) for row in pieces_per_row)
         width = self.max_length if self.pad_to_max_length and self.max_length else used
         width = _round_up(width, self.pad_to_multiple_of)
         input_ids = np.full((len(pieces_per_row), width), self.pad_token_id, dtype=np.int64)
         labels = np.full_like(input_ids, IGNORE_INDEX)
         row_docs: list[list[int]] = []
+        lookup = lambda i: (seqs.input_ids[i], seqs.labels[i])  # noqa: E731
         for r, row in enumerate(pieces_per_row):
-            offset, docs = 0, []
-            for index, start, n in row:
-                input_ids[r, offset : offset + n] = seqs.input_ids[index][start : start + n]
-                # labels[offset] stays IGNORE_INDEX: the previous document's last token must not be
-                # trained to predict this document's first token.
-                labels[r, offset + 1 : offset + n] = seqs.labels[index][start + 1 : start + n]
-                offset += n
-                docs.append(n)
-            if offset < width:
-                docs.append(width - offset)
-            row_docs.append(docs)
-        return input_ids, labels, row_docs
+            ids, lab, docs = build_row(row, lookup)
+            input_ids[r, : ids.size] = ids
+            labels[r, : ids.size] = mask_document_starts(lab, docs)
+            row_docs.append([*docs.tolist(), *([width - ids.size] if ids.size < width else [])])
+        pieces = np.array([(i, s, r, 0, n) for r, row in enumerate(pieces_per_row) for i, s, n in row], dtype=np.int64)
+        offsets = np.concatenate([cu_seqlens_from_lengths([n for _, _, n in row])[:-1] for row in pieces_per_row])
+        placements = Placements(feature=pieces[:, 0], start=pieces[:, 1], row=pieces[:, 2], offset=offsets,
+                                length=pieces[:, 4], num_features=len(seqs.input_ids))  # fmt: skip
+        return input_ids, labels, row_docs, placements
 
-    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> PackedBatch:
         import torch
 
         from padless.attention.masks import additive_block_causal_mask
 
-        input_ids, labels, row_docs = self.pack(features)
+        input_ids, labels, row_docs, placements = self.pack(features)
         position_ids = np.stack([position_ids_from_lengths(docs) for docs in row_docs])
         batch: dict[str, Any] = {
             "input_ids": torch.from_numpy(input_ids),
@@ -288,7 +303,7 @@ class PackingCollator:
             cu = torch.from_numpy(cu_seqlens_from_lengths(all_docs)).to(torch.int32)
             batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(all_docs.max()),
                          max_length_k=int(all_docs.max()))  # fmt: skip
-        return batch
+        return PackedBatch(batch, placements)
 
     def _count(self, stats: Any, lengths: np.ndarray) -> None:
         t = self.totals

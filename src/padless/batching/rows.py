@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from padless.layout import IGNORE_INDEX
+from padless.layout import IGNORE_INDEX, build_row, check_tokens
 from padless.planning.schedule import RowKey
 
 
@@ -44,22 +44,14 @@ class PackedRowView:
         if not key:
             return {"input_ids": np.array([self.pad_token_id], dtype=np.int64),
                     "labels": np.array([IGNORE_INDEX], dtype=np.int64), "seq_lengths": np.array([1], dtype=np.int64)}
-        ids, labels = [], []
-        for index, start, length in key:
-            feature = self.dataset[int(index)]
-            seq = np.asarray(feature["input_ids"], dtype=np.int64)
-            lab = feature.get("labels")
-            lab = seq if lab is None else np.asarray(lab, dtype=np.int64)
-            piece, piece_labels = seq[start : start + length], lab[start : start + length]
-            if piece.size != length or piece_labels.size != length:
-                raise ValueError(
-                    f"sequence {index} has {seq.size} tokens and {lab.size} labels, too few for the planned "
-                    f"piece [{start}, {start + length}); were the lengths given to the sampler this dataset's?"
-                )
-            ids.append(piece)
-            labels.append(piece_labels)
-        return {"input_ids": np.concatenate(ids), "labels": np.concatenate(labels),
-                "seq_lengths": np.array([n for _, _, n in key], dtype=np.int64)}
+        def lookup(i: int) -> tuple[np.ndarray, np.ndarray]:
+            feature = self.dataset[i]
+            if not isinstance(feature, Mapping) or "input_ids" not in feature:
+                raise ValueError(f"sequence {i} of the dataset has no 'input_ids'")
+            return check_tokens(feature["input_ids"], feature.get("labels"), where=f"sequence {i}")
+
+        ids, labels, seq_lengths = build_row(key, lookup)
+        return {"input_ids": ids, "labels": labels, "seq_lengths": seq_lengths}
 
 
 class PackedRows:

@@ -48,36 +48,22 @@ from typing import Any
 
 import numpy as np
 
-from padless.planning.buffered import Piece, StreamCounts, StreamOptions, StreamPlanner
+from padless.layout import Piece, build_row, check_tokens
+from padless.planning.buffered import StreamCounts, StreamOptions, StreamPlanner
 
 STATE_VERSION = 1
 """Bumped whenever the layout of :meth:`PackedStream.state_dict` changes."""
 
 
 def _as_tokens(example: Any, pos: int) -> tuple[np.ndarray, np.ndarray]:
-    """An example's ``input_ids`` and ``labels`` as int32 ``[n]`` arrays (labels default to the ids)."""
+    """An example's ``input_ids`` and ``labels`` as int32 ``[n]`` arrays (labels default to the ids),
+    validated by :func:`padless.layout.check_tokens`."""
     if not isinstance(example, Mapping) or "input_ids" not in example:
         what = f"keys {sorted(example)}" if isinstance(example, Mapping) else f"a {type(example).__name__}"
         raise ValueError(f"example {pos} has no 'input_ids' ({what}); stream tokenized examples")
-    out = []
-    for key in ("input_ids", "labels"):
-        values = example.get(key)
-        if values is None:  # no labels: every token is trained
-            out.append(out[0])
-            continue
-        arr = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values)
-        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-            raise ValueError(f"example {pos}: {key} must be a 1-D list of integers, "
-                             f"got shape {arr.shape} dtype {arr.dtype}")
-        low = (0 if key == "input_ids" else -(2**31))
-        # Buffered tokens are kept as int32 (half the memory); int32 input needs only the sign check.
-        if arr.size and (int(arr.min()) < low or (arr.dtype != np.int32 and int(arr.max()) >= 2**31)):
-            raise ValueError(f"example {pos}: {key} holds {int(arr.min())}..{int(arr.max())}, outside token-id range")
-        out.append(arr.astype(np.int32, copy=False))
-    if out[1].size != out[0].size:
-        raise ValueError(f"example {pos}: labels has {out[1].size} tokens but input_ids has {out[0].size}; "
-                         "they must match")
-    return out[0], out[1]
+    # Buffered tokens are kept as int32 (half the memory), so ids must fit in it.
+    ids, labels = check_tokens(example["input_ids"], example.get("labels"), vocab_size=2**31, where=f"example {pos}")
+    return ids.astype(np.int32), labels.astype(np.int32)
 
 
 def _worker() -> tuple[int, int]:
@@ -224,19 +210,12 @@ class PackedStream:
             snapshots.popleft()
 
     def _row(self, row: tuple[Piece, ...], store: dict[int, list[Any]]) -> dict[str, np.ndarray]:
-        ids, labels = [], []
-        for p, s, n in row:
-            entry = store[p]
-            ids.append(entry[0][s : s + n])
-            labels.append(entry[1][s : s + n])
-            entry[2] -= 1
-            if not entry[2]:
+        ids, labels, seq_lengths = build_row(row, lambda p: (store[p][0], store[p][1]), dtype=self.dtype)
+        for p, _, _ in row:  # forget an example once its last piece has left
+            store[p][2] -= 1
+            if not store[p][2]:
                 del store[p]
-        return {
-            "input_ids": np.concatenate(ids).astype(self.dtype, copy=False),
-            "labels": np.concatenate(labels).astype(self.dtype, copy=False),
-            "seq_lengths": np.array([n for _, _, n in row], dtype=self.dtype),
-        }
+        return {"input_ids": ids, "labels": labels, "seq_lengths": seq_lengths}
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands: positions, counters and a source snapshot; JSON-serialisable when the

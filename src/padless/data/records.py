@@ -59,31 +59,14 @@ def check_text(record: Mapping[str, Any], index: int) -> str:
 
 
 def check_tokens(record: Mapping[str, Any], index: int, vocab_size: int) -> tuple[list[int], list[int] | None]:
-    """Pre-tokenized ``(input_ids, labels or None)``: integer ids inside the vocabulary, labels of the
-    same length holding either the id at that position or -100 (any other integer is allowed too:
-    a label is a target, not necessarily the input token)."""
-    ids, labels = record["input_ids"], record.get("labels")
+    """Pre-tokenized ``(input_ids, labels or None)``, validated by :func:`padless.layout.check_tokens`
+    (the one token validator): ids inside the vocabulary, labels of the same length, each -100 or an id."""
+    from padless.layout import TokenError
+    from padless.layout import check_tokens as validate
 
-    def as_ints(values: Any, what: str) -> list[int]:
-        try:
-            out = [int(v) for v in values]
-        except (TypeError, ValueError):
-            raise RecordError("bad_type", f"record {index}: {what!r} is not a list of integers") from None
-        if any(o != v for o, v in zip(out, values)):
-            raise RecordError("bad_type", f"record {index}: {what!r} holds non-integer numbers")
-        return out
-
-    ids_list = as_ints(ids, "input_ids")
-    if not ids_list:
-        raise RecordError("empty", f"record {index}: 'input_ids' is empty")
-    bad = next((i for i, t in enumerate(ids_list) if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise RecordError("bad_token", f"record {index}: input_ids[{bad}] = {ids_list[bad]} is outside the "
-                                       f"vocabulary (0..{vocab_size - 1})")
-    if labels is None:
-        return ids_list, None
-    labels_list = as_ints(labels, "labels")
-    if len(labels_list) != len(ids_list):
-        raise RecordError("length_mismatch",
-                          f"record {index}: {len(labels_list)} labels for {len(ids_list)} input_ids (must be equal)")
-    return ids_list, labels_list
+    labels = record.get("labels")
+    try:
+        ids, checked = validate(record["input_ids"], labels, vocab_size=vocab_size, where=f"record {index}")
+    except TokenError as err:
+        raise RecordError(err.reason, str(err)) from None
+    return ids.tolist(), (None if labels is None else checked.tolist())

@@ -41,7 +41,7 @@ import numpy as np
 
 from padless.planning.plan import OVERLONG_POLICIES, OverlongPolicy, PackPlan, PlanStats, plan_packs, validate_lengths
 
-Piece = tuple[int, int, int]  # (position in the stream, start in the sequence, tokens)
+from padless.layout import Piece  # here: (position in the stream, start in the sequence, tokens)
 
 
 @dataclass(frozen=True)
