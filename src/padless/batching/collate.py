@@ -109,9 +109,11 @@ class Placements:
 
 class PackedBatch(dict):
     """A packed batch: the dict a model's ``forward()`` takes (``model(**batch)``), plus
-    :attr:`placements`, an attribute, so it never reaches ``forward()`` as a keyword."""
+    :attr:`placements`, an attribute, so it never reaches ``forward()`` as a keyword. Code that rebuilds
+    the dict as ``type(batch)(...)`` (transformers' ``Trainer`` moving it to a device) gets one without
+    placements (``None``); :func:`batch_to` keeps them."""
 
-    def __init__(self, data: Mapping[str, Any], placements: Placements) -> None:
+    def __init__(self, data: Mapping[str, Any] = (), placements: Placements | None = None) -> None:
         super().__init__(data)
         self.placements = placements
 
