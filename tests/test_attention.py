@@ -371,7 +371,6 @@ F32, BF16 = torch.float32, torch.bfloat16
         ("flex_attention", "cuda", BF16, "llama", None, "flex_attention"),
         ("sdpa", "cpu", F32, "window", 64, "sdpa"),  # rows no longer than the window: the mask is exact
         (None, "cpu", F32, "softcap", 512, "eager"),  # soft-capping: eager, its window covering the rows
-        (None, "cpu", F32, "bloom", None, "eager"),  # no attention-backend support, no sdpa
         (None, "cpu", F32, None, None, "padless"),
     ],
 )
@@ -381,7 +380,6 @@ def test_resolve_backend(requested, device, dtype, config, max_length, expected)
         "llama": lambda: _config("llama", use_cache=False),
         "window": lambda: _config("mistral", sliding_window=64),
         "softcap": lambda: _gemma2_config(),
-        "bloom": lambda: _bloom_config(),
         None: lambda: None,
     }
     got = resolve_backend(requested, device=device, dtype=dtype, config=configs[config](), max_length=max_length)
@@ -409,7 +407,8 @@ def _bloom_config():
         ("flex_attention", "cuda", BF16, _config("llama", use_cache=True), "use_cache=True"),
         ("flash_attention_2", "cpu", BF16, _config("llama"), "CUDA only.*use backend 'padless'"),
         ("flash_attention_2", "cuda", F32, _config("llama"), "fp16 or bf16"),
-        ("sdpa", "cpu", F32, _config("mistral", sliding_window=64), "sliding window.*use backend 'padless'"),
+        ("sdpa", "cpu", F32, _config("mistral", sliding_window=64), None),  # the 4D mask carries the window
+        ("eager", "cpu", F32, _bloom_config(), "takes no position_ids.*no attention backend can"),
         ("sdpa", "cpu", F32, None, None),
         ("nope", "cpu", F32, None, "unknown attention backend"),
     ],
@@ -425,9 +424,8 @@ def test_resolve_backend_refusals(requested, device, dtype, config, match):
 def test_resolve_backend_refuses_padless_for_softcap_on_cpu():
     with pytest.raises(ValueError, match="soft-capping.*use backend 'eager'"):
         resolve_backend("padless", device="cpu", dtype=F32, config=_gemma2_config(), max_length=512)
-    # rows longer than Gemma2's window (4096): neither padless (soft-cap) nor a 4D mask (window) is exact
-    with pytest.raises(ValueError, match="no attention backend can isolate.*soft-capping.*sliding window"):
-        resolve_backend(device="cpu", dtype=F32, config=_gemma2_config())
+    # rows longer than Gemma2's window (4096): eager, its 4D masks carrying the window per layer type
+    assert resolve_backend(device="cpu", dtype=F32, config=_gemma2_config()) == "eager"
 
 
 def test_resolve_backend_registers_padless(registered):

@@ -28,6 +28,20 @@ if TYPE_CHECKING:
 
 DEFAULT_BACKENDS = ("sdpa", "eager", "padless", "flash_attention_2", "flex_attention")
 DEFAULT_LENGTHS = (1, 7, 13, 5, 24, 3, 9, 2)
+ROW_SLACK = 8
+"""With the default lengths, rows hold at least the longest sequence plus this many tokens, so that
+the longest shares its row with short documents."""
+
+
+def default_lengths(model: Any) -> tuple[int, ...]:
+    """:data:`DEFAULT_LENGTHS`, plus one sequence longer than the model's shortest sliding window
+    when none of them is, so that a packed mask that dropped the window shows as a difference."""
+    from padless.attention.rules import attention_rules
+
+    windows = attention_rules(model).active_windows(None)
+    if windows and max(DEFAULT_LENGTHS) <= windows[0]:
+        return (*DEFAULT_LENGTHS, windows[0] + 4)
+    return DEFAULT_LENGTHS
 
 
 @dataclass(frozen=True)
@@ -120,12 +134,12 @@ def _check_backend(
     import torch
 
     from padless.attention.backend import register_padless_attention
-    from padless.attention.select import resolve_backend
+    from padless.attention.select import check_exact
     from padless.batching.collate import PackingCollator, batch_to
 
     device = next(model.parameters()).device
     try:
-        resolve_backend(backend, device=device, dtype=model.dtype, config=model.config)
+        check_exact(model, backend, device=device, dtype=model.dtype, max_length=max_length)
     except ValueError as exc:
         return BackendResult(backend, "refused", detail=str(exc))
     if backend == "padless":
@@ -165,18 +179,21 @@ def verify_isolation(
 ) -> VerifyReport:
     """Check every backend in ``backends`` on ``model`` (its device and dtype are used as they are).
 
-    ``sequences``: token-id lists (default: random ids with lengths :data:`DEFAULT_LENGTHS`, which
-    include a 1-token document). ``max_length``: packed row length (``None``: one row for all).
+    ``sequences``: token-id lists (default: random ids with lengths :func:`default_lengths`, which
+    include a 1-token document and one longer than the model's sliding window, if it has one).
+    ``max_length``: packed row length (``None``: one row for all); raised to the longest sequence
+    (with the default lengths, plus :data:`ROW_SLACK`).
     The model's attention implementation is restored afterwards.
     """
     from padless.batching.collate import PaddingCollator, batch_to
 
     if sequences is None:
-        features = _random_sequences(DEFAULT_LENGTHS, model.config.vocab_size, seed)
+        features = _random_sequences(default_lengths(model), model.config.vocab_size, seed)
     else:
         features = [{"input_ids": [int(t) for t in s]} for s in sequences]
     if max_length is not None:
-        max_length = max(max_length, max(len(f["input_ids"]) for f in features))
+        slack = ROW_SLACK if sequences is None else 0
+        max_length = max(max_length, max(len(f["input_ids"]) for f in features) + slack)
     dtype = _dtype_name(model.dtype)
     tol = tolerance or TOLERANCES.get(dtype)
     if tol is None:

@@ -2,8 +2,10 @@
 
 Each transformers attention backend is described by a :class:`BackendSpec`: what a packed batch
 must carry for it (:data:`AttentionInputs`) and why it would *not* isolate documents for a given
-model, device and dtype. :func:`resolve_backend` returns a backend that is exact or raises an error
-naming one that is; the collator's ``for_model``, ``verify`` and the bench all ask it.
+model, device and dtype. :func:`check_exact` is the one rule (model, backend, device, dtype, row
+length -> exact, or ``ValueError`` naming a backend that is); :func:`resolve_backend` picks the
+fastest backend it accepts. The collator's ``for_model``, ``verify`` and the bench ask them, never a
+rule of their own, so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from padless.attention.rules import AttentionRules, MaskWindows, attention_rules, config_of, model_class_of
 from padless.attention.varlen import flash_attn_available
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ class _Target:
     config: Any
     model_class: type | None
     max_length: int | None
+    rules: AttentionRules
 
 
 @dataclass(frozen=True)
@@ -51,42 +55,55 @@ def _half(t: _Target) -> bool:
     return t.dtype in (torch.float16, torch.bfloat16)
 
 
-def _softcap(t: _Target) -> float | None:
-    return getattr(t.config, "attn_logit_softcapping", None)
-
-
-def _active_window(t: _Target) -> int | None:
-    """The model's sliding window if some layer uses one and rows may be longer than it."""
-    window = getattr(t.config, "sliding_window", None)
-    if window is None or (t.max_length is not None and t.max_length <= window):
-        return None
-    layer_types = getattr(t.config, "layer_types", None)
-    if layer_types is not None:
-        return window if "sliding_attention" in layer_types else None
-    return None if getattr(t.config, "use_sliding_window", True) is False else window
-
-
 def _lacks(t: _Target, flag: str) -> bool:
     return t.model_class is not None and not getattr(t.model_class, flag, False)
+
+
+def _refuse_model(t: _Target) -> str | None:
+    """What no backend can make exact: the model's own rules reach across the whole row."""
+    r = t.rules
+    if r.takes_position_ids is False:
+        return (f"{t.model_class.__name__}.forward takes no position_ids, so packed documents would be given "
+                "positions that run on across document boundaries")  # fmt: skip
+    if r.alibi:
+        return "the model adds an ALiBi bias over the whole row instead of using restarted position_ids"
+    if r.bidirectional:
+        return "the model attends in both directions (use_bidirectional_attention)"
+    if r.other_layer_types:
+        return f"layers of type {', '.join(map(repr, r.other_layer_types))} carry state along the whole row, across documents"
+    return None
+
+
+def _flash_softcap_dropout(t: _Target) -> str | None:
+    if t.rules.softcap is not None and t.rules.dropout > 0:
+        return "flash-attn has no attention dropout together with logit soft-capping (attention_dropout > 0)"
+    return None
 
 
 def _refuse_padless(t: _Target) -> str | None:
     if _lacks(t, "_supports_attention_backend"):
         return f"{t.model_class.__name__} does not pass position_ids and attention kwargs to its attention layers"
-    if getattr(t.config, "attention_chunk_size", None) is not None:
+    if t.rules.chunk_size is not None:
         return "the model uses chunked attention"
-    if _softcap(t) is not None and not (t.device.type == "cuda" and _half(t) and flash_attn_available()):
-        return "attention logit soft-capping needs flash-attn on CUDA with fp16/bf16"
+    if t.rules.sinks:
+        return "padless attention has no attention sinks (s_aux)"
+    if t.rules.softcap is not None:
+        if not (t.device.type == "cuda" and _half(t) and flash_attn_available()):
+            return "attention logit soft-capping needs flash-attn on CUDA with fp16/bf16"
+        return _flash_softcap_dropout(t)
     return None
 
 
 def _refuse_mask4d(t: _Target, name: str, flag: str | None) -> str | None:
     if flag and _lacks(t, flag):
         return f"{t.model_class.__name__} does not support attn_implementation={name!r}"
-    window = _active_window(t)
-    if window is not None:
-        return f"a 4D mask replaces the model's sliding window ({window} tokens) in every layer"
-    if name == "sdpa" and _softcap(t) is not None:
+    if t.rules.chunk_size is not None:
+        return "a 4D mask replaces the model's chunked attention"
+    windows = t.rules.mask_windows(t.max_length)
+    if isinstance(windows, dict) and not t.rules.accepts_mask_dict:
+        owner = t.model_class.__name__ if t.model_class is not None else "this model"
+        return f"layers differ in sliding window ({windows}) and {owner} takes no 4D mask per layer type"
+    if name == "sdpa" and t.rules.softcap is not None:
         return "sdpa has no attention logit soft-capping"
     return None
 
@@ -97,10 +114,10 @@ def _refuse_flash2(t: _Target) -> str | None:
     if not _half(t):
         return f"flash_attention_2 needs fp16 or bf16, not {t.dtype}"
     if not flash_attn_available():
-        return "the flash-attn package is not installed"
+        return "the flash-attn package is not installed or fails to import"
     if _lacks(t, "_supports_flash_attn"):
         return f"{t.model_class.__name__} does not support flash_attention_2"
-    return None
+    return _flash_softcap_dropout(t)
 
 
 def _refuse_flex(t: _Target) -> str | None:
@@ -139,17 +156,53 @@ def backend_inputs(backend: str) -> AttentionInputs:
     return spec.inputs
 
 
-def _model_class(config: Any) -> type | None:
-    if config is None:
-        return None
-    if hasattr(config, "config") and hasattr(config, "forward"):  # a model was given
-        return type(config)
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | None) -> _Target:
+    import torch
 
-    try:
-        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except (KeyError, ValueError):
-        return None  # unknown to transformers: padless_attention still refuses at run time
+    if max_length is not None and max_length < 1:
+        raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
+    config = config_of(model_or_config)
+    return _Target(torch.device(device), dtype, config, model_class_of(model_or_config), max_length,
+                   attention_rules(model_or_config))  # fmt: skip
+
+
+def _reason(target: _Target, backend: str) -> str | None:
+    return _refuse_model(target) or BACKENDS[backend].refuse(target)
+
+
+def check_exact(
+    model_or_config: Any,
+    backend: str,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    max_length: int | None = None,
+) -> None:
+    """The one rule: return if packed rows trained with attention ``backend`` on ``model_or_config``
+    (a transformers model or config; ``None``: no model-specific rule) on ``device`` in ``dtype``
+    compute exactly what each document computes alone, else raise ``ValueError`` naming a backend
+    that does (or saying that none does). ``max_length`` bounds the tokens of a document in a row
+    (``None``: unbounded); a sliding window at least that long never cuts a document.
+
+    Checked: the model's own attention rules (:func:`padless.attention.rules.attention_rules`:
+    sliding windows per layer type, soft-capping, sinks, ALiBi, bidirectional or recurrent layers,
+    position_ids) against what each backend honours. The collator's ``for_model``,
+    :func:`resolve_backend`, :func:`padless.verify_isolation` and the bench all ask this function."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    target = _target(model_or_config, device, dtype, max_length)
+    reason = _reason(target, backend)
+    if reason is None:
+        return
+    alternative, reasons = _first_exact(target)
+    advice = f"use backend {alternative!r}" if alternative else "no attention backend can (" + "; ".join(reasons) + ")"
+    raise ValueError(f"attention backend {backend!r} cannot guarantee isolated packed documents here: {reason}; {advice}")
+
+
+def mask_windows(model_or_config: Any, max_length: int | None) -> MaskWindows:
+    """The sliding windows a 4D packed mask must carry for this model and row length (see
+    :data:`padless.attention.rules.MaskWindows`)."""
+    return attention_rules(model_or_config).mask_windows(max_length)
 
 
 def resolve_backend(
@@ -160,28 +213,20 @@ def resolve_backend(
     config: Any = None,
     max_length: int | None = None,
 ) -> str:
-    """The attention backend to train packed rows with: ``requested`` if it can isolate documents for
-    this model (``config``: a transformers config or model), device and dtype, else ``ValueError``
-    naming one that can; with ``requested=None`` the fastest exact one. ``max_length`` (longest row)
-    lets a mask4d backend serve a sliding-window model whose window covers the whole row. Registers
-    the padless backend when it is returned, so the name can be used at once."""
-    import torch
-
-    config_obj = getattr(config, "config", config) if config is not None and hasattr(config, "forward") else config
-    target = _Target(torch.device(device), dtype, config_obj, _model_class(config), max_length)
+    """The attention backend to train packed rows with: ``requested`` if :func:`check_exact` accepts
+    it for this model (``config``: a transformers config or model), device, dtype and ``max_length``
+    (longest document; ``None``: unbounded), else ``ValueError`` naming one that can; with
+    ``requested=None`` the fastest exact one. Registers the padless backend when it is returned, so
+    the name can be used at once."""
     if requested is not None:
-        spec = BACKENDS.get(requested)
-        if spec is None:
-            raise ValueError(f"unknown attention backend {requested!r}; choose one of {', '.join(BACKENDS)}")
-        reason = spec.refuse(target)
-        if reason is not None:
-            raise ValueError(
-                f"attention backend {requested!r} cannot guarantee isolated packed documents here: {reason}; "
-                f"use backend {_first_exact(target)!r}"
-            )
+        check_exact(config, requested, device=device, dtype=dtype, max_length=max_length)
         chosen = requested
     else:
-        chosen = _first_exact(target)
+        target = _target(config, device, dtype, max_length)
+        found, reasons = _first_exact(target)
+        if found is None:
+            raise ValueError("no attention backend can isolate packed documents here (" + "; ".join(reasons) + ")")
+        chosen = found
     from padless.attention.backend import BACKEND_NAME, register_padless_attention
 
     if chosen == BACKEND_NAME:
@@ -189,11 +234,15 @@ def resolve_backend(
     return chosen
 
 
-def _first_exact(target: _Target) -> str:
+def _first_exact(target: _Target) -> tuple[str | None, list[str]]:
+    """The fastest exact backend (None if none) and, per backend tried, why it was refused."""
+    model_reason = _refuse_model(target)
+    if model_reason is not None:
+        return None, [model_reason]
     reasons = []
     for name in _PREFERENCE:
         reason = BACKENDS[name].refuse(target)
         if reason is None:
-            return name
+            return name, reasons
         reasons.append(f"{name}: {reason}")
-    raise ValueError("no attention backend can isolate packed documents here (" + "; ".join(reasons) + ")")
+    return None, reasons

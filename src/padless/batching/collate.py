@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from padless.attention.rules import MaskWindows
 from padless.attention.select import ATTENTION_INPUTS, AttentionInputs
 from padless.layout import (
     IGNORE_INDEX, Piece, append_separator, build_row, check_tokens, cu_seqlens_from_lengths, mask_document_starts,
@@ -121,8 +122,17 @@ class PackedBatch(dict):
 def batch_to(batch: Mapping[str, Any], device: Any) -> dict[str, Any]:
     """A collated batch with every tensor moved to ``device`` (python values such as
     ``use_cache`` and ``max_length_q`` pass through; a :class:`PackedBatch` keeps its placements)."""
-    moved = {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+    move = lambda v: v.to(device, non_blocking=True) if hasattr(v, "to") else v  # noqa: E731
+    # a dict value is a 4D mask per layer type (models whose layers differ in sliding window)
+    moved = {k: {t: move(m) for t, m in v.items()} if isinstance(v, dict) else move(v) for k, v in batch.items()}
     return PackedBatch(moved, batch.placements) if isinstance(batch, PackedBatch) else moved
+
+
+def _device_of(model: Any) -> Any:
+    device = getattr(model, "device", None)
+    if device is None:
+        device = next((p.device for p in model.parameters()), "cpu") if hasattr(model, "parameters") else "cpu"
+    return device
 
 
 def _round_up(n: int, multiple: int | None) -> int:
@@ -167,8 +177,8 @@ class PackingCollator:
     Keys: ``input_ids``, ``labels``, ``position_ids`` (``[R, L]``), ``use_cache=False`` (a cache
     silently turns off transformers' packed-row handling, so a plain ``model(**batch)`` stays exact),
     and by ``attention``: ``attention_mask`` ``[R, 1, L, L]`` (mask4d) or ``cu_seq_lens_q/k``,
-    ``max_length_q/k`` (varlen). Use :meth:`for_model` to pick ``attention`` and the mask dtype from a
-    model's attention implementation.
+    ``max_length_q/k`` (varlen). Use :meth:`for_model` to pick ``attention``, the mask dtype and the
+    sliding windows from a model's attention implementation and config.
 
     Totals of what the planner truncated or dropped accumulate in :attr:`totals` (in the process that
     calls the collator), so nothing is lost silently.
@@ -190,6 +200,11 @@ class PackingCollator:
     """Round the row length up to a multiple of this."""
     mask_dtype: torch.dtype | None = None
     """Dtype of the 4D additive mask; must equal the model's compute dtype (default float32)."""
+    windows: MaskWindows = None
+    """The model's sliding windows, kept inside each document by the 4D mask: ``None`` none, ``w``
+    one window for every layer, or layer type -> window (``attention_mask`` is then a dict of masks
+    by layer type, which transformers models with ``layer_types`` take as they are). A 4D mask
+    replaces the model's own mask, window included: :meth:`for_model` sets this from the model."""
     features: FeatureSpec = field(default_factory=FeatureSpec)
     """Validation and separator handling, shared with :class:`PaddingCollator`."""
     totals: dict[str, int] = field(default_factory=lambda: {
@@ -203,25 +218,32 @@ class PackingCollator:
             raise ValueError(f"unknown attention inputs {self.attention!r}; choose one of {', '.join(ATTENTION_INPUTS)}")
         if self.max_length is not None and self.max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {self.max_length}")
+        values = list(self.windows.values()) if isinstance(self.windows, dict) else [self.windows]
+        if any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1) for w in values):
+            raise ValueError(f"windows must be None, a positive int or a dict of them by layer type, got {self.windows!r}")
+        if self.windows is not None and self.attention != "mask4d":
+            raise ValueError(f"windows apply to the 4D mask only; attention={self.attention!r} takes the model's own windows")
 
     @classmethod
     def for_model(cls, model: Any, **kwargs: Any) -> PackingCollator:
-        """A collator whose attention inputs and mask dtype fit ``model``'s attention backend.
+        """A collator whose attention inputs, mask dtype and sliding windows fit ``model``'s attention
+        backend (``model.config._attn_implementation``) for documents of at most ``max_length``.
 
-        Raises if the backend cannot isolate documents on this model (see :mod:`padless.attention`).
+        Raises ``ValueError`` naming a backend that is exact when this one is not
+        (:func:`padless.attention.select.check_exact`, the rule every path asks).
         """
-        import inspect
-
-        if "position_ids" not in inspect.signature(model.forward).parameters:
-            raise ValueError(
-                f"{type(model).__name__}.forward takes no position_ids, so packed documents would be given "
-                "positions that run on across document boundaries; padless refuses to pack for it"
-            )
-        from padless.attention.select import backend_inputs
+        from padless.attention.select import backend_inputs, check_exact, mask_windows
 
         backend = model.config._attn_implementation
-        kwargs.setdefault("attention", backend_inputs(backend))
+        max_length = kwargs.get("max_length")
+        check_exact(model, backend, device=_device_of(model), dtype=model.dtype, max_length=max_length)
+        needed = backend_inputs(backend)
+        if kwargs.setdefault("attention", needed) != needed:
+            raise ValueError(f"attention={kwargs['attention']!r} does not isolate documents on backend {backend!r}, "
+                             f"which needs attention={needed!r}")  # fmt: skip
         kwargs.setdefault("mask_dtype", model.dtype)
+        if needed == "mask4d":
+            kwargs.setdefault("windows", mask_windows(model, max_length))
         if getattr(model.config, "vocab_size", None):
             kwargs.setdefault("features", FeatureSpec(vocab_size=model.config.vocab_size))
         return cls(**kwargs)
@@ -299,7 +321,12 @@ class PackingCollator:
             "use_cache": False,
         }
         if self.attention == "mask4d":
-            batch["attention_mask"] = additive_block_causal_mask(row_docs, dtype=self.mask_dtype)
+            mask = lambda w: additive_block_causal_mask(row_docs, dtype=self.mask_dtype, window=w)  # noqa: E731
+            if isinstance(self.windows, dict):  # one mask per distinct window, shared by its layer types
+                made = {w: mask(w) for w in set(self.windows.values())}
+                batch["attention_mask"] = {t: made[w] for t, w in self.windows.items()}
+            else:
+                batch["attention_mask"] = mask(self.windows)
         elif self.attention == "varlen":
             all_docs = np.concatenate([np.asarray(d, dtype=np.int64) for d in row_docs])
             cu = torch.from_numpy(cu_seqlens_from_lengths(all_docs)).to(torch.int32)

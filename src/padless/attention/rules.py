@@ -1,0 +1,157 @@
+"""What a model's own attention computes, read from its config and class: the facts the exactness
+rule (:func:`padless.attention.select.check_exact`) and the 4D mask builder need.
+
+A packed row is exact only if every token sees what it would see with its document alone. That is
+block-causal attention *intersected with the model's own rules*: a sliding window stays a window
+inside a packed document. How transformers 5.24 models declare their windows (read from
+``models/{mistral,starcoder2,gemma2,gemma3,qwen2}/modeling_*.py``):
+
+- ``config.layer_types`` (Gemma 2/3, Qwen2, Qwen3, Cohere2, ...): layer ``i`` is
+  ``"sliding_attention"`` (window ``config.sliding_window``) or ``"full_attention"`` (no window). The
+  base model builds ``causal_mask_mapping = {"full_attention": ..., "sliding_attention": ...}``
+  unless the ``attention_mask`` passed in is already a dict, which it then uses as it is, by layer
+  type. Qwen2 derives ``layer_types`` from ``use_sliding_window`` and ``max_window_layers`` (layers
+  ``i >= max_window_layers`` slide).
+- no ``layer_types`` (Mistral, Mixtral, Starcoder2, Phi-3, Qwen3-MoE): every layer uses
+  ``config.sliding_window`` when it is set (Qwen configs set it to ``None`` without
+  ``use_sliding_window``), and the model builds one mask for all layers.
+
+A 4D tensor passed as ``attention_mask`` is returned as it is by ``create_causal_mask`` and
+``create_sliding_window_causal_mask`` (``masking_utils._preprocess_mask_arguments``): it *replaces*
+the model's window, so the packed mask must carry the window itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+ATTENTION_LAYER_TYPES = (FULL, SLIDING)
+"""Layer types whose attention is block-causal (optionally windowed) over the row."""
+
+MaskWindows = int | dict[str, int | None] | None
+"""What the 4D mask path sends: ``None`` one block-causal mask for every layer; ``w`` one mask with
+a window of ``w`` tokens for every layer; a dict layer type -> window (``None``: no window), sent as
+a dict of masks that the model picks from per layer."""
+
+_MASK_DICT_MARK = "causal_mask_mapping := attention_mask, dict"
+_SINK_MARK = "s_aux="
+
+
+@dataclass(frozen=True)
+class AttentionRules:
+    """A model's own attention semantics, as far as packing is concerned."""
+
+    windows: dict[str, int | None]
+    """Attention layer type -> its sliding window in tokens (``None``: full causal). A model without
+    ``layer_types`` has one entry."""
+    per_layer_type: bool
+    """The model picks a mask per layer type (``config.layer_types``)."""
+    accepts_mask_dict: bool
+    """The base model takes a dict ``layer type -> 4D mask`` as ``attention_mask`` (transformers 5.24
+    models with ``layer_types``)."""
+    other_layer_types: tuple[str, ...]
+    """Layer types that are not block-causal attention (recurrent, linear, chunked, ...): their state
+    runs along the whole row, across documents."""
+    softcap: float | None
+    """Attention logit soft-capping (``attn_logit_softcapping``)."""
+    dropout: float
+    """Attention dropout probability in training (``attention_dropout``)."""
+    sinks: bool
+    """Learned attention sinks (``s_aux``): an extra softmax column per head."""
+    alibi: bool
+    """An ALiBi bias (BLOOM, MPT, Falcon with ``alibi=True``): built from the row, not from
+    restarted position ids."""
+    bidirectional: bool
+    """Some layers attend both ways (``use_bidirectional_attention``)."""
+    chunk_size: int | None
+    """Chunked attention (``attention_chunk_size``, Llama 4)."""
+    takes_position_ids: bool | None
+    """The model's ``forward`` accepts ``position_ids`` (``None``: model class unknown)."""
+
+    def mask_windows(self, max_length: int | None) -> MaskWindows:
+        """What a 4D mask must carry for rows whose documents hold at most ``max_length`` tokens
+        (``None``: unbounded). A window at least as long as every document changes nothing and is
+        dropped; layer types left with the same window share one mask (see :data:`MaskWindows`)."""
+        active = {
+            t: w if w is not None and (max_length is None or max_length > w) else None for t, w in self.windows.items()
+        }
+        distinct = set(active.values())
+        if len(distinct) <= 1:
+            return next(iter(distinct), None)
+        return active
+
+    def active_windows(self, max_length: int | None) -> list[int]:
+        """The windows shorter than some document of rows of ``max_length`` tokens."""
+        masks = self.mask_windows(max_length)
+        values = masks.values() if isinstance(masks, dict) else [masks]
+        return sorted({w for w in values if w is not None})
+
+
+def model_class_of(model_or_config: Any) -> type | None:
+    """The causal-LM class of a model, or the one transformers maps a config to (``None``: unknown)."""
+    if model_or_config is None:
+        return None
+    if hasattr(model_or_config, "config") and hasattr(model_or_config, "forward"):
+        return type(model_or_config)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_or_config)]
+    except (KeyError, ValueError):
+        return None
+
+
+def config_of(model_or_config: Any) -> Any:
+    """The config of a model, or the config itself."""
+    if hasattr(model_or_config, "config") and hasattr(model_or_config, "forward"):
+        return model_or_config.config
+    return model_or_config
+
+
+@functools.cache
+def _module_source(model_class: type) -> str:
+    module = sys.modules.get(model_class.__module__)
+    try:
+        return inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        return ""
+
+
+def attention_rules(model_or_config: Any) -> AttentionRules:
+    """Read :class:`AttentionRules` from a transformers model or config (see the module docstring)."""
+    config = config_of(model_or_config)
+    model_class = model_class_of(model_or_config)
+    get = lambda name, default=None: getattr(config, name, default)  # noqa: E731
+    window = get("sliding_window")
+    if get("use_sliding_window") is False:
+        window = None
+    layer_types = get("layer_types")
+    if layer_types:
+        types = list(dict.fromkeys(layer_types))
+        windows = {t: (window if t == SLIDING else None) for t in types if t in ATTENTION_LAYER_TYPES}
+        others = tuple(t for t in types if t not in ATTENTION_LAYER_TYPES)
+    else:
+        windows, others = {SLIDING if window is not None else FULL: window}, ()
+    source = _module_source(model_class) if model_class is not None else ""
+    mpt_alibi = bool(getattr(get("attn_config"), "alibi", False)) if get("model_type") == "mpt" else False
+    takes_position_ids = None
+    if model_class is not None:
+        takes_position_ids = "position_ids" in inspect.signature(model_class.forward).parameters
+    return AttentionRules(
+        windows=windows,
+        per_layer_type=bool(layer_types),
+        accepts_mask_dict=_MASK_DICT_MARK in source,
+        other_layer_types=others,
+        softcap=get("attn_logit_softcapping"),
+        dropout=float(get("attention_dropout", 0.0) or 0.0),
+        sinks=_SINK_MARK in source,
+        alibi=bool(get("alibi", False)) or get("model_type") == "bloom" or mpt_alibi,
+        bidirectional=bool(get("use_bidirectional_attention", False)),
+        chunk_size=get("attention_chunk_size"),
+        takes_position_ids=takes_position_ids,
+    )
