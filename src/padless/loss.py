@@ -37,13 +37,31 @@ def step_num_items(micro_batches: Iterable[Mapping[str, Any]], *, all_ranks: boo
     import torch.distributed as dist
 
     total = torch.zeros((), dtype=torch.long)
+    labels_device = None
     for batch in micro_batches:
         total += trained_tokens(batch["labels"]).cpu()
+        if labels_device is None:
+            labels_device = batch["labels"].device
     if all_ranks and dist.is_available() and dist.is_initialized():
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        total = total.to(device)
+        total = total.to(reduce_device(labels_device, dist.get_backend()))
         dist.all_reduce(total)
     return total.cpu()
+
+
+def reduce_device(labels_device: torch.device | None, backend: str) -> torch.device:
+    """Where to all-reduce the token count: on the labels' own device (each rank's GPU under torchrun)
+    for backends that reduce device tensors, on the CPU for gloo. NCCL needs a CUDA tensor: labels
+    still on the CPU fall back to the current CUDA device, which is the rank's own only if the
+    process called ``torch.cuda.set_device(local_rank)`` (the bench does, in ``_init_distributed``)."""
+    import torch
+
+    if backend == "gloo":
+        return torch.device("cpu")
+    if labels_device is not None and labels_device.type != "cpu":
+        return labels_device
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def causal_lm_loss(

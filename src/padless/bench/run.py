@@ -168,6 +168,11 @@ def _init_distributed(cfg: RunConfig) -> tuple[int, int]:
     rank, world_size = world_info()
     if world_size > 1 and not dist.is_initialized():
         on_gpu = torch.cuda.is_available() and cfg.device != "cpu"
+        if on_gpu:  # each rank on its own GPU before NCCL starts (else every rank works on GPU 0)
+            import os
+
+            index = None if cfg.device == "auto" else torch.device(cfg.device).index
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) if index is None else index)
         dist.init_process_group("nccl" if on_gpu else "gloo")
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return rank, world_size
