@@ -27,6 +27,7 @@ call exactly. :func:`reference_varlen_attention` is the slow dense oracle the te
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -259,11 +260,22 @@ def _require_cuda_half(q, name: str) -> None:
         raise ValueError(f"impl={name!r} needs fp16 or bf16, got {q.dtype}; use impl='grouped_sdpa'")
 
 
+@functools.cache
 def flash_attn_available() -> bool:
-    """Whether the flash-attn package can be imported."""
+    """Whether flash-attn imports *and* exposes ``flash_attn_varlen_func``. ``find_spec`` alone is not
+    enough: a wheel built for another torch is found but fails to import (undefined symbols), and
+    then the automatic choice must fall back to torch's kernels rather than raise. Cached: the
+    answer does not change within a process (``flash_attn_available.cache_clear()`` to re-check)."""
+    import importlib
     import importlib.util
 
-    return importlib.util.find_spec("flash_attn") is not None
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        module = importlib.import_module("flash_attn")
+    except Exception:  # noqa: BLE001 - ImportError, OSError, RuntimeError: all mean "not usable"
+        return False
+    return hasattr(module, "flash_attn_varlen_func")
 
 
 def torch_varlen_available(device=None) -> bool:
@@ -280,10 +292,15 @@ def torch_varlen_available(device=None) -> bool:
 
 def _flash_attn(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_window, softcap):
     _require_cuda_half(q, "flash_attn")
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except ImportError as err:
-        raise ValueError("impl='flash_attn' needs the flash-attn package; use impl='grouped_sdpa'") from err
+    if softcap is not None and dropout_p:
+        # flash-attn itself raises "Softcapping does not support dropout for now" (a RuntimeError)
+        raise ValueError(
+            "impl='flash_attn' has no attention dropout together with logit soft-capping; set dropout_p=0 "
+            "(attention_dropout=0) or use attn_implementation='eager' with a 4D mask"
+        )
+    if not flash_attn_available():
+        raise ValueError("impl='flash_attn' needs the flash-attn package, importable with this torch; use impl='grouped_sdpa'")
+    from flash_attn import flash_attn_varlen_func
     extra: dict = {}
     if sliding_window is not None:
         extra["window_size"] = (sliding_window - 1, 0 if causal else sliding_window - 1)
