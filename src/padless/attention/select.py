@@ -70,7 +70,8 @@ def _refuse_model(t: _Target) -> str | None:
     if r.bidirectional:
         return "the model attends in both directions (use_bidirectional_attention)"
     if r.other_layer_types:
-        return f"layers of type {', '.join(map(repr, r.other_layer_types))} carry state along the whole row, across documents"
+        kinds = ", ".join(map(repr, r.other_layer_types))
+        return f"layers of type {kinds} carry state along the whole row, across documents"
     return None
 
 
@@ -196,7 +197,9 @@ def check_exact(
         return
     alternative, reasons = _first_exact(target)
     advice = f"use backend {alternative!r}" if alternative else "no attention backend can (" + "; ".join(reasons) + ")"
-    raise ValueError(f"attention backend {backend!r} cannot guarantee isolated packed documents here: {reason}; {advice}")
+    raise ValueError(
+        f"attention backend {backend!r} cannot guarantee isolated packed documents here: {reason}; {advice}"
+    )
 
 
 def mask_windows(model_or_config: Any, max_length: int | None) -> MaskWindows:

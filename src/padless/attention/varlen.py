@@ -299,7 +299,9 @@ def _flash_attn(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_wi
             "(attention_dropout=0) or use attn_implementation='eager' with a 4D mask"
         )
     if not flash_attn_available():
-        raise ValueError("impl='flash_attn' needs the flash-attn package, importable with this torch; use impl='grouped_sdpa'")
+        raise ValueError(
+            "impl='flash_attn' needs the flash-attn package, importable with this torch; use impl='grouped_sdpa'"
+        )
     from flash_attn import flash_attn_varlen_func
     extra: dict = {}
     if sliding_window is not None:

@@ -220,9 +220,13 @@ class PackingCollator:
             raise ValueError(f"max_length must be >= 1, got {self.max_length}")
         values = list(self.windows.values()) if isinstance(self.windows, dict) else [self.windows]
         if any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1) for w in values):
-            raise ValueError(f"windows must be None, a positive int or a dict of them by layer type, got {self.windows!r}")
+            raise ValueError(
+                f"windows must be None, a positive int or a dict of them by layer type, got {self.windows!r}"
+            )
         if self.windows is not None and self.attention != "mask4d":
-            raise ValueError(f"windows apply to the 4D mask only; attention={self.attention!r} takes the model's own windows")
+            raise ValueError(
+                f"windows apply to the 4D mask only; attention={self.attention!r} takes the model's own windows"
+            )
 
     @classmethod
     def for_model(cls, model: Any, **kwargs: Any) -> PackingCollator:
