@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from padless.planning.checks import check_choice, check_int
 from padless.planning.plan import PackPlan, validate_lengths
 
 
@@ -81,11 +82,9 @@ def summarize_lengths(lengths: Sequence[int] | np.ndarray) -> LengthSummary:
 
 
 def _check_batch(batch_size: int, pad_to_multiple_of: int | None) -> None:
-    for name, value in (("batch_size", batch_size), ("pad_to_multiple_of", pad_to_multiple_of)):
-        if value is None and name == "pad_to_multiple_of":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    check_int(batch_size, "batch_size")
+    if pad_to_multiple_of is not None:
+        check_int(pad_to_multiple_of, "pad_to_multiple_of")
 
 
 def padded_tokens(lengths: np.ndarray, batch_size: int, pad_to_multiple_of: int | None = None) -> int:
@@ -111,17 +110,23 @@ def padding_fraction_pad_to_longest(
     return 1.0 - int(arr.sum()) / computed if computed else 0.0
 
 
+def group_by_length(lengths: np.ndarray, order: np.ndarray, chunk: int) -> np.ndarray:
+    """The one length-grouping step (bucketing): ``order`` (indices into ``lengths``) with each run of
+    ``chunk`` consecutive entries sorted by length, longest first; equal lengths keep their order
+    in ``order``. :class:`padless.batching.samplers.LengthGroupedBatchSampler` and
+    :func:`bucketed_order` both group through it."""
+    chunk_id = np.arange(order.size) // chunk
+    # sort by (chunk, -length); lexsort is stable, so ties keep the given (shuffled) order
+    return order[np.lexsort((-lengths[order], chunk_id))]
+
+
 def bucketed_order(lengths: np.ndarray, batch_size: int, seed: int = 0, mega_batch_mult: int | None = None) -> np.ndarray:
     """A length-grouped sampling order: shuffle, then sort by length (longest first) inside chunks of
     ``mega_batch_mult * batch_size``; by default ``min(n // (4 * batch_size), 50)`` batches per chunk,
     at least 1, as in Hugging Face's ``LengthGroupedSampler``."""
     n = lengths.size
     mult = mega_batch_mult or max(min(n // (4 * batch_size), 50), 1)
-    chunk = mult * batch_size
-    perm = np.random.default_rng(seed).permutation(n)
-    chunk_id = np.arange(n) // chunk
-    # sort by (chunk, -length), keeping the shuffled order between equal lengths
-    return perm[np.lexsort((-lengths[perm], chunk_id))]
+    return group_by_length(lengths, np.random.default_rng(seed).permutation(n), mult * batch_size)
 
 
 def padding_fraction_bucketed(
