@@ -207,7 +207,7 @@ def test_text_corpus_refuses_chat_labels() -> None:
 
 
 def test_overlong_built_in_examples() -> None:
-    with pytest.raises(ValueError, match="more than max_length=256"):
+    with pytest.raises(ValueError, match="longer than max_length 256"):
         load_corpus("toolcalls", gpt2(), max_length=256, limit=100, cache=False)
     c = load_corpus("toolcalls", gpt2(), max_length=256, overlong="truncate", limit=100, cache=False)
     assert c.lengths.max() == 256 and c.report.truncated_examples > 0
