@@ -21,13 +21,14 @@ import argparse
 import importlib.util
 import io
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from padless.atomic import write_folder_atomically
 
 VADER_VERSION = "3.3.2"
 VADER_FILES: dict[str, str] = {
@@ -104,22 +105,6 @@ def vader_file(source: str, root: Path | None = None) -> Path:
     return path
 
 
-def write_folder_atomically(target: Path, fill: Callable[[Path], object]) -> None:
-    """Call ``fill(tmp)`` on a fresh folder beside ``target``, then rename it to ``target``, so a crash
-    never leaves a half-written cache folder. If ``target`` appeared meanwhile (another process), keep it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        fill(tmp)
-        if target.exists():
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def unpack_vader_sdist(sdist: Path, target: Path) -> list[str]:
     """Copy the snippet files out of the nested archive of a vaderSentiment sdist into ``target``.
 
@@ -146,17 +131,16 @@ def unpack_vader_sdist(sdist: Path, target: Path) -> list[str]:
         raise ValueError(f"{sdist} is not a readable .tar.gz: {err}") from err
     if missing := wanted - found.keys():
         raise ValueError(f"{sdist}: nested archive lacks {', '.join(sorted(missing))}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".vader-", dir=target.parent))
-    for name, data in found.items():
-        (tmp / name).write_bytes(data)
-    (tmp / "SOURCE.txt").write_text(
-        f"From vaderSentiment-{VADER_VERSION}.tar.gz ({_NESTED_ARCHIVE}); MIT licence; "
-        "Hutto & Gilbert, ICWSM 2014.\n"
-    )
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.rename(target)
+
+    def fill(tmp: Path) -> None:
+        for name, data in found.items():
+            (tmp / name).write_bytes(data)
+        (tmp / "SOURCE.txt").write_text(
+            f"From vaderSentiment-{VADER_VERSION}.tar.gz ({_NESTED_ARCHIVE}); MIT licence; "
+            "Hutto & Gilbert, ICWSM 2014.\n"
+        )
+
+    write_folder_atomically(target, fill, replace=True)
     return sorted(found)
 
 

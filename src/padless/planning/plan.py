@@ -242,12 +242,16 @@ class PackPlan:
             raise ValueError(f"sequence {bad}: plan places {int(covered[bad])} tokens, expected {int(placed[bad])}")
 
     def save(self, path: str) -> None:
-        """Write the flat arrays (and scalars) to an ``.npz`` file; :meth:`load` reads it back."""
-        np.savez(
-            path, max_length=self.max_length, num_sequences=self.num_sequences, index=self.index,
+        """Write the flat arrays (and scalars) to an ``.npz`` file, atomically (:mod:`padless.atomic`);
+        ``.npz`` is appended to ``path`` if missing, as ``numpy.savez`` does. :meth:`load` reads it back."""
+        from padless.atomic import atomic_write
+
+        arrays = dict(
+            max_length=self.max_length, num_sequences=self.num_sequences, index=self.index,
             start=self.start, length=self.length, row_offsets=self.row_offsets, dropped=self.dropped,
             truncated=self.truncated, truncated_tokens=self.truncated_tokens, dropped_tokens=self.dropped_tokens,
         )  # fmt: skip
+        atomic_write(path if str(path).endswith(".npz") else f"{path}.npz", lambda f: np.savez(f, **arrays))
 
     @classmethod
     def load(cls, path: str) -> PackPlan:
