@@ -90,7 +90,7 @@ def bucket_documents(lengths: np.ndarray, cost: BucketCost = CPU_COST, width: in
 
 
 @dataclass(frozen=True)
-class Layout:
+class VarlenLayout:
     """Validated document boundaries of a packed batch, shared by every layer of one forward."""
 
     cu_seqlens: torch.Tensor
@@ -135,10 +135,10 @@ _LAYOUTS = _LastValue()
 _PLANS = _LastValue()
 
 
-def layout_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int | None, device) -> Layout:
+def layout_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int | None, device) -> VarlenLayout:
     """Check ``cu_seqlens`` against ``total`` tokens (one host sync, cached per tensor)."""
 
-    def make() -> Layout:
+    def make() -> VarlenLayout:
         import torch
 
         if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
@@ -158,12 +158,12 @@ def layout_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int
         if max_seqlen is not None and int(max_seqlen) < longest:
             raise ValueError(f"max_seqlen={int(max_seqlen)} is below the longest document ({longest} tokens)")
         on_device = cu_seqlens.to(device=device, dtype=torch.int32)
-        return Layout(on_device, lengths, longest)
+        return VarlenLayout(on_device, lengths, longest)
 
     return _LAYOUTS.get(cu_seqlens, (total, None if max_seqlen is None else int(max_seqlen), str(device)), make)
 
 
-def _group_plan(layout: Layout, cost: BucketCost, width: int, device) -> _GroupPlan:
+def _group_plan(layout: VarlenLayout, cost: BucketCost, width: int, device) -> _GroupPlan:
     import torch
 
     lengths = layout.lengths
@@ -203,7 +203,7 @@ def _sdpa_supports_gqa() -> bool:
     return torch.__version__ >= (2, 5)
 
 
-def _grouped_sdpa(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_window, softcap):
+def _grouped_sdpa(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sliding_window, softcap):
     import torch
     import torch.nn.functional as F
 
@@ -278,7 +278,7 @@ def torch_varlen_available(device=None) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
-def _flash_attn(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_window, softcap):
+def _flash_attn(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sliding_window, softcap):
     _require_cuda_half(q, "flash_attn")
     try:
         from flash_attn import flash_attn_varlen_func
@@ -296,7 +296,7 @@ def _flash_attn(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_wi
     )  # [T, H, D]
 
 
-def _torch_varlen(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_window, softcap):
+def _torch_varlen(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sliding_window, softcap):
     _require_cuda_half(q, "torch_varlen")
     if dropout_p:
         raise ValueError("impl='torch_varlen' has no attention dropout; use impl='flash_attn' or 'grouped_sdpa'")
