@@ -12,8 +12,9 @@ import pytest
 from padless.data import bfcl
 from padless.data.agentic import EPISODES, agentic_trace, agentic_traces
 from padless.data.chat import check_messages
-from padless.data.corpora import CORPORA, split_corpus_name, with_schema
+from padless.data.corpora import CORPORA, split_corpus_name
 from padless.data.load import corpus_lengths, load_corpus
+from padless.data.raw import with_schema
 from padless.data.tokenizer import load_tokenizer
 from padless.layout import IGNORE_INDEX
 

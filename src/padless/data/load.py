@@ -23,7 +23,8 @@ import numpy as np
 from padless.data.assets import VADER_VERSION
 from padless.data.cache import cache_key, entry_path, load_entry, save_entry
 from padless.data.chat import TrainOn
-from padless.data.corpora import TOOL_SCHEMA, split_corpus_name
+from padless.data.corpora import split_corpus_name
+from padless.data.raw import TOOL_SCHEMA
 from padless.data.encode import EncodeCounts, EncodeOptions, OnError, Overlong, encode_records
 from padless.layout import IGNORE_INDEX
 
