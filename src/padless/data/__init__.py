@@ -6,7 +6,7 @@ calls, agent traces), the user's files, chat templates with assistant-only label
     >>> corpus = load_corpus("toolcalls", tok, train_on="assistant", max_length=1024, overlong="drop")
 
 Names are resolved lazily from their modules, so importing this package loads nothing heavy (and
-``python -m padless.data.assets`` runs without importing the others first).
+``python -m padless.cli.assets`` runs without importing the others first).
 """
 
 from __future__ import annotations

