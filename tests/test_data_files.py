@@ -193,7 +193,7 @@ def test_overlong_policies(tmp_path: Path) -> None:
         ({"overlong": "skip"}, "unknown overlong policy 'skip'; choose one of error, truncate, split, drop"),
         ({"on_error": "ignore"}, "on_error='ignore' is not one of raise, skip"),
         ({"max_length": 1}, "max_length must be an integer >= 2, got 1"),
-        ({"limit": 0}, "limit=0 must be at least 1"),
+        ({"limit": 0}, "limit must be an integer >= 1, got 0"),
         ({"tool_schema": "half"}, "tool_schema='half' applies to the built-in corpora only"),
         ({"field": "body"}, "field='body' is not one of"),
         ({"train_on": "assistant"}, "record 0 is plain text; train_on='assistant' needs chats"),

@@ -27,6 +27,7 @@ from padless.data.corpora import split_corpus_name
 from padless.data.raw import TOOL_SCHEMA
 from padless.data.encode import EncodeCounts, EncodeOptions, OnError, Overlong, encode_records
 from padless.layout import IGNORE_INDEX
+from padless.planning.checks import check_int
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -163,8 +164,8 @@ def load_corpus(
 
     opts = EncodeOptions(train_on=train_on, add_eos=add_eos, max_length=max_length, overlong=overlong,
                          on_error=on_error, field=field, chat_template=chat_template)
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit={limit} must be at least 1 (or None)")
+    if limit is not None:
+        check_int(limit, "limit")
     if tool_schema is not None and tool_schema not in TOOL_SCHEMA:
         raise ValueError(f"tool_schema={tool_schema!r} is not one of {', '.join(TOOL_SCHEMA)}")
     name = str(name_or_path)
