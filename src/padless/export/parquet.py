@@ -20,8 +20,9 @@ bounded whatever the input size:
   synthetic sequences.
 
 Measured here (``--synthetic lognormal:5000000 --max-length 1024 --overlong split``, defaults
-otherwise): 259 MiB peak RSS, of which ~68 MiB is the interpreter with numpy and pyarrow loaded, the
-same as for 500,000 sequences (253 MiB); ``summary.json`` records each run's own figures. Text and
+otherwise; lengths from :func:`padless.planning.lengths.draw_lengths`, median 60): 254 MiB peak RSS, of
+which ~68 MiB is the interpreter with numpy and pyarrow loaded, the same as for 500,000 sequences
+(256 MiB); ``summary.json`` records each run's own figures. Text and
 chat inputs are tokenized by :mod:`padless.data` first, in memory (the bound then holds for packing,
 not for tokenizing); pre-tokenized JSON lines and Parquet files and the synthetic inputs are streamed.
 
