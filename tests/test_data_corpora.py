@@ -12,8 +12,9 @@ import pytest
 from padless.data import bfcl
 from padless.data.agentic import EPISODES, agentic_trace, agentic_traces
 from padless.data.chat import check_messages
-from padless.data.corpora import CORPORA, split_corpus_name, with_schema
+from padless.data.corpora import CORPORA, split_corpus_name
 from padless.data.load import corpus_lengths, load_corpus
+from padless.data.raw import with_schema
 from padless.data.tokenizer import load_tokenizer
 from padless.layout import IGNORE_INDEX
 
@@ -207,7 +208,7 @@ def test_text_corpus_refuses_chat_labels() -> None:
 
 
 def test_overlong_built_in_examples() -> None:
-    with pytest.raises(ValueError, match="more than max_length=256"):
+    with pytest.raises(ValueError, match="longer than max_length 256"):
         load_corpus("toolcalls", gpt2(), max_length=256, limit=100, cache=False)
     c = load_corpus("toolcalls", gpt2(), max_length=256, overlong="truncate", limit=100, cache=False)
     assert c.lengths.max() == 256 and c.report.truncated_examples > 0

@@ -171,10 +171,14 @@ def test_missing_file_is_not_sent_to_the_hub(tmp_path: Path) -> None:
 
 def test_overlong_policies(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3, 4, 5, 6]}, {"input_ids": [7, 8]}])
-    with pytest.raises(ValueError, match=r"record 0 has 7 tokens, more than max_length=4; pass overlong='skip'"):
+    with pytest.raises(ValueError, match=r"record 0 has length 7, longer than max_length 4; "
+                                         r"choose overlong='truncate', 'split' or 'drop'"):
         load_corpus(path, gpt2(), max_length=4)
-    skipped = load_corpus(path, gpt2(), max_length=4, overlong="skip")
-    assert skipped.input_ids == [[7, 8, EOS]] and skipped.report.skipped == {"overlong": 1}
+    dropped = load_corpus(path, gpt2(), max_length=4, overlong="drop")
+    assert dropped.input_ids == [[7, 8, EOS]] and dropped.report.skipped == {"overlong": 1}
+    split = load_corpus(path, gpt2(), max_length=4, overlong="split")
+    assert split.input_ids == [[1, 2, 3, 4], [5, 6, EOS], [7, 8, EOS]]  # consecutive pieces, EOS only at the end
+    assert split.labels == split.input_ids and split.report.split_examples == 1 and split.report.kept == 3
     cut = load_corpus(path, gpt2(), max_length=4, overlong="truncate")
     assert cut.input_ids == [[1, 2, 3, EOS], [7, 8, EOS]]  # the first tokens, then EOS
     assert (cut.report.truncated_examples, cut.report.truncated_tokens) == (1, 3)
@@ -186,10 +190,10 @@ def test_overlong_policies(tmp_path: Path) -> None:
     ("kwargs", "match"),
     [
         ({"train_on": "prompt"}, "train_on='prompt' is not one of"),
-        ({"overlong": "drop"}, "overlong='drop' is not one of error, skip, truncate"),
+        ({"overlong": "skip"}, "unknown overlong policy 'skip'; choose one of error, truncate, split, drop"),
         ({"on_error": "ignore"}, "on_error='ignore' is not one of raise, skip"),
-        ({"max_length": 1}, "max_length=1 must be at least 2"),
-        ({"limit": 0}, "limit=0 must be at least 1"),
+        ({"max_length": 1}, "max_length must be an integer >= 2, got 1"),
+        ({"limit": 0}, "limit must be an integer >= 1, got 0"),
         ({"tool_schema": "half"}, "tool_schema='half' applies to the built-in corpora only"),
         ({"field": "body"}, "field='body' is not one of"),
         ({"train_on": "assistant"}, "record 0 is plain text; train_on='assistant' needs chats"),

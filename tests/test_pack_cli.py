@@ -149,6 +149,19 @@ def test_summary_accounts_for_every_token(tmp_path, overlong):
     assert s["split_sequences"] == (long.size if overlong == "split" else 0)
 
 
+@pytest.mark.parametrize("spec", ["lognormal:5000", "lognormal:5000:30:0.5:100", "uniform:5000", "uniform:5000:3:9"])
+def test_synthetic_lengths_come_from_the_one_generator(spec):
+    """``--synthetic`` and ``padless stats --dist`` draw lengths with one generator and one set of
+    defaults (planning.lengths.draw_lengths): block b of 4096 from the seed (seed, b)."""
+    from padless.planning.lengths import draw_lengths
+
+    name, _, rest = spec.partition(":")
+    params = [float(p) for p in rest.split(":")[1:]]
+    lengths = SyntheticTokens(spec, seed=7).lengths()
+    expected = [draw_lengths(name, n, np.random.default_rng([7, b]), params) for b, n in enumerate((4096, 904))]
+    assert np.array_equal(lengths, np.concatenate(expected))
+
+
 def test_synthetic_items_are_stable_under_random_access():
     a, b = (SyntheticTokens("uniform:10000:5:50", vocab_size=100, seed=3) for _ in range(2))
     seq = [a[i]["input_ids"].tolist() for i in range(9000, 9100)]

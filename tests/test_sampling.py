@@ -64,3 +64,19 @@ def test_packed_rows_feed_the_collator_without_replanning():
     assert placed == sorted(t for f in feats for t in f["input_ids"])
     with pytest.raises(IndexError):
         rows[len(rows)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 20), max_size=60), st.integers(1, 9), st.integers(0, 3))
+def test_group_by_length_equals_sorting_each_chunk(lengths, chunk, seed):
+    """The one bucketing step (planning.lengths.group_by_length, used by LengthGroupedBatchSampler and
+    bucketed_order) against the obvious loop: each chunk sorted longest first, ties in given order."""
+    from padless.planning.lengths import group_by_length
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(lengths.size)
+    expected = []
+    for s in range(0, order.size, chunk):
+        part = order[s : s + chunk].tolist()
+        expected += sorted(part, key=lambda i: -lengths[i])  # sorted() is stable
+    assert group_by_length(lengths, order, chunk).tolist() == expected

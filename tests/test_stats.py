@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from padless.cli import main
 from padless.planning.plan import PackPlan, plan_packs
-from padless.planning.lengths import bucketed_order, compare_batching, load_lengths, padding_fraction_bucketed, padding_fraction_pad_to_longest, summarize_lengths, synthetic_lengths
+from padless.planning.lengths import bucketed_order, compare_batching, draw_lengths, load_lengths, padding_fraction_bucketed, padding_fraction_pad_to_longest, summarize_lengths, synthetic_lengths
 
 # ------------------------------------------------------------------------------ library functions
 
@@ -73,6 +73,8 @@ def test_summarize_literal():
         (lambda: padding_fraction_bucketed([3], 2, pad_to_multiple_of=0), "pad_to_multiple_of"),
         (lambda: padding_fraction_pad_to_longest([3, 0], 2), "sequence 1 has length 0"),
         (lambda: synthetic_lengths("zipf"), "unknown distribution 'zipf'; choose one of lognormal, uniform"),
+        (lambda: draw_lengths("uniform", 3, np.random.default_rng(), (5, 2)), "uniform needs integers 1 <= low <= high"),
+        (lambda: draw_lengths("lognormal", 3, np.random.default_rng(), (60, 1, 2048, 4)), "at most 3 parameters"),
     ],
 )
 def test_library_bad_input(call, message):

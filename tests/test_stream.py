@@ -315,3 +315,21 @@ def test_stream_and_pack_do_not_import_torch():
             "print(len(rows), 'torch' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "False"]
+
+
+@pytest.mark.parametrize("overlong", ["truncate", "split", "drop"])
+def test_running_counts_give_the_plan_statistics(overlong):
+    """StreamCounts.plan_stats (running totals, what `padless pack` reports) equals the statistics of
+    the rows as a PackPlan: one formula (PlanStats.of_rows) fed two ways."""
+    lengths = np.random.default_rng(0).integers(1, 40, 500)
+    plan = stream_plan(lengths, 32, buffer_size=64, overlong=overlong)
+    planner = StreamPlanner(StreamOptions(32, buffer_size=64, overlong=overlong))
+    for n in lengths.tolist():
+        planner.add(n)
+        while planner.pending:
+            planner.pop()
+    planner.finish()
+    while planner.pending:
+        planner.pop()
+    assert plan.stats.num_rows > 0 and plan.stats.max_per_row > 1
+    assert planner.counts.plan_stats(32) == plan.stats

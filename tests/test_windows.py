@@ -159,7 +159,7 @@ def test_windowed_models_packed_equal_alone_or_refused(name, backend):
     model = WINDOWED[name]().eval()
     feats = make_features(LENGTHS, vocab_size=VOCAB, seed=1)
     if not _supports(model, backend):  # transformers itself refuses the backend: so does padless
-        with pytest.raises(ValueError, match=f"does not support.*use backend '(eager|padless)'"):
+        with pytest.raises(ValueError, match="does not support.*use backend '(eager|padless)'"):
             check_exact(model, backend, device="cpu", dtype=torch.float32, max_length=ROW)
         return
     model.set_attn_implementation(backend)

@@ -127,7 +127,8 @@ def _write_smollm2(target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from padless.data.assets import smollm2_gguf, write_folder_atomically
+    from padless.atomic import write_folder_atomically
+    from padless.data.assets import smollm2_gguf
     from padless.data.tokenizer import load_tokenizer
 
     gguf = smollm2_gguf()

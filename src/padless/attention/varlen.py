@@ -7,7 +7,7 @@ the batch on one axis, and ``cu_seqlens`` giving the document boundaries on that
     q, k, v     [T, H, D]         T = total tokens (B * L for a packed batch), H heads, D head dim
     cu_seqlens  [N + 1]           0 = c_0 < c_1 < ... < c_N = T; document i is tokens c_i .. c_{i+1}-1
 
-Strategies (one table, :data:`STRATEGIES`):
+Kernels (one table, :data:`KERNELS`, chosen by ``impl``):
 
 - ``grouped_sdpa`` (any device, any dtype): sort documents by length, cut the sorted list into
   buckets by a small dynamic program over a cost model (:class:`BucketCost`), pad each document to
@@ -91,7 +91,7 @@ def bucket_documents(lengths: np.ndarray, cost: BucketCost = CPU_COST, width: in
 
 
 @dataclass(frozen=True)
-class Layout:
+class VarlenLayout:
     """Validated document boundaries of a packed batch, shared by every layer of one forward."""
 
     cu_seqlens: torch.Tensor
@@ -136,10 +136,10 @@ _LAYOUTS = _LastValue()
 _PLANS = _LastValue()
 
 
-def layout_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int | None, device) -> Layout:
+def layout_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int | None, device) -> VarlenLayout:
     """Check ``cu_seqlens`` against ``total`` tokens (one host sync, cached per tensor)."""
 
-    def make() -> Layout:
+    def make() -> VarlenLayout:
         import torch
 
         if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
@@ -159,12 +159,12 @@ def layout_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int
         if max_seqlen is not None and int(max_seqlen) < longest:
             raise ValueError(f"max_seqlen={int(max_seqlen)} is below the longest document ({longest} tokens)")
         on_device = cu_seqlens.to(device=device, dtype=torch.int32)
-        return Layout(on_device, lengths, longest)
+        return VarlenLayout(on_device, lengths, longest)
 
     return _LAYOUTS.get(cu_seqlens, (total, None if max_seqlen is None else int(max_seqlen), str(device)), make)
 
 
-def _group_plan(layout: Layout, cost: BucketCost, width: int, device) -> _GroupPlan:
+def _group_plan(layout: VarlenLayout, cost: BucketCost, width: int, device) -> _GroupPlan:
     import torch
 
     lengths = layout.lengths
@@ -204,13 +204,13 @@ def _sdpa_supports_gqa() -> bool:
     return torch.__version__ >= (2, 5)
 
 
-def _grouped_sdpa(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_window, softcap):
+def _grouped_sdpa(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sliding_window, softcap):
     import torch
     import torch.nn.functional as F
 
     if softcap is not None:
         raise ValueError(
-            "logit soft-capping is not supported by the grouped_sdpa strategy (SDPA has no soft-cap); "
+            "logit soft-capping is not supported by the grouped_sdpa kernel (SDPA has no soft-cap); "
             "use impl='flash_attn' on CUDA with fp16/bf16, or attn_implementation='eager' with a 4D mask"
         )
     if sliding_window is not None and not causal:
@@ -290,7 +290,7 @@ def torch_varlen_available(device=None) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
-def _flash_attn(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_window, softcap):
+def _flash_attn(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sliding_window, softcap):
     _require_cuda_half(q, "flash_attn")
     if softcap is not None and dropout_p:
         # flash-attn itself raises "Softcapping does not support dropout for now" (a RuntimeError)
@@ -315,7 +315,7 @@ def _flash_attn(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_wi
     )  # [T, H, D]
 
 
-def _torch_varlen(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_window, softcap):
+def _torch_varlen(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sliding_window, softcap):
     _require_cuda_half(q, "torch_varlen")
     if dropout_p:
         raise ValueError("impl='torch_varlen' has no attention dropout; use impl='flash_attn' or 'grouped_sdpa'")
@@ -333,16 +333,16 @@ def _torch_varlen(q, k, v, layout: Layout, *, scale, causal, dropout_p, sliding_
     return varlen_attn(q, k, v, cu, cu, m, m, scale=scale, window_size=window, enable_gqa=q.shape[1] != k.shape[1])
 
 
-STRATEGIES: dict[str, Callable[..., torch.Tensor]] = {
+KERNELS: dict[str, Callable[..., torch.Tensor]] = {
     "grouped_sdpa": _grouped_sdpa,
     "flash_attn": _flash_attn,
     "torch_varlen": _torch_varlen,
 }
-"""Strategy name -> function ``(q, k, v, layout, *, scale, causal, dropout_p, sliding_window, softcap)``."""
+"""Kernel name (``impl``) -> function ``(q, k, v, layout, *, scale, causal, dropout_p, sliding_window, softcap)``."""
 
 
 def choose_impl(q: torch.Tensor, *, dropout_p: float = 0.0, softcap: float | None = None) -> str:
-    """The fastest strategy that runs this call exactly (what ``impl='auto'`` uses)."""
+    """The fastest kernel that runs this call exactly (what ``impl='auto'`` uses)."""
     import torch
 
     if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
@@ -375,7 +375,7 @@ def varlen_attention(
     ``dropout_p`` drops attention probabilities (exact in distribution, not the dense path's random
     stream); ``sliding_window = w`` lets a query see the ``w`` most recent keys of its document
     (itself included, transformers' convention); ``softcap`` applies ``c * tanh(s / c)`` to the scores
-    (flash_attn only). Raises ``ValueError`` for anything the chosen strategy cannot do exactly.
+    (flash_attn only). Raises ``ValueError`` for anything the chosen kernel cannot do exactly.
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {', '.join(IMPLS)}")
@@ -393,7 +393,7 @@ def varlen_attention(
     if scale is None:
         scale = q.shape[-1] ** -0.5
     name = choose_impl(q, dropout_p=dropout_p, softcap=softcap) if impl == "auto" else impl
-    return STRATEGIES[name](
+    return KERNELS[name](
         q, k, v, layout, scale=scale, causal=causal, dropout_p=dropout_p, sliding_window=sliding_window, softcap=softcap
     )
 

@@ -32,6 +32,7 @@ from padless.layout import (
     IGNORE_INDEX, Piece, append_separator, build_row, check_tokens, cu_seqlens_from_lengths, mask_document_starts,
     position_ids_from_lengths,
 )  # fmt: skip
+from padless.planning.checks import check_int
 
 if TYPE_CHECKING:
     import torch
@@ -216,8 +217,8 @@ class PackingCollator:
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_INPUTS:
             raise ValueError(f"unknown attention inputs {self.attention!r}; choose one of {', '.join(ATTENTION_INPUTS)}")
-        if self.max_length is not None and self.max_length < 1:
-            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
+        if self.max_length is not None:
+            check_int(self.max_length, "max_length")
         values = list(self.windows.values()) if isinstance(self.windows, dict) else [self.windows]
         if any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1) for w in values):
             raise ValueError(

@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from padless.planning.checks import check_int
+from padless.planning.lengths import group_by_length
 from padless.planning.plan import validate_lengths
-from padless.planning.schedule import EpochSchedule, Remainder, RowKey, check_choices, check_int, schedule_epoch
+from padless.planning.schedule import EpochSchedule, Remainder, RowKey, check_choices, schedule_epoch
 
 
 @dataclass
@@ -55,8 +57,11 @@ class LengthGroupedBatchSampler:
         self.lengths = np.asarray(self.lengths, dtype=np.int64)
         if (self.batch_size is None) == (self.max_tokens is None):
             raise ValueError("give exactly one of batch_size and max_tokens")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_size is not None:
+            check_int(self.batch_size, "batch_size")
+        if self.max_tokens is not None:
+            check_int(self.max_tokens, "max_tokens")
+        check_int(self.mega_batch_mult, "mega_batch_mult")
         if self.max_tokens is not None and self.lengths.size and self.max_tokens < self.lengths.max():
             i = int(np.argmax(self.lengths))
             raise ValueError(f"max_tokens={self.max_tokens} is smaller than example {i} ({int(self.lengths[i])} tokens)")
@@ -69,11 +74,10 @@ class LengthGroupedBatchSampler:
         n = self.lengths.size
         order = rng.permutation(n) if self.shuffle else np.arange(n)
         per_mega = (self.batch_size or max(1, int(self.max_tokens // max(1, np.median(self.lengths))))) * self.mega_batch_mult
+        grouped = group_by_length(self.lengths, order, per_mega)
         out: list[list[int]] = []
-        for s in range(0, n, per_mega):
-            mega = order[s : s + per_mega]
-            mega = mega[np.argsort(-self.lengths[mega], kind="stable")]
-            out.extend(self._cut(mega))
+        for s in range(0, n, per_mega):  # a batch never spans two mega-batches
+            out.extend(self._cut(grouped[s : s + per_mega]))
         if self.drop_last and self.batch_size and out and len(out[-1]) < self.batch_size:
             out.pop()
         if self.shuffle:

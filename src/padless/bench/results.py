@@ -324,14 +324,11 @@ def summarize(strategies: dict[str, StrategyRun], warmup_steps: int, baseline: s
 
 
 def save_results(results: BenchResults, path: str | os.PathLike[str]) -> Path:
-    """Write ``results`` as json atomically (a temporary file renamed over ``path``), so a Ctrl-C
-    during the write never leaves a truncated file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(results.to_json() + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    """Write ``results`` as json atomically (:mod:`padless.atomic`), so a Ctrl-C during the write
+    never leaves a truncated file."""
+    from padless.atomic import atomic_write_text
+
+    return atomic_write_text(path, results.to_json() + "\n")
 
 
 def load_results(path: str | os.PathLike[str]) -> BenchResults:

@@ -28,9 +28,9 @@ def add_pack_arguments(parser: Any) -> None:
                         help="packed rows per Parquet file (default %(default)s)")
     parser.add_argument("--max-shards", type=int, default=None,
                         help="stop after writing this many shards (a rerun continues where this one stopped)")
-    parser.add_argument("--synthetic", metavar="DIST:N[:P1:P2]", default=None,
-                        help="instead of INPUT: N random sequences, DIST lognormal (median, sigma; default 48, 0.8) "
-                             "or uniform (low, high; default 10, 500)")
+    parser.add_argument("--synthetic", metavar="DIST:N[:P1:P2...]", default=None,
+                        help="instead of INPUT: N random sequences, DIST lognormal (median, sigma, cap; default 60, 1, "
+                             "2048) or uniform (low, high; default 10, 500)")
     parser.add_argument("--vocab-size", type=int, default=50257, help="token ids of --synthetic lie in [0, this)")
     parser.add_argument("--seed", type=int, default=0, help="seed of --synthetic")
     parser.add_argument("--tokenizer", default="gpt2", help="tokenizer for text and chat inputs (padless.data)")

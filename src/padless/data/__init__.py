@@ -3,10 +3,10 @@ calls, agent traces), the user's files, chat templates with assistant-only label
 
     >>> from padless.data import load_corpus, load_tokenizer
     >>> tok = load_tokenizer("gpt2")
-    >>> corpus = load_corpus("toolcalls", tok, train_on="assistant", max_length=1024, overlong="skip")
+    >>> corpus = load_corpus("toolcalls", tok, train_on="assistant", max_length=1024, overlong="drop")
 
 Names are resolved lazily from their modules, so importing this package loads nothing heavy (and
-``python -m padless.data.assets`` runs without importing the others first).
+``python -m padless.cli.assets`` runs without importing the others first).
 """
 
 from __future__ import annotations

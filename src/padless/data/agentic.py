@@ -37,7 +37,7 @@ from functools import cache
 from typing import Any
 
 from padless.data import bfcl
-from padless.data.corpora import (
+from padless.data.raw import (
     call_message,
     chatterbot_conversations,
     chatterbot_topics,

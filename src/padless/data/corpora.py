@@ -1,5 +1,6 @@
 """The built-in corpora: named recipes that turn the offline assets into records (see
-:mod:`padless.data.records`). Nothing is downloaded when a recipe runs.
+:mod:`padless.data.records`). Nothing is downloaded when a recipe runs. The asset readers and chat
+builders the recipes share live in :mod:`padless.data.raw`.
 
 ========== ===== ==================================================================================
 name       kind  what
@@ -24,18 +25,14 @@ agentic-rag chat agent-log-like traces built from the above (:mod:`padless.data.
 
 from __future__ import annotations
 
-import html
-import json
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, Literal
 
-from padless.data.assets import VADER_FILES, chatterbot_dir, vader_file
-
-ToolSchema = Literal["half", "always", "never"]
-TOOL_SCHEMA: tuple[str, ...] = ("half", "always", "never")
+from padless.data.assets import VADER_FILES
+from padless.data.raw import (
+    as_chat, call_message, chatterbot_conversations, chatterbot_topics, schema_system_turn, snippets, with_schema,
+)  # fmt: skip
 
 Record = dict[str, Any]
 
@@ -59,18 +56,6 @@ class CorpusRecipe:
 
 # -- tweets and snippets -------------------------------------------------------------------------
 
-@cache
-def snippets(source: str) -> tuple[tuple[str, str], ...]:
-    """``(id, text)`` of every snippet of one vaderSentiment source (a key of ``VADER_FILES``)."""
-    out = []
-    with vader_file(source).open(encoding="utf-8") as f:
-        for line in f:
-            parts = line.rstrip("\r\n").split("\t")
-            if len(parts) == 3 and parts[2].strip():
-                out.append((parts[0], html.unescape(parts[2]).strip()))
-    return tuple(out)
-
-
 def _pick(selector: str | None, choices: list[str], default: list[str], what: str) -> list[str]:
     if selector is None:
         return default
@@ -91,32 +76,6 @@ def build_tweets(selector: str | None, seed: int, tool_schema: str) -> list[Reco
 
 # -- dialogues -----------------------------------------------------------------------------------
 
-@cache
-def chatterbot_conversations(topic: str) -> tuple[tuple[str, ...], ...]:
-    """The conversations (lists of turns) of one chatterbot-corpus English YAML file."""
-    import yaml
-
-    path = chatterbot_dir() / f"{topic}.yml"
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    with path.open(encoding="utf-8") as f:
-        data = yaml.load(f, Loader=loader) or {}
-    # One entry of trivia.yml is a bare string (a question without its answer), not a list of turns:
-    # it is left out here, by name, rather than rendered as one turn per character.
-    convs = data.get("conversations", [])
-    return tuple(tuple(str(t).strip() for t in conv) for conv in convs if isinstance(conv, list) and conv)
-
-
-def chatterbot_topics() -> list[str]:
-    return sorted(p.stem for p in chatterbot_dir().glob("*.yml"))
-
-
-def as_chat(turns: tuple[str, ...]) -> list[dict[str, str]]:
-    """Alternate user / assistant, starting with the user; an unanswered last user turn is dropped,
-    so every chat ends with a reply (and ``train_on="completion"`` has one to train on)."""
-    turns = turns[: len(turns) - len(turns) % 2] if len(turns) > 1 else turns
-    return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
-
-
 def build_dialogues(selector: str | None, seed: int, tool_schema: str) -> list[Record]:
     topics = chatterbot_topics()
     picked = _pick(selector, topics, topics, "chatterbot topic")
@@ -124,30 +83,6 @@ def build_dialogues(selector: str | None, seed: int, tool_schema: str) -> list[R
 
 
 # -- tool calls ----------------------------------------------------------------------------------
-
-def with_schema(tool_schema: str, seed: int, key: str) -> bool:
-    """Whether an example offers its schemas in a system turn; a coin seeded by ``(seed, key)`` for
-    ``half``, so the choice does not depend on order, ``limit`` or the other examples."""
-    if tool_schema not in TOOL_SCHEMA:
-        raise ValueError(f"tool_schema={tool_schema!r} is not one of {', '.join(TOOL_SCHEMA)}")
-    if tool_schema != "half":
-        return tool_schema == "always"
-    return random.Random(f"{seed}:{key}").random() < 0.5
-
-
-def schema_system_turn(tools: list[dict[str, Any]], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Put the tool schemas in a system turn (merged into the chat's own system turn, if it has one)."""
-    text = "You can call these functions:\n" + json.dumps(tools, ensure_ascii=False)
-    if messages and messages[0]["role"] == "system":
-        return [{"role": "system", "content": f"{text}\n\n{messages[0]['content']}"}, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
-
-
-def call_message(calls: list[dict[str, Any]]) -> dict[str, Any]:
-    """An assistant turn making ``calls`` (``{"name", "arguments"}`` each)."""
-    return {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": dict(c)} for c in calls]}
-
 
 def build_toolcalls(selector: str | None, seed: int, tool_schema: str) -> list[Record]:
     from padless.data import bfcl

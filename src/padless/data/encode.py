@@ -11,8 +11,14 @@
 - ``input_ids`` records: taken as they are (``labels`` too, if given; else every token a target).
 
 ``labels`` are aligned with ``input_ids`` (the model shifts them), ``IGNORE_INDEX`` where not trained.
-EOS is appended unless the ids already end with it; it is a target exactly when the token before it
-is one (the end of a trained reply is learned; the end of a masked tool result is not).
+EOS is appended unless the ids already end with it, by the one separator rule
+(:func:`padless.layout.append_separator`): it is a target exactly when the token before it is one (the
+end of a trained reply is learned; the end of a masked tool result is not).
+
+An example longer than ``max_length`` (EOS included) follows ``overlong``, the planners' vocabulary
+(:data:`padless.OVERLONG_POLICIES`): ``error`` raises; ``truncate`` keeps the first tokens and ends
+with EOS again; ``split`` cuts it into consecutive examples of at most ``max_length`` tokens (only the
+last ends with EOS); ``drop`` leaves it out. Every one but ``error`` is counted.
 """
 
 from __future__ import annotations
@@ -23,15 +29,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from padless.data.chat import TRAIN_ON, TrainOn, chat_pieces, check_messages
 from padless.data.records import RecordError, check_text, check_tokens, record_kind
-from padless.layout import IGNORE_INDEX
+from padless.layout import IGNORE_INDEX, append_separator
+from padless.planning.checks import check_choice, check_int, overlong_error
+from padless.planning.plan import OVERLONG_POLICIES, OverlongPolicy
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-Overlong = Literal["error", "skip", "truncate"]
-OVERLONG: tuple[str, ...] = ("error", "skip", "truncate")
+Overlong = OverlongPolicy  # one vocabulary with the planners: error | truncate | split | drop
 OnError = Literal["raise", "skip"]
 ON_ERROR: tuple[str, ...] = ("raise", "skip")
 _CHUNK = 512  # records per batched tokenizer call
@@ -44,11 +53,13 @@ class EncodeCounts:
     read: int = 0
     """Records seen."""
     skipped: Counter[str] = field(default_factory=Counter)
-    """Records left out, by reason (only with ``on_error="skip"`` or ``overlong="skip"``)."""
+    """Records left out, by reason (only with ``on_error="skip"``, or ``overlong="drop"``: reason ``overlong``)."""
     truncated_examples: int = 0
     """Examples cut to ``max_length``."""
     truncated_tokens: int = 0
     """Tokens removed by those cuts."""
+    split_examples: int = 0
+    """Examples cut into several (``overlong="split"``); each piece is an example of the output."""
     boundary_mismatches: int = 0
     """Chats whose piece-wise tokenization differs from tokenizing the whole rendering."""
 
@@ -64,7 +75,8 @@ class EncodeOptions:
     max_length: int | None = None
     """Longest example allowed (tokens, EOS included); ``None`` for no limit."""
     overlong: Overlong = "error"
-    """What a longer example does: ``error`` | ``skip`` (counted) | ``truncate`` (first tokens + EOS)."""
+    """What a longer example does: ``error`` | ``truncate`` (first tokens + EOS) | ``split`` (consecutive
+    examples, EOS at the end of the last) | ``drop`` (left out); all but ``error`` are counted."""
     on_error: OnError = "raise"
     """What a bad record does: ``raise`` a ``ValueError`` or ``skip`` it (counted by reason)."""
     field: str | None = None
@@ -75,12 +87,11 @@ class EncodeOptions:
     def __post_init__(self) -> None:
         if self.train_on not in TRAIN_ON:
             raise ValueError(f"train_on={self.train_on!r} is not one of {', '.join(TRAIN_ON)}")
-        if self.overlong not in OVERLONG:
-            raise ValueError(f"overlong={self.overlong!r} is not one of {', '.join(OVERLONG)}")
+        check_choice(self.overlong, OVERLONG_POLICIES, "overlong policy")
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error={self.on_error!r} is not one of {', '.join(ON_ERROR)}")
-        if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"max_length={self.max_length} must be at least 2 (or None)")
+        if self.max_length is not None:  # 2: a truncated example keeps a token before its EOS
+            check_int(self.max_length, "max_length", 2)
 
 
 def _plan(record: Any, index: int, tokenizer: PreTrainedTokenizerBase, opts: EncodeOptions) -> tuple[str, Any]:
@@ -163,37 +174,45 @@ def encode_records(
                         raise
                     counts.skipped[err.reason] += 1
             for idx, ids, labels in _encode_chunk(planned, tokenizer, counts):
-                example = _finish(ids, labels, idx, eos, opts, counts)
-                if example is not None:
-                    out_ids.append(example[0])
-                    out_labels.append(example[1])
+                for example_ids, example_labels in _finish(ids, labels, idx, eos, opts, counts):
+                    out_ids.append(example_ids)
+                    out_labels.append(example_labels)
             bar.update(min(_CHUNK, len(records) - start))
     return out_ids, out_labels, counts
 
 
+def _with_eos(ids: list[int], labels: list[int], eos: int) -> tuple[list[int], list[int]]:
+    """``ids`` ending with EOS by the one separator rule (:func:`padless.layout.append_separator`)."""
+    new_ids, new_labels = append_separator(np.asarray(ids, dtype=np.int64), np.asarray(labels, dtype=np.int64), eos)
+    return new_ids.tolist(), new_labels.tolist()
+
+
 def _finish(ids: list[int], labels: list[int], index: int, eos: int | None, opts: EncodeOptions,
-            counts: EncodeCounts) -> tuple[list[int], list[int]] | None:
-    """Append EOS, then apply ``max_length``; None when the example is skipped."""
+            counts: EncodeCounts) -> list[tuple[list[int], list[int]]]:
+    """Append EOS, then apply ``max_length``: the examples this record becomes (none if left out)."""
     if not ids:
         if opts.on_error == "raise":
             raise RecordError("empty", f"record {index} tokenizes to nothing")
         counts.skipped["empty"] += 1
-        return None
-    if opts.add_eos and ids[-1] != eos:
-        ids = [*ids, eos]
-        labels = [*labels, eos if labels[-1] != IGNORE_INDEX else IGNORE_INDEX]
+        return []
+    if opts.add_eos:
+        ids, labels = _with_eos(ids, labels, eos)  # type: ignore[arg-type]  # eos checked by the caller
     limit = opts.max_length
     if limit is None or len(ids) <= limit:
-        return ids, labels
+        return [(ids, labels)]
     if opts.overlong == "error":
-        raise ValueError(f"record {index} has {len(ids)} tokens, more than max_length={limit}; "
-                         f"pass overlong='skip' or overlong='truncate', or a larger max_length")
-    if opts.overlong == "skip":
+        raise overlong_error(index, len(ids), limit, what="record")
+    if opts.overlong == "drop":
         counts.skipped["overlong"] += 1
-        return None
+        return []
+    if opts.overlong == "split":  # consecutive pieces; only the last keeps the EOS
+        counts.split_examples += 1
+        return [(ids[s : s + limit], labels[s : s + limit]) for s in range(0, len(ids), limit)]
+    # truncate; with EOS, end with it again so packed rows stay EOS-separated
+    if opts.add_eos:
+        kept = _with_eos(ids[: limit - 1], labels[: limit - 1], eos)  # type: ignore[arg-type]
+    else:
+        kept = ids[:limit], labels[:limit]
     counts.truncated_examples += 1
-    counts.truncated_tokens += len(ids) - limit
-    if opts.add_eos:  # keep the EOS so packed rows stay EOS-separated
-        keep = limit - 1
-        return [*ids[:keep], eos], [*labels[:keep], eos if labels[keep - 1] != IGNORE_INDEX else IGNORE_INDEX]
-    return ids[:limit], labels[:limit]
+    counts.truncated_tokens += len(ids) - len(kept[0])
+    return [kept]

@@ -23,9 +23,11 @@ import numpy as np
 from padless.data.assets import VADER_VERSION
 from padless.data.cache import cache_key, entry_path, load_entry, save_entry
 from padless.data.chat import TrainOn
-from padless.data.corpora import TOOL_SCHEMA, split_corpus_name
+from padless.data.corpora import split_corpus_name
+from padless.data.raw import TOOL_SCHEMA
 from padless.data.encode import EncodeCounts, EncodeOptions, OnError, Overlong, encode_records
 from padless.layout import IGNORE_INDEX
+from padless.planning.checks import check_int
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -45,7 +47,7 @@ class CorpusReport:
     kept: int
     """Examples in the corpus."""
     skipped: dict[str, int]
-    """Records left out, by reason (``on_error="skip"``, ``overlong="skip"``)."""
+    """Records left out, by reason (``on_error="skip"``; ``overlong="drop"``: reason ``overlong``)."""
     truncated_examples: int
     """Examples cut to ``max_length`` (``overlong="truncate"``)."""
     truncated_tokens: int
@@ -56,11 +58,14 @@ class CorpusReport:
     """Tokens in the corpus, EOS included."""
     trained_tokens: int
     """Tokens whose label is not ``IGNORE_INDEX``."""
+    split_examples: int = 0
+    """Examples cut into several consecutive ones (``overlong="split"``)."""
 
     def __str__(self) -> str:
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
+        split = f"split {self.split_examples} examples; " if self.split_examples else ""
         return (f"read {self.read}, kept {self.kept} (selected {self.selected}); skipped: {skipped}; "
-                f"truncated {self.truncated_examples} examples / {self.truncated_tokens} tokens; "
+                f"truncated {self.truncated_examples} examples / {self.truncated_tokens} tokens; {split}"
                 f"{self.tokens} tokens, {self.trained_tokens} trained")
 
 
@@ -103,7 +108,7 @@ def _report(counts: EncodeCounts, read: int, selected: int, ids: list[list[int]]
     return CorpusReport(
         read=read, selected=selected, kept=len(ids), skipped=dict(counts.skipped),
         truncated_examples=counts.truncated_examples, truncated_tokens=counts.truncated_tokens,
-        boundary_mismatches=counts.boundary_mismatches, tokens=sum(map(len, ids)),
+        boundary_mismatches=counts.boundary_mismatches, tokens=sum(map(len, ids)), split_examples=counts.split_examples,
         trained_tokens=sum(sum(1 for t in y if t != IGNORE_INDEX) for y in labels),
     )
 
@@ -146,8 +151,8 @@ def load_corpus(
     """Tokenize a built-in corpus (:data:`CORPORA`, e.g. ``"tweets:all"``) or a data file / dataset.
 
     ``train_on`` picks the targets (``all`` | ``assistant`` | ``completion``, see
-    :mod:`padless.data.chat`); ``max_length`` with ``overlong`` (``error`` | ``skip`` | ``truncate``)
-    bounds the example length; ``on_error`` (``raise`` | ``skip``) decides what a bad record does;
+    :mod:`padless.data.chat`); ``max_length`` with ``overlong`` (``error`` | ``truncate`` | ``split`` |
+    ``drop``, as in the planners) bounds the example length; ``on_error`` (``raise`` | ``skip``) decides what a bad record does;
     ``limit`` keeps a seeded random subset of that many records (in source order); ``seed`` also
     drives the recipes' choices; ``tool_schema`` (``half`` | ``always`` | ``never``; default: the
     recipe's, ``half`` for toolcalls, ``never`` for agentic-rag) whether built-in tool-call examples
@@ -159,8 +164,8 @@ def load_corpus(
 
     opts = EncodeOptions(train_on=train_on, add_eos=add_eos, max_length=max_length, overlong=overlong,
                          on_error=on_error, field=field, chat_template=chat_template)
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit={limit} must be at least 1 (or None)")
+    if limit is not None:
+        check_int(limit, "limit")
     if tool_schema is not None and tool_schema not in TOOL_SCHEMA:
         raise ValueError(f"tool_schema={tool_schema!r} is not one of {', '.join(TOOL_SCHEMA)}")
     name = str(name_or_path)

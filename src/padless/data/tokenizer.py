@@ -20,7 +20,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from padless.data.assets import cache_root, gpt2_tokenizer_files, smollm2_gguf, write_folder_atomically
+from padless.atomic import write_folder_atomically
+from padless.data.assets import cache_root, gpt2_tokenizer_files, smollm2_gguf
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

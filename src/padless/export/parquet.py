@@ -20,12 +20,14 @@ bounded whatever the input size:
   synthetic sequences.
 
 Measured here (``--synthetic lognormal:5000000 --max-length 1024 --overlong split``, defaults
-otherwise): 259 MiB peak RSS, of which ~68 MiB is the interpreter with numpy and pyarrow loaded, the
-same as for 500,000 sequences (253 MiB); ``summary.json`` records each run's own figures. Text and
+otherwise; lengths from :func:`padless.planning.lengths.draw_lengths`, median 60): 254 MiB peak RSS, of
+which ~68 MiB is the interpreter with numpy and pyarrow loaded, the same as for 500,000 sequences
+(256 MiB); ``summary.json`` records each run's own figures. Text and
 chat inputs are tokenized by :mod:`padless.data` first, in memory (the bound then holds for packing,
 not for tokenizing); pre-tokenized JSON lines and Parquet files and the synthetic inputs are streamed.
 
-Crash safety: a shard is written to a hidden temporary name in the same folder, fsynced and renamed, so
+Crash safety: a shard is written to a hidden temporary name in the same folder, fsynced and renamed
+(:mod:`padless.atomic`), so
 no half-written shard ever carries a shard name. After each shard ``state.json`` (written the same way)
 records the shards done and the stream's state after their last row. A rerun with the same input and
 flags skips those shards and continues from that state, so the output is the one an uninterrupted run
@@ -37,7 +39,6 @@ truncated/dropped counts and tokens in and out (every input token is placed or c
 from __future__ import annotations
 
 import json
-import os
 import resource
 import time
 from dataclasses import asdict
@@ -46,29 +47,11 @@ from typing import Any
 
 import numpy as np
 
+from padless.atomic import atomic_write
 from padless.batching.stream import PackedStream
 
 STATE_FILE, SUMMARY_FILE = "state.json", "summary.json"
 SHARD_PATTERN = "shard-{:05d}.parquet"
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """``write(file)`` into a hidden temporary file beside ``path``, fsync, rename over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 class ShardRows:
@@ -119,11 +102,11 @@ class ShardRows:
             "seq_lengths": pa.ListArray.from_arrays(doc, pa.array(self.docs[: self.doc_offsets[-1]])),
         })  # fmt: skip
         # No dictionary encoding: token ids rarely fit a dictionary page, and trying costs memory.
-        _atomic_write(path, lambda f: pq.write_table(table, f, row_group_size=self.ROW_GROUP, use_dictionary=False))
+        atomic_write(path, lambda f: pq.write_table(table, f, row_group_size=self.ROW_GROUP, use_dictionary=False))
 
 
 def _json(path: Path, data: Any) -> None:
-    _atomic_write(path, lambda f: f.write(json.dumps(data, indent=2).encode()))
+    atomic_write(path, lambda f: f.write(json.dumps(data, indent=2).encode()))
 
 
 def _resume_point(out: Path, job: dict[str, Any]) -> dict[str, Any] | None:
@@ -181,7 +164,7 @@ def pack_to_parquet(
     for stale in out.glob("shard-*.parquet"):  # written after the last saved state: rewritten identically
         if stale.name not in {s["file"] for s in state["shards"]}:
             stale.unlink()
-    for tmp in out.glob(".shard-*.parquet.tmp"):  # a write that a crash cut short
+    for tmp in out.glob(".shard-*.parquet.*.tmp"):  # a write that a crash cut short (padless.atomic)
         tmp.unlink()
     bar = tqdm(total=total, initial=stream.counts.sequences, unit="seq", desc=f"packing into {out}",
                disable=not progress)  # fmt: skip

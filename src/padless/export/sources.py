@@ -20,34 +20,38 @@ from typing import Any
 
 import numpy as np
 
+from padless.planning.lengths import LENGTH_PARAMETERS, draw_lengths
+
 _BLOCK = 4096  # synthetic sequences drawn per random block
-SYNTHETIC = {"lognormal": ("median", "sigma"), "uniform": ("low", "high")}
-"""Synthetic length distributions and their parameters (``--synthetic lognormal:N:median:sigma``)."""
-_SYNTHETIC_DEFAULTS = {"lognormal": (48.0, 0.8), "uniform": (10.0, 500.0)}
 
 
 class SyntheticTokens:
     """``n`` sequences of random token ids, lengths from a named distribution: a sequence whose items are
     the same on every read (block ``b`` of 4096 is drawn from the seed ``(seed, b)``), generated on the fly.
 
-    ``lognormal:N[:median[:sigma]]`` (default 48 and 0.8: short fine-tuning examples, mean ~66 tokens)
-    or ``uniform:N[:low:high]`` (default 10..500). Lengths are at least 1.
+    ``DIST:N[:P1[:P2...]]``: the lengths come from the one generator of synthetic lengths
+    (:func:`padless.planning.lengths.draw_lengths`), ``P1, P2...`` replacing its defaults in order:
+    ``lognormal:N[:median[:sigma[:cap]]]`` (default 60, 1 and 2048: short texts, mean ~99 tokens) or
+    ``uniform:N[:low[:high]]`` (default 10..500).
     """
 
     def __init__(self, spec: str, vocab_size: int = 50257, seed: int = 0) -> None:
         name, _, rest = spec.partition(":")
         parts = rest.split(":") if rest else []
-        if name not in SYNTHETIC or not parts or len(parts) > 3:
-            raise ValueError(f"--synthetic {spec!r}: expected DIST:N[:P1:P2] with DIST one of {', '.join(SYNTHETIC)}")
+        if name not in LENGTH_PARAMETERS or not parts or len(parts) > 1 + len(LENGTH_PARAMETERS[name]):
+            dists = "; ".join(f"{d} ({', '.join(p)})" for d, p in LENGTH_PARAMETERS.items())
+            raise ValueError(f"--synthetic {spec!r}: expected DIST:N[:P1[:P2...]] with DIST one of {dists}")
         try:
             self.n = int(parts[0])
-            params = [float(p) for p in parts[1:]]
+            self.params = tuple(float(p) for p in parts[1:])
         except ValueError:
             raise ValueError(f"--synthetic {spec!r}: N and the parameters must be numbers") from None
-        self.params = (*params, *_SYNTHETIC_DEFAULTS[name][len(params) :])
-        low, high = self.params
-        if self.n < 1 or low <= 0 or high <= 0 or (name == "uniform" and high < low):
-            raise ValueError(f"--synthetic {spec!r}: N and the parameters must be positive (and low <= high)")
+        if self.n < 1:
+            raise ValueError(f"--synthetic {spec!r}: N must be positive")
+        try:
+            draw_lengths(name, 1, np.random.default_rng(0), self.params)  # checks the parameters
+        except ValueError as err:
+            raise ValueError(f"--synthetic {spec!r}: {err}") from None
         if vocab_size < 1:
             raise ValueError(f"--vocab-size must be >= 1, got {vocab_size}")
         self.name, self.vocab_size, self.seed = name, vocab_size, seed
@@ -58,10 +62,7 @@ class SyntheticTokens:
 
     def _draw(self, b: int) -> tuple[int, np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.seed, b])
-        count = min(_BLOCK, self.n - b * _BLOCK)
-        p, q = self.params
-        raw = rng.lognormal(np.log(p), q, count) if self.name == "lognormal" else rng.uniform(p, q + 1, count)
-        lengths = np.maximum(1, np.floor(raw) if self.name == "uniform" else np.round(raw)).astype(np.int64)
+        lengths = draw_lengths(self.name, min(_BLOCK, self.n - b * _BLOCK), rng, self.params)
         offsets = np.concatenate(([0], np.cumsum(lengths)))
         return b, offsets, rng.integers(0, self.vocab_size, int(offsets[-1]), dtype=np.int32)
 

@@ -2,5 +2,6 @@
 
 ``plan`` (planners, overlong policies, :class:`~padless.planning.plan.PackPlan`), ``_binpack`` (the
 bin-packing engines), ``buffered`` (the streaming planner), ``schedule`` (the per-epoch distributed
-schedule), ``lengths`` (length statistics, padding fractions, synthetic lengths).
+schedule), ``lengths`` (length statistics, padding fractions, synthetic lengths, length grouping),
+``checks`` (the argument checks and the overlong error every stage shares).
 """

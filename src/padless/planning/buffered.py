@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from padless.planning.checks import check_choice, check_int, overlong_error
 from padless.planning.plan import OVERLONG_POLICIES, OverlongPolicy, PackPlan, PlanStats, plan_packs, validate_lengths
 
 from padless.layout import Piece  # here: (position in the stream, start in the sequence, tokens)
@@ -62,12 +63,8 @@ class StreamOptions:
 
     def __post_init__(self) -> None:
         for name in ("max_length", "buffer_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-            object.__setattr__(self, name, int(value))  # plain ints: the state is JSON
-        if self.overlong not in OVERLONG_POLICIES:
-            raise ValueError(f"unknown overlong policy {self.overlong!r}; choose one of {', '.join(OVERLONG_POLICIES)}")
+            object.__setattr__(self, name, check_int(getattr(self, name), name))  # plain ints: the state is JSON
+        check_choice(self.overlong, OVERLONG_POLICIES, "overlong policy")
         if not 0.0 <= self.min_fill <= 1.0:
             raise ValueError(f"min_fill must lie in [0, 1], got {self.min_fill!r}")
         object.__setattr__(self, "min_fill", float(self.min_fill))
@@ -102,17 +99,11 @@ class StreamCounts:
 
     def plan_stats(self, max_length: int) -> PlanStats:
         """The offline planner's statistics of the rows yielded so far."""
-        capacity = self.rows * max_length
-        bound = -(-self.tokens_out // max_length)
-        return PlanStats(
-            num_sequences=self.sequences, num_rows=self.rows, real_tokens=self.tokens_out,
-            capacity_tokens=capacity, efficiency=self.tokens_out / capacity if capacity else 1.0,
-            padding_fraction=1.0 - (self.tokens_out / capacity if capacity else 1.0), lower_bound=bound,
-            gap_to_lower_bound=self.rows - bound, relative_gap=(self.rows - bound) / bound if bound else 0.0,
-            mean_per_row=self.pieces / self.rows if self.rows else 0.0, max_per_row=self.max_per_row,
-            truncated_sequences=self.truncated_sequences, truncated_tokens=self.truncated_tokens,
-            split_sequences=self.split_sequences, dropped_sequences=self.dropped_sequences,
-            dropped_tokens=self.dropped_tokens,
+        return PlanStats.of_rows(
+            max_length=max_length, num_sequences=self.sequences, num_rows=self.rows, real_tokens=self.tokens_out,
+            pieces=self.pieces, max_per_row=self.max_per_row, truncated_sequences=self.truncated_sequences,
+            truncated_tokens=self.truncated_tokens, split_sequences=self.split_sequences,
+            dropped_sequences=self.dropped_sequences, dropped_tokens=self.dropped_tokens,
         )  # fmt: skip
 
 
@@ -142,8 +133,7 @@ class StreamPlanner:
         kept, cap = length, o.max_length
         if length > cap:
             if o.overlong == "error":
-                raise ValueError(f"sequence {pos} has length {length}, longer than max_length {cap}; "
-                                 "choose overlong='truncate', 'split' or 'drop' (--overlong)")  # fmt: skip
+                raise overlong_error(pos, length, cap)
             if o.overlong == "drop":
                 c.dropped_sequences += 1
                 c.dropped_tokens += length

@@ -21,30 +21,59 @@ from pathlib import Path
 
 import numpy as np
 
+from padless.planning.checks import check_choice, check_int
 from padless.planning.plan import PackPlan, validate_lengths
 
 
-def _lognormal(num: int, rng: np.random.Generator) -> np.ndarray:
-    # Short texts (tweets, chat turns, instructions): median 60 tokens, a long right tail, capped.
-    return np.clip(np.round(np.exp(rng.normal(np.log(60.0), 1.0, num))), 1, 2048).astype(np.int64)
-
-
-def _uniform(num: int, rng: np.random.Generator) -> np.ndarray:
-    return rng.integers(10, 501, num).astype(np.int64)
-
-
-# name -> (sampler(num, rng), description)
-DISTRIBUTIONS: dict[str, tuple[Callable[[int, np.random.Generator], np.ndarray], str]] = {
-    "lognormal": (_lognormal, "lognormal, median 60 tokens, sigma 1, capped at 2048"),
-    "uniform": (_uniform, "uniform integers 10..500"),
+LENGTH_PARAMETERS: dict[str, dict[str, float]] = {
+    "lognormal": {"median": 60.0, "sigma": 1.0, "cap": 2048.0},
+    "uniform": {"low": 10.0, "high": 500.0},
 }
+"""The one set of synthetic length distributions: name -> its parameters, in order, with their defaults.
+
+``lognormal``: short texts (tweets, chat turns, instructions): ``round(exp(N(log median, sigma)))``
+clipped to ``[1, cap]``; median 60 tokens, mean ~99, a long right tail. ``uniform``: integers
+``low..high``. These defaults stand behind the planner figures of the README and ``benchmarks/
+planners.py``; ``padless pack --synthetic`` (:class:`padless.export.sources.SyntheticTokens`) draws
+from the same generator, so a distribution name means the same lengths everywhere."""
+
+
+def draw_lengths(name: str, num: int, rng: np.random.Generator, params: Sequence[float] = ()) -> np.ndarray:
+    """The one generator of synthetic lengths: int64 ``[num]`` from distribution ``name``
+    (:data:`LENGTH_PARAMETERS`), ``params`` replacing its defaults in order; every length ``>= 1``."""
+    check_choice(name, LENGTH_PARAMETERS, "distribution")
+    defaults = tuple(LENGTH_PARAMETERS[name].values())
+    if len(params) > len(defaults):
+        raise ValueError(f"{name} takes at most {len(defaults)} parameters ({', '.join(LENGTH_PARAMETERS[name])}), "
+                         f"got {len(params)}")
+    p = (*params, *defaults[len(params) :])
+    if name == "lognormal":
+        median, sigma, cap = p
+        if median <= 0 or sigma < 0 or cap < 1:
+            raise ValueError(f"lognormal needs median > 0, sigma >= 0 and cap >= 1, got {median}, {sigma}, {cap}")
+        return np.clip(np.round(np.exp(rng.normal(np.log(median), sigma, num))), 1, cap).astype(np.int64)
+    low, high = p
+    if low != int(low) or high != int(high) or not 1 <= low <= high:
+        raise ValueError(f"uniform needs integers 1 <= low <= high, got {low}, {high}")
+    return rng.integers(int(low), int(high) + 1, num).astype(np.int64)
+
+
+def _describe(name: str) -> str:
+    p = LENGTH_PARAMETERS[name]
+    if name == "lognormal":
+        return f"lognormal, median {p['median']:g} tokens, sigma {p['sigma']:g}, capped at {p['cap']:g}"
+    return f"uniform integers {p['low']:g}..{p['high']:g}"
+
+
+DISTRIBUTIONS: dict[str, tuple[Callable[[int, np.random.Generator], np.ndarray], str]] = {
+    name: (lambda num, rng, name=name: draw_lengths(name, num, rng), _describe(name)) for name in LENGTH_PARAMETERS
+}
+"""name -> (``sampler(num, rng)`` with the default parameters, description)."""
 
 
 def synthetic_lengths(name: str = "lognormal", num: int = 100_000, seed: int = 0) -> np.ndarray:
-    """int64 ``[num]`` lengths drawn from a built-in distribution (``DISTRIBUTIONS``)."""
-    if name not in DISTRIBUTIONS:
-        raise ValueError(f"unknown distribution {name!r}; choose one of {', '.join(DISTRIBUTIONS)}")
-    return DISTRIBUTIONS[name][0](num, np.random.default_rng(seed))
+    """int64 ``[num]`` lengths drawn from a built-in distribution (:func:`draw_lengths`, defaults)."""
+    return draw_lengths(name, num, np.random.default_rng(seed))
 
 
 @dataclass(frozen=True)
@@ -81,11 +110,9 @@ def summarize_lengths(lengths: Sequence[int] | np.ndarray) -> LengthSummary:
 
 
 def _check_batch(batch_size: int, pad_to_multiple_of: int | None) -> None:
-    for name, value in (("batch_size", batch_size), ("pad_to_multiple_of", pad_to_multiple_of)):
-        if value is None and name == "pad_to_multiple_of":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    check_int(batch_size, "batch_size")
+    if pad_to_multiple_of is not None:
+        check_int(pad_to_multiple_of, "pad_to_multiple_of")
 
 
 def padded_tokens(lengths: np.ndarray, batch_size: int, pad_to_multiple_of: int | None = None) -> int:
@@ -111,17 +138,23 @@ def padding_fraction_pad_to_longest(
     return 1.0 - int(arr.sum()) / computed if computed else 0.0
 
 
+def group_by_length(lengths: np.ndarray, order: np.ndarray, chunk: int) -> np.ndarray:
+    """The one length-grouping step (bucketing): ``order`` (indices into ``lengths``) with each run of
+    ``chunk`` consecutive entries sorted by length, longest first; equal lengths keep their order
+    in ``order``. :class:`padless.batching.samplers.LengthGroupedBatchSampler` and
+    :func:`bucketed_order` both group through it."""
+    chunk_id = np.arange(order.size) // chunk
+    # sort by (chunk, -length); lexsort is stable, so ties keep the given (shuffled) order
+    return order[np.lexsort((-lengths[order], chunk_id))]
+
+
 def bucketed_order(lengths: np.ndarray, batch_size: int, seed: int = 0, mega_batch_mult: int | None = None) -> np.ndarray:
     """A length-grouped sampling order: shuffle, then sort by length (longest first) inside chunks of
     ``mega_batch_mult * batch_size``; by default ``min(n // (4 * batch_size), 50)`` batches per chunk,
     at least 1, as in Hugging Face's ``LengthGroupedSampler``."""
     n = lengths.size
     mult = mega_batch_mult or max(min(n // (4 * batch_size), 50), 1)
-    chunk = mult * batch_size
-    perm = np.random.default_rng(seed).permutation(n)
-    chunk_id = np.arange(n) // chunk
-    # sort by (chunk, -length), keeping the shuffled order between equal lengths
-    return perm[np.lexsort((-lengths[perm], chunk_id))]
+    return group_by_length(lengths, np.random.default_rng(seed).permutation(n), mult * batch_size)
 
 
 def padding_fraction_bucketed(

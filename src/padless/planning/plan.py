@@ -36,6 +36,7 @@ from typing import Literal, get_args
 import numpy as np
 
 from padless.planning import _binpack
+from padless.planning.checks import check_choice, check_int, overlong_error
 
 Strategy = Literal["next_fit", "first_fit_decreasing", "best_fit_decreasing", "histogram_best_fit", "wrapped"]
 OverlongPolicy = Literal["error", "truncate", "split", "drop"]
@@ -110,6 +111,27 @@ class PlanStats:
     def as_dict(self) -> dict[str, int | float]:
         return asdict(self)
 
+    @classmethod
+    def of_rows(
+        cls, *, max_length: int, num_sequences: int, num_rows: int, real_tokens: int, pieces: int, max_per_row: int,
+        truncated_sequences: int = 0, truncated_tokens: int = 0, split_sequences: int = 0,
+        dropped_sequences: int = 0, dropped_tokens: int = 0,
+    ) -> PlanStats:
+        """The one place the derived figures (capacity, efficiency, lower bound, gaps, documents per
+        row) are computed from the counts of a plan's rows; :attr:`PackPlan.stats` and the streaming
+        planner's running counts both call it."""
+        capacity = num_rows * max_length
+        efficiency = real_tokens / capacity if capacity else 1.0
+        bound = -(-real_tokens // max_length)
+        return cls(
+            num_sequences=num_sequences, num_rows=num_rows, real_tokens=real_tokens, capacity_tokens=capacity,
+            efficiency=efficiency, padding_fraction=1.0 - efficiency, lower_bound=bound,
+            gap_to_lower_bound=num_rows - bound, relative_gap=(num_rows - bound) / bound if bound else 0.0,
+            mean_per_row=pieces / num_rows if num_rows else 0.0, max_per_row=max_per_row,
+            truncated_sequences=truncated_sequences, truncated_tokens=truncated_tokens,
+            split_sequences=split_sequences, dropped_sequences=dropped_sequences, dropped_tokens=dropped_tokens,
+        )  # fmt: skip
+
 
 @dataclass(frozen=True, eq=False)
 class PackPlan:
@@ -171,30 +193,16 @@ class PackPlan:
     @cached_property
     def stats(self) -> PlanStats:
         """Rows, efficiency, gap to the lower bound and overlong counts (computed once)."""
-        rows, real = self.num_rows, int(self.length.sum())
-        capacity = rows * self.max_length
-        efficiency = real / capacity if capacity else 1.0
-        bound = -(-real // self.max_length)
-        per_row = np.diff(self.row_offsets)
+        rows = self.num_rows
         pieces = np.bincount(self.index, minlength=self.num_sequences) if self.index.size else self.index
-        return PlanStats(
-            num_sequences=self.num_sequences,
-            num_rows=rows,
-            real_tokens=real,
-            capacity_tokens=capacity,
-            efficiency=efficiency,
-            padding_fraction=1.0 - efficiency,
-            lower_bound=bound,
-            gap_to_lower_bound=rows - bound,
-            relative_gap=(rows - bound) / bound if bound else 0.0,
-            mean_per_row=self.index.size / rows if rows else 0.0,
-            max_per_row=int(per_row.max()) if rows else 0,
-            truncated_sequences=int(self.truncated.size),
-            truncated_tokens=self.truncated_tokens,
-            split_sequences=int((pieces > 1).sum()),
-            dropped_sequences=int(self.dropped.size),
+        return PlanStats.of_rows(
+            max_length=self.max_length, num_sequences=self.num_sequences, num_rows=rows,
+            real_tokens=int(self.length.sum()), pieces=int(self.index.size),
+            max_per_row=int(np.diff(self.row_offsets).max()) if rows else 0,
+            truncated_sequences=int(self.truncated.size), truncated_tokens=self.truncated_tokens,
+            split_sequences=int((pieces > 1).sum()), dropped_sequences=int(self.dropped.size),
             dropped_tokens=self.dropped_tokens,
-        )
+        )  # fmt: skip
 
     def check(self, lengths: Sequence[int] | np.ndarray) -> None:
         """Raise ``ValueError`` unless this plan accounts for every token of ``lengths`` exactly once.
@@ -234,12 +242,16 @@ class PackPlan:
             raise ValueError(f"sequence {bad}: plan places {int(covered[bad])} tokens, expected {int(placed[bad])}")
 
     def save(self, path: str) -> None:
-        """Write the flat arrays (and scalars) to an ``.npz`` file; :meth:`load` reads it back."""
-        np.savez(
-            path, max_length=self.max_length, num_sequences=self.num_sequences, index=self.index,
+        """Write the flat arrays (and scalars) to an ``.npz`` file, atomically (:mod:`padless.atomic`);
+        ``.npz`` is appended to ``path`` if missing, as ``numpy.savez`` does. :meth:`load` reads it back."""
+        from padless.atomic import atomic_write
+
+        arrays = dict(
+            max_length=self.max_length, num_sequences=self.num_sequences, index=self.index,
             start=self.start, length=self.length, row_offsets=self.row_offsets, dropped=self.dropped,
             truncated=self.truncated, truncated_tokens=self.truncated_tokens, dropped_tokens=self.dropped_tokens,
         )  # fmt: skip
+        atomic_write(path if str(path).endswith(".npz") else f"{path}.npz", lambda f: np.savez(f, **arrays))
 
     @classmethod
     def load(cls, path: str) -> PackPlan:
@@ -269,12 +281,6 @@ def validate_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     return arr
 
 
-def _positive_int(value: object, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 @dataclass(frozen=True)
 class _Items:
     """What the planners pack once the overlong policy has been applied: whole or partial sequences."""
@@ -299,11 +305,7 @@ class _Items:
             return cls(lengths, None, None, _empty(), _empty())
         if overlong == "error":
             i = int(long[0])
-            more = f" (and {long.size - 1} more)" if long.size > 1 else ""
-            raise ValueError(
-                f"sequence {i} has length {int(lengths[i])}, longer than max_length {max_length}{more}; "
-                "choose overlong='truncate', 'split' or 'drop'"
-            )
+            raise overlong_error(i, int(lengths[i]), max_length, more=long.size - 1)
         if overlong == "truncate":
             lost = int((lengths[long] - max_length).sum())
             return cls(np.minimum(lengths, max_length), None, None, long, _empty(), truncated_tokens=lost)
@@ -333,13 +335,11 @@ def plan_packs(
     docstring for the strategies and overlong policies.
     """
     lengths = validate_lengths(lengths)
-    max_length = _positive_int(max_length, "max_length")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    if overlong not in OVERLONG_POLICIES:
-        raise ValueError(f"unknown overlong policy {overlong!r}; choose one of {', '.join(OVERLONG_POLICIES)}")
+    max_length = check_int(max_length, "max_length")
+    check_choice(strategy, STRATEGIES, "strategy")
+    check_choice(overlong, OVERLONG_POLICIES, "overlong policy")
     if max_per_row is not None:
-        max_per_row = _positive_int(max_per_row, "max_per_row")
+        max_per_row = check_int(max_per_row, "max_per_row")
     items = _Items.of(lengths, max_length, overlong, cut=strategy != "wrapped")
     item, within, length, row_offsets = _PLANNERS[strategy](items.sizes, max_length, max_per_row, seed)
     index = item if items.source is None else items.source[item]

@@ -38,6 +38,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from padless.planning.checks import check_choice, check_int, overlong_error
 from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs, validate_lengths
 
 Remainder = Literal["empty", "repeat", "drop"]
@@ -119,17 +120,11 @@ def _renumber(plan: PackPlan, perm: np.ndarray) -> PackPlan:
     )  # fmt: skip
 
 
-def check_int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def check_choices(strategy: str, overlong: str, remainder: str) -> None:
-    for value, choices, name in ((strategy, STRATEGIES, "strategy"), (overlong, OVERLONG_POLICIES, "overlong"),
-                                 (remainder, REMAINDERS, "remainder")):
-        if value not in choices:
-            raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
+    """Refuse an unknown ``strategy``, ``overlong`` policy or ``remainder`` (before any planning)."""
+    check_choice(strategy, STRATEGIES, "strategy")
+    check_choice(overlong, OVERLONG_POLICIES, "overlong policy")
+    check_choice(remainder, REMAINDERS, "remainder")
 
 
 def schedule_epoch(
@@ -162,8 +157,7 @@ def schedule_epoch(
     if overlong == "error" and lengths.size and lengths.max() > max_length:
         # raised here, before the shuffle, so the message names the dataset's own index
         i = int(np.argmax(lengths > max_length))
-        raise ValueError(f"sequence {i} has length {int(lengths[i])}, longer than max_length {max_length}; "
-                         "choose overlong='truncate', 'split' or 'drop'")
+        raise overlong_error(i, int(lengths[i]), max_length, more=int((lengths > max_length).sum()) - 1)
     rng = np.random.default_rng((check_int(seed, "seed", 0), epoch))
     perm = rng.permutation(lengths.size) if shuffle else np.arange(lengths.size)
     plan_seed = int(rng.integers(2**31))  # only histogram_best_fit draws from it

@@ -1,0 +1,39 @@
+"""The argument checks every stage shares, so a bad value is refused with the same words everywhere.
+
+- :func:`check_int`: an integer (never a bool) at least ``minimum``; returns it as a plain ``int``.
+- :func:`check_choice`: one of a fixed vocabulary (``strategy``, ``overlong``, ``remainder``...).
+- :func:`overlong_error`: the error for a sequence longer than ``max_length`` under ``overlong="error"``,
+  naming the other policies (``OVERLONG_POLICIES`` in :mod:`padless.planning.plan`).
+
+Messages name the argument (``max_length``), never a command-line flag: the CLI translates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+
+def check_int(value: object, name: str, minimum: int = 1) -> int:
+    """``value`` as an ``int`` if it is an integer (numpy ones included, bools not) ``>= minimum``,
+    else ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_choice(value: object, choices: Iterable[str], what: str) -> str:
+    """``value`` if it is one of ``choices``, else ``ValueError``: ``unknown {what} 'x'; choose one of ...``."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
+    return value  # type: ignore[return-value]
+
+
+def overlong_error(index: int, length: int, max_length: int, *, more: int = 0, what: str = "sequence") -> ValueError:
+    """The error for ``what`` number ``index`` of ``length`` tokens over ``max_length`` (``more``: how
+    many other ones are too long as well); the caller raises it."""
+    also = f" (and {more} more)" if more else ""
+    return ValueError(f"{what} {index} has length {length}, longer than max_length {max_length}{also}; "
+                      "choose overlong='truncate', 'split' or 'drop'")

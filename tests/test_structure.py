@@ -1,0 +1,170 @@
+"""The shape of the package: the 0.1.0 public API still imports from ``padless``, only ``padless.cli``
+parses flags and prints, and no two modules import each other (directly or round a longer loop).
+
+The checks read the source with ``ast`` (nothing is executed but the public-API imports), so a
+function-level import counts as much as a module-level one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import padless
+
+SRC = Path(padless.__file__).resolve().parent
+PACKAGE = "padless"
+
+PUBLIC_API_0_1_0 = (
+    # the keys of _EXPORTS in src/padless/__init__.py at commit d2d151b (padless 0.1.0), frozen here
+    "plan_packs", "PackPlan", "PlanStats", "STRATEGIES", "OVERLONG_POLICIES", "validate_lengths",
+    "summarize_lengths", "LengthSummary", "padding_fraction_pad_to_longest", "padding_fraction_bucketed",
+    "synthetic_lengths", "IGNORE_INDEX", "position_ids_from_lengths", "cu_seqlens_from_lengths",
+    "document_ids_from_lengths", "lengths_from_position_ids", "block_causal_mask", "additive_block_causal_mask",
+    "PaddingCollator", "PackingCollator", "FeatureSpec", "LengthGroupedBatchSampler", "PackedRows",
+    "causal_lm_loss", "model_loss", "step_num_items", "trained_tokens", "verify_isolation", "VerifyReport",
+    "TOLERANCES", "register_padless_attention", "resolve_backend", "backend_inputs", "varlen_attention",
+    "reference_varlen_attention", "padless_attention", "packed_documents", "BACKENDS", "load_tokenizer",
+    "load_corpus", "corpus_lengths", "TokenizedCorpus", "CorpusReport", "CORPORA", "RecordError",
+    "PackedStream", "PackedIterableDataset", "StreamOptions", "compare_stream_to_offline", "pack_to_parquet",
+    "DistributedPackedBatchSampler", "PackedRowView", "schedule_epoch", "world_info", "build_model",
+    "load_tokenizer_for", "tokenizer_name_for", "BenchResults", "load_results", "write_report",
+)  # fmt: skip
+
+# Modules outside cli/ that still print, each with why; the test fails for any other, and for one of
+# these that no longer prints (so the list cannot go stale).
+KNOWN_PRINTERS: dict[str, str] = {
+    "padless.bench.run": "prints the summary table and the results path after a run (bench/ is being reworked)",
+}
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name -> file of every module of the package (a package is its ``__init__``)."""
+    out = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+TREES = {name: ast.parse(path.read_text(encoding="utf-8"), str(path)) for name, path in MODULES.items()}
+
+
+def _lazy_exports(package: str) -> dict[str, str]:
+    """``_EXPORTS`` (public name -> defining module) of a package with lazy re-exports, or {}."""
+    for node in TREES[package].body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in targets):
+                return ast.literal_eval(node.value)  # type: ignore[arg-type]
+    return {}
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    """ids of the nodes inside ``if TYPE_CHECKING:`` blocks (never executed, so no import edge)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for stmt in node.body:
+                skip.update(id(n) for n in ast.walk(stmt))
+    return skip
+
+
+def _resolve(module: str, level: int, importer: str) -> str:
+    if not level:
+        return module
+    base = importer.split(".")
+    if not MODULES[importer].name == "__init__.py":
+        base = base[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
+def _edges(name: str) -> set[str]:
+    """padless modules that ``name`` imports, anywhere in its body (functions included).
+
+    ``from pkg import sub`` is an edge to the submodule; ``from pkg import X`` where ``pkg`` re-exports
+    ``X`` lazily is an edge to the module that defines ``X``. The implicit import of parent packages is
+    not an edge (their ``__init__`` only re-exports lazily)."""
+    tree, skip = TREES[name], _type_checking_nodes(TREES[name])
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(node.module or "", node.level, name)
+            if base.split(".")[0] != PACKAGE:
+                continue
+            lazy = _lazy_exports(base) if base in MODULES else {}
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    out.add(f"{base}.{alias.name}")
+                elif alias.name in lazy:
+                    out.add(lazy[alias.name])
+                else:
+                    out.add(base)
+    out.discard(name)
+    return {m for m in out if m in MODULES}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as ``[a, b, ..., a]``, or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in sorted(graph):
+        if root in state:
+            continue
+        path, stack = [root], [iter(sorted(graph[root]))]
+        state[root] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return None
+
+
+@pytest.mark.parametrize("name", PUBLIC_API_0_1_0)
+def test_every_0_1_0_name_imports_from_padless(name: str) -> None:
+    assert name in padless.__all__
+    assert getattr(padless, name) is not None
+
+
+def test_only_cli_parses_flags_and_prints() -> None:
+    argparse_users, printers = [], set()
+    for name, tree in TREES.items():
+        if name == "padless.cli" or name.startswith("padless.cli."):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "argparse" for a in node.names):
+                argparse_users.append(f"{name}:{node.lineno}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "argparse":
+                argparse_users.append(f"{name}:{node.lineno}")
+            elif isinstance(node, ast.Name) and node.id == "print":  # a call, or print passed as a logger
+                printers.add(name)
+    assert argparse_users == [], f"argparse outside padless.cli: {argparse_users}"
+    assert printers - set(KNOWN_PRINTERS) == set(), "print outside padless.cli"
+    assert set(KNOWN_PRINTERS) - printers == set(), "listed in KNOWN_PRINTERS but no longer prints: drop it"
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = {name: _edges(name) for name in MODULES}
+    assert graph["padless.data.corpora"] and graph["padless.export.parquet"]  # the graph is not empty
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
