@@ -99,6 +99,15 @@ class Placements:
     length: np.ndarray
     num_features: int
     """Features given to the collator (dropped ones included)."""
+    prev_offset: np.ndarray | None = None
+    """Per piece, the in-row offset of the token whose logits predict the piece's first token, or -1
+    when nothing predicts it (a document start, whose label is masked). ``None``: all -1 (ordinary
+    packing). A shared-prompt completion sets the offset of the prompt's last token. The piece's
+    later tokens are predicted by the position before them in the same row (the causal shift)."""
+
+    def prev_offsets(self) -> np.ndarray:
+        """:attr:`prev_offset` as an array, -1 filled in when it is ``None``."""
+        return np.full(self.feature.size, -1, dtype=np.int64) if self.prev_offset is None else self.prev_offset
 
     def of_feature(self, i: int) -> list[tuple[int, int, int, int]]:
         """``(start, row, offset, length)`` of each piece of feature ``i``, in the feature's order."""
