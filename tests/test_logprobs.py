@@ -139,3 +139,18 @@ def test_a_packed_batch_without_placements_is_refused():
 
 def test_exported():
     assert padless.sequence_logprobs is sequence_logprobs
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_trained_logits_only_gives_the_same_values_and_gradients(packed):
+    model = _model("llama", "sdpa")
+    feats = make_features(LENGTHS, with_labels=True, seed=16)
+    batch = (PackingCollator.for_model(model, max_length=24) if packed else PaddingCollator())(feats)
+    out = []
+    for only in (False, True):
+        model.zero_grad(set_to_none=True)
+        sums = sequence_logprobs(model, batch, trained_logits_only=only)
+        sums.sum().backward()
+        out.append((sums.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-5, atol=1e-7)

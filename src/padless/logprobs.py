@@ -76,6 +76,12 @@ def _packed_positions(labels: np.ndarray, placements: Any) -> tuple[np.ndarray, 
                  for a in (rows, targets, preds, feats))  # fmt: skip
 
 
+def _takes_logits_to_keep(model_class: type) -> bool:
+    from padless.loss import _takes_logits_to_keep as takes
+
+    return takes(model_class)
+
+
 def _padded_positions(labels: np.ndarray) -> tuple[np.ndarray, ...]:
     """The same for a padded batch (row ``b`` is feature ``b``; the causal shift, column 0 untrained)."""
     r, t = np.nonzero(labels[:, 1:] != IGNORE_INDEX)
@@ -93,7 +99,12 @@ def _check_unpacked(batch: Mapping[str, Any]) -> None:
 
 
 def sequence_logprobs(
-    model: Any, batch: Mapping[str, Any], *, per_token: bool = False, logits: torch.Tensor | None = None
+    model: Any,
+    batch: Mapping[str, Any],
+    *,
+    per_token: bool = False,
+    logits: torch.Tensor | None = None,
+    trained_logits_only: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, list[Any]]:
     """Sum of the log-probs of each feature's trained tokens, ``[num_features]`` float32.
 
@@ -104,6 +115,8 @@ def sequence_logprobs(
     NaN. ``per_token=True`` also returns, per feature, the 1-D tensor of its tokens' log-probs, in
     order. A batch whose ``pairs`` attribute is True (preference pairs: feature ``2k`` chosen,
     ``2k + 1`` rejected) gives ``[num_pairs, 2]`` and per-token lists nested as ``[[chosen, rejected], ...]``.
+    ``trained_logits_only``: ask the model (transformers' ``logits_to_keep``) for logits only at the
+    positions that predict a trained token; the LM head then skips prompts and padding.
     """
     import torch
 
@@ -117,9 +130,17 @@ def sequence_logprobs(
     else:
         rows, targets, preds, feats = _packed_positions(labels, placements)
         num_features = placements.num_features
-    if logits is None:
+    kept = logits is None and trained_logits_only and _takes_logits_to_keep(type(getattr(model, "module", model)))
+    if kept:
+        keep = np.unique(preds)  # [K] sorted columns that predict a trained token in some row
+        if keep.size == 0:
+            keep = np.zeros(1, dtype=np.int64)
+        index = torch.from_numpy(keep).to(labels_t.device)
+        logits = model(**forward_inputs(batch), logits_to_keep=index).logits  # [R, K, V]
+        preds = np.searchsorted(keep, preds)
+    elif logits is None:
         logits = model(**forward_inputs(batch)).logits
-    if logits.shape[:2] != labels_t.shape:
+    if logits.shape[0] != labels_t.shape[0] or (logits.shape[1] != labels_t.shape[1] and not kept):
         raise ValueError(f"logits {tuple(logits.shape)} do not match labels {tuple(labels_t.shape)}")
     device = logits.device
     r, t, p, f = (torch.from_numpy(a).to(device) for a in (rows, targets, preds, feats))
