@@ -236,9 +236,13 @@ class PackingCollator:
 
         Raises if the backend cannot isolate documents on this model (see :mod:`padless.attention`).
         """
-        import inspect
+        from padless.attention.positions import alibi_refusal, position_scheme
 
-        if "position_ids" not in inspect.signature(model.forward).parameters:
+        scheme = position_scheme(model)
+        reason = alibi_refusal(model, backend=model.config._attn_implementation)
+        if reason is not None:
+            raise ValueError(f"{type(model).__name__} uses ALiBi positions; padless refuses to pack for it: {reason}")
+        if scheme == "none":
             raise ValueError(
                 f"{type(model).__name__}.forward takes no position_ids, so packed documents would be given "
                 "positions that run on across document boundaries; padless refuses to pack for it"
