@@ -84,6 +84,45 @@ def test_packed_equals_padded_equals_definition_under_accumulation(mode, family)
         assert (token_g - ref_g).norm() > 1e-2 * ref_g.norm()
 
 
+@pytest.mark.parametrize("mode", LOSS_WEIGHTINGS)
+def test_trained_logits_only_gives_the_same_loss_and_gradients(mode):
+    model = build_model("tiny-llama").eval()
+    batch = PackingCollator.for_model(model, max_length=24, features=_spec(mode))(_features(seed=8))
+    n = step_num_items([batch], weighting=mode)
+    out = []
+    for only in (False, True):
+        model.zero_grad(set_to_none=True)
+        loss = model_loss(model, batch, n, weighting=mode, trained_logits_only=only)
+        loss.backward()
+        out.append((loss.detach(), _grads(model)))
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-5, atol=1e-7)
+
+
+def test_split_pieces_are_documents_of_their_own():
+    """overlong="split": each piece is trained as its own document, so it counts as one."""
+    feats = make_features([30, 7, 19], seed=9)  # every token trained
+    batch = PackingCollator(max_length=12, overlong="split")(feats)
+    pieces = batch.placements.feature.size
+    assert pieces > len(feats)
+    assert step_num_items([batch], weighting="sequence").item() == pieces  # every piece has >= 1 target
+    w = target_weights(batch, "sequence")
+    for j in range(pieces):
+        r, o, n = (int(a[j]) for a in (batch.placements.row, batch.placements.offset, batch.placements.length))
+        assert torch.allclose(w[r, o + 1 : o + n], torch.full((n - 1,), 1.0 / (n - 1)))
+
+
+def test_shared_prompt_batches_are_refused():
+    import numpy as np
+
+    batch = PackingCollator(max_length=24)(make_features([4, 5], seed=10))
+    p = batch.placements
+    batch.placements = type(p)(p.feature, p.start, p.row, p.offset, p.length, p.num_features,
+                               prev_offset=np.array([-1, 1]))  # fmt: skip
+    with pytest.raises(ValueError, match="use padless.sequence_logprobs"):
+        step_num_items([batch])
+
+
 def test_sequence_documents_survive_a_lost_placements_and_match():
     """Trainer rebuilds the batch as type(batch)(mapping): documents then come from position_ids."""
     model = build_model("tiny-llama").eval()

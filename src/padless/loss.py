@@ -147,6 +147,7 @@ def target_weights(batch: Mapping[str, Any], weighting: LossWeighting) -> torch.
 
     if weighting not in LOSS_WEIGHTINGS:
         raise ValueError(f"unknown weighting {weighting!r}; choose one of {', '.join(LOSS_WEIGHTINGS)}")
+    _refuse_shared_prompt(batch)
     carried = "loss_weights" in batch
     if weighting == "weights":
         if not carried:
@@ -162,6 +163,20 @@ def target_weights(batch: Mapping[str, Any], weighting: LossWeighting) -> torch.
     counts = np.bincount(docs[trained], minlength=int(docs.max()) + 1)
     w = np.where(trained, 1.0 / np.maximum(counts[docs], 1), 0.0).astype(np.float32)
     return torch.from_numpy(w).to(batch["labels"].device)
+
+
+def _refuse_shared_prompt(batch: Mapping[str, Any]) -> None:
+    """The causal-LM loss predicts each token from the position before it; a piece whose first token
+    is predicted from elsewhere (a shared-prompt completion, ``Placements.prev_offset``) needs
+    :func:`padless.sequence_logprobs` instead."""
+    placements = getattr(batch, "placements", None)
+    if placements is None or placements.prev_offset is None:
+        return
+    prev = placements.prev_offset
+    if ((prev >= 0) & (prev != placements.offset - 1)).any():
+        raise ValueError("the batch shares prompts (a completion's first token is predicted from its prompt's last "
+                         "token, not the position before it); the causal-LM loss cannot read it: use "
+                         "padless.sequence_logprobs")  # fmt: skip
 
 
 def _items(batch: Mapping[str, Any], weighting: LossWeighting) -> torch.Tensor:
