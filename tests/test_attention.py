@@ -408,7 +408,7 @@ def _bloom_config():
         ("flash_attention_2", "cpu", BF16, _config("llama"), "CUDA only.*use backend 'padless'"),
         ("flash_attention_2", "cuda", F32, _config("llama"), "fp16 or bf16"),
         ("sdpa", "cpu", F32, _config("mistral", sliding_window=64), None),  # the 4D mask carries the window
-        ("eager", "cpu", F32, _bloom_config(), "takes no position_ids.*no attention backend can"),
+        ("eager", "cpu", F32, _bloom_config(), "ALiBi positions: BLOOM builds its ALiBi bias.*; no attention backend can$"),
         ("sdpa", "cpu", F32, None, None),
         ("nope", "cpu", F32, None, "unknown attention backend"),
     ],

@@ -46,6 +46,11 @@ _EXPORTS: dict[str, str] = {
     "model_loss": "padless.loss",
     "step_num_items": "padless.loss",
     "trained_tokens": "padless.loss",
+    "sequence_logprobs": "padless.logprobs",
+    "packed_eval_loss": "padless.evaluation",
+    "IsolationGuard": "padless.guard",
+    "IsolationError": "padless.guard",
+    "EvalLoss": "padless.evaluation",
     # verification
     "verify_isolation": "padless.verify",
     "VerifyReport": "padless.verify",
@@ -122,6 +127,9 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.data.tokenizer import load_tokenizer
     from padless.export.parquet import pack_to_parquet
     from padless.layout import cu_seqlens_from_lengths, document_ids_from_lengths, IGNORE_INDEX, lengths_from_position_ids, position_ids_from_lengths
+    from padless.evaluation import EvalLoss, packed_eval_loss
+    from padless.guard import IsolationError, IsolationGuard
+    from padless.logprobs import sequence_logprobs
     from padless.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
     from padless.models import build_model, load_tokenizer_for, tokenizer_name_for
     from padless.planning.buffered import compare_stream_to_offline, StreamOptions

@@ -10,6 +10,7 @@ rule of their own, so they cannot disagree.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,6 +37,8 @@ class _Target:
     model_class: type | None
     max_length: int | None
     rules: AttentionRules
+    backend: str = ""
+    """The backend being judged (set by :func:`_reason`)."""
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,15 @@ def _lacks(t: _Target, flag: str) -> bool:
 def _refuse_model(t: _Target) -> str | None:
     """What no backend can make exact: the model's own rules reach across the whole row."""
     r = t.rules
-    if r.takes_position_ids is False:
+    if r.alibi:  # relative positions: exact with a block mask alone where the model takes one
+        from padless.attention.positions import alibi_refusal
+
+        reason = alibi_refusal(t.config, backend=t.backend)
+        if reason is not None:
+            return f"the model uses ALiBi positions: {reason}"
+    elif r.takes_position_ids is False:
         return (f"{t.model_class.__name__}.forward takes no position_ids, so packed documents would be given "
                 "positions that run on across document boundaries")  # fmt: skip
-    if r.alibi:
-        return "the model adds an ALiBi bias over the whole row instead of using restarted position_ids"
     if r.bidirectional:
         return "the model attends in both directions (use_bidirectional_attention)"
     if r.other_layer_types:
@@ -168,6 +175,7 @@ def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | Non
 
 
 def _reason(target: _Target, backend: str) -> str | None:
+    target = dataclasses.replace(target, backend=backend)
     return _refuse_model(target) or BACKENDS[backend].refuse(target)
 
 
@@ -196,7 +204,12 @@ def check_exact(
     if reason is None:
         return
     alternative, reasons = _first_exact(target)
-    advice = f"use backend {alternative!r}" if alternative else "no attention backend can (" + "; ".join(reasons) + ")"
+    if alternative:
+        advice = f"use backend {alternative!r}"
+    elif all(r.endswith(": " + reason) for r in reasons):  # the model's own rule: the same for every backend
+        advice = "no attention backend can"
+    else:
+        advice = "no attention backend can (" + "; ".join(reasons) + ")"
     raise ValueError(
         f"attention backend {backend!r} cannot guarantee isolated packed documents here: {reason}; {advice}"
     )
@@ -239,12 +252,9 @@ def resolve_backend(
 
 def _first_exact(target: _Target) -> tuple[str | None, list[str]]:
     """The fastest exact backend (None if none) and, per backend tried, why it was refused."""
-    model_reason = _refuse_model(target)
-    if model_reason is not None:
-        return None, [model_reason]
     reasons = []
     for name in _PREFERENCE:
-        reason = BACKENDS[name].refuse(target)
+        reason = _reason(target, name)
         if reason is None:
             return name, reasons
         reasons.append(f"{name}: {reason}")

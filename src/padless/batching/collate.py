@@ -65,6 +65,17 @@ class FeatureSpec:
     train_on_separator: bool = True
     """Whether an appended separator may be a training target: it is one exactly when the token
     before it is (:func:`padless.layout.append_separator`); ``False``: never."""
+    loss_weights: str | None = None
+    """If set, the feature key holding one loss weight per token; the batch then carries them as
+    ``loss_weights`` (:mod:`padless.batching.weights`) for ``model_loss(..., weighting="weights")``."""
+
+    def weights(self, features: Sequence[Mapping[str, Any]]) -> list[np.ndarray] | None:
+        """Each feature's validated per-token loss weights (``None`` unless :attr:`loss_weights` is set)."""
+        if self.loss_weights is None:
+            return None
+        from padless.batching.weights import feature_weights
+
+        return [feature_weights(f, self.loss_weights, self.separator_id, f"feature {i}") for i, f in enumerate(features)]
 
     def prepare(self, features: Sequence[Mapping[str, Any]]) -> Sequences:
         if len(features) == 0:
@@ -101,6 +112,15 @@ class Placements:
     length: np.ndarray
     num_features: int
     """Features given to the collator (dropped ones included)."""
+    prev_offset: np.ndarray | None = None
+    """Per piece, the in-row offset of the token whose logits predict the piece's first token, or -1
+    when nothing predicts it (a document start, whose label is masked). ``None``: all -1 (ordinary
+    packing). A shared-prompt completion sets the offset of the prompt's last token. The piece's
+    later tokens are predicted by the position before them in the same row (the causal shift)."""
+
+    def prev_offsets(self) -> np.ndarray:
+        """:attr:`prev_offset` as an array, -1 filled in when it is ``None``."""
+        return np.full(self.feature.size, -1, dtype=np.int64) if self.prev_offset is None else self.prev_offset
 
     def of_feature(self, i: int) -> list[tuple[int, int, int, int]]:
         """``(start, row, offset, length)`` of each piece of feature ``i``, in the feature's order."""
@@ -164,11 +184,17 @@ class PaddingCollator:
             input_ids[b, : ids.size] = ids
             labels[b, : ids.size] = lab
             attention_mask[b, : ids.size] = 1
-        return {
+        batch = {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(attention_mask),
             "labels": torch.from_numpy(labels),
         }
+        weights = self.features.weights(features)
+        if weights is not None:
+            from padless.batching.weights import padded_weights
+
+            batch["loss_weights"] = torch.from_numpy(padded_weights(weights, width))
+        return batch
 
 
 @dataclass
@@ -337,6 +363,11 @@ class PackingCollator:
             cu = torch.from_numpy(cu_seqlens_from_lengths(all_docs)).to(torch.int32)
             batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(all_docs.max()),
                          max_length_k=int(all_docs.max()))  # fmt: skip
+        weights = self.features.weights(features)
+        if weights is not None:
+            from padless.batching.weights import placed_weights
+
+            batch["loss_weights"] = torch.from_numpy(placed_weights(weights, placements, labels.shape))
         return PackedBatch(batch, placements)
 
     def _count(self, stats: Any, lengths: np.ndarray) -> None:

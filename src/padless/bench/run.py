@@ -33,27 +33,20 @@ def evaluate(
     model: Any, features: Sequence[dict[str, Any]], batch_size: int, pad_token_id: int, trained_logits_only: bool = True
 ) -> float:
     """Token-normalised loss over held-out examples, computed the same way for every strategy
-    (padded batches on SDPA), so the figures are comparable."""
-    import torch
+    (packed rows on SDPA, each example exactly as if run alone: :func:`padless.packed_eval_loss`),
+    so the figures are comparable."""
+    from padless.evaluation import packed_eval_loss
 
-    from padless.batching.collate import PaddingCollator, batch_to
-    from padless.loss import model_loss, step_num_items
-
-    collate = PaddingCollator(pad_token_id=pad_token_id)
-    batches = [collate(features[i : i + batch_size]) for i in range(0, len(features), batch_size)]
-    device = next(model.parameters()).device
-    n = step_num_items(batches, all_ranks=False)
     original = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     model.eval()
     try:
-        with torch.no_grad():
-            total = sum(model_loss(model, batch_to(b, device), n, trained_logits_only=trained_logits_only).item()
-                        for b in batches)  # fmt: skip
+        result = packed_eval_loss(model, features, batch_size=batch_size, pad_token_id=pad_token_id,
+                                  trained_logits_only=trained_logits_only)  # fmt: skip
     finally:
         model.set_attn_implementation(original)
         model.train()
-    return float(total)
+    return result.total
 
 
 def _all_reduce_step(counts: list[float], device: Any) -> list[float]:
