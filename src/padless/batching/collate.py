@@ -99,6 +99,12 @@ class Placements:
     length: np.ndarray
     num_features: int
     """Features given to the collator (dropped ones included)."""
+    prev_offset: np.ndarray | None = None
+    """Per piece, the in-row offset of the token whose logits predict the piece's first token, or -1
+    when that token is not predicted (a document start, its label masked). Tokens after a piece's
+    first are predicted by the previous position of the same row. In a shared-prompt layout a
+    completion's first token is predicted by the prompt's last token, which is not right before it.
+    None: every piece starts a document (the plain packing layout)."""
 
     def of_feature(self, i: int) -> list[tuple[int, int, int, int]]:
         """``(start, row, offset, length)`` of each piece of feature ``i``, in the feature's order."""
@@ -122,7 +128,7 @@ def batch_to(batch: Mapping[str, Any], device: Any) -> dict[str, Any]:
     """A collated batch with every tensor moved to ``device`` (python values such as
     ``use_cache`` and ``max_length_q`` pass through; a :class:`PackedBatch` keeps its placements)."""
     moved = {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
-    return PackedBatch(moved, batch.placements) if isinstance(batch, PackedBatch) else moved
+    return type(batch)(moved, batch.placements) if isinstance(batch, PackedBatch) else moved
 
 
 def _round_up(n: int, multiple: int | None) -> int:

@@ -1,0 +1,350 @@
+"""Preference pairs (DPO) and rollout groups (GRPO) packed into rows, with or without a shared prompt.
+
+A *group* is one prompt and ``k`` completions: a preference pair is a group of 2 (chosen, rejected),
+a GRPO group has ``k`` rollouts. Two layouts, chosen by ``share_prompt``:
+
+- independent (``False``): every completion is its own document ``prompt + completion`` (the
+  prompt repeated ``k`` times), packed like any sequence; every attention backend padless accepts
+  for plain packing can run it.
+- shared prompt (``True``): the prompt once, each completion after it, attending to the prompt and
+  not to the others (a tree, :mod:`padless.attention.tree`), positions continuing from the prompt::
+
+      input_ids     p0 p1 p2 a0 a1 b0 b1 b2 _     prompt p, chosen a, rejected b, one pad
+      position_ids   0  1  2  3  4  3  4  5 0
+      labels         -  -  - a0 a1 b0 b1 b2 -     completions trained, the prompt not
+
+  It saves ``(k - 1) * len(prompt)`` tokens of every group; only sdpa and eager (a 4D tree mask) and
+  padless attention (``tree_cu_seqlens`` / ``tree_parents``) can express it
+  (:func:`shared_prompt_refusal`).
+
+A group never splits across rows: the planner (:func:`padless.plan_packs`) packs whole groups, and
+a group longer than ``max_length`` follows ``overlong``: ``error``; ``truncate`` (keep the prompt's
+last tokens and every completion's first tokens, cut to one common length, so the group fits);
+``drop`` (left out; :attr:`PackedBatch.kept` says which groups stayed). Both are counted in ``totals``.
+
+Read the batch with ``padless.sequence_logprobs(model, batch)``: its features are the completions, in
+order (pair ``i``'s chosen is feature ``2i``, its rejected ``2i + 1``; a rollout group's completions
+follow each other), and :class:`padless.batching.collate.Placements` gives each completion's
+``prev_offset`` (the prompt's last token). In the shared layout ``labels`` are not next-token labels
+for a plain ``model(**batch, labels=...)`` loss: the token before a later completion's first token is
+the previous completion's last, so read log-probs through the placements, never by shifting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from padless.attention.select import ATTENTION_INPUTS, AttentionInputs
+from padless.batching.collate import FeatureSpec, PackedBatch, Placements, _round_up
+from padless.layout import IGNORE_INDEX, append_separator, check_tokens, cu_seqlens_from_lengths
+
+if TYPE_CHECKING:
+    import torch
+
+SHARED_PROMPT_BACKENDS: tuple[str, ...] = ("padless", "sdpa", "eager")
+"""Attention backends that can express the shared-prompt tree exactly."""
+
+GROUP_OVERLONG: tuple[str, ...] = ("error", "truncate", "drop")
+"""Overlong policies for groups (``split`` would cut a pair across rows)."""
+
+
+def shared_prompt_refusal(backend: str) -> str | None:
+    """Why ``backend`` cannot run the shared-prompt layout exactly (None: it can). Meant to be asked
+    together with the backend's plain-packing refusal (:func:`padless.resolve_backend`)."""
+    if backend in SHARED_PROMPT_BACKENDS:
+        return None
+    if backend == "flash_attention_2":
+        return ("flash_attention_2 in transformers takes one contiguous span per document (cu_seq_lens), so two "
+                "completions cannot share a prompt that sits before both; use 'padless', 'sdpa' or 'eager'")  # fmt: skip
+    if backend == "flex_attention":
+        return "flex_attention in transformers builds its own document mask from position_ids; use 'padless', 'sdpa' or 'eager'"
+    return f"backend {backend!r} has no way to receive a shared-prompt (tree) mask; use 'padless', 'sdpa' or 'eager'"
+
+
+class PairedBatch(PackedBatch):
+    """A :class:`PackedBatch` of preference pairs: ``padless.sequence_logprobs`` returns ``[num_pairs, 2]``."""
+
+    pairs = True
+    kept: np.ndarray | None = None
+    """Indices (into the features given) of the groups in the batch, after ``overlong='drop'``."""
+
+
+class GroupBatch(PackedBatch):
+    """A :class:`PackedBatch` of rollout groups: features are all completions, group after group."""
+
+    pairs = False
+    kept: np.ndarray | None = None
+    """Indices (into the features given) of the groups in the batch, after ``overlong='drop'``."""
+
+
+@dataclass(frozen=True)
+class _Group:
+    prompt: np.ndarray
+    completions: tuple[np.ndarray, ...]
+
+
+def _fit(prompt: int, completions: np.ndarray, max_length: int, copies: int) -> tuple[int, int]:
+    """``(prompt tokens kept, completion cap)`` so that ``copies * p + sum(min(C, cap)) <= max_length``:
+    the prompt keeps what leaves one token per completion, then completions share the rest."""
+    k = completions.size
+    p = min(prompt, (max_length - k) // copies)
+    if p < 1:
+        raise ValueError(f"max_length={max_length} cannot hold one prompt token and one token of each of {k} "
+                         "completions; raise max_length")  # fmt: skip
+    budget = max_length - copies * p
+    low, high = 1, int(completions.max())  # largest cap whose completions fit the budget
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if int(np.minimum(completions, mid).sum()) <= budget else (low, mid - 1)
+    return p, low
+
+
+@dataclass
+class _GroupCollator:
+    max_length: int | None = None
+    """Tokens per packed row. ``None``: every group of the batch in one row."""
+    share_prompt: bool = True
+    """Put the prompt once before its completions (tree mask) instead of once per completion."""
+    attention: AttentionInputs = "mask4d"
+    """``mask4d`` (sdpa, eager), ``varlen`` (padless; with ``share_prompt`` the tree kwargs) or
+    ``position_ids`` (independent layout only). :meth:`for_model` picks it from the model."""
+    strategy: str = "best_fit_decreasing"
+    """Planner strategy (:data:`padless.STRATEGIES`, except ``wrapped``, which cuts groups)."""
+    overlong: str = "error"
+    """Policy for a group longer than ``max_length``: one of :data:`GROUP_OVERLONG`."""
+    pad_token_id: int = 0
+    """Id written into padding at the end of a row."""
+    pad_to_max_length: bool = False
+    """Pad every row to ``max_length`` instead of the longest row of the batch."""
+    pad_to_multiple_of: int | None = None
+    """Round the row length up to a multiple of this."""
+    mask_dtype: torch.dtype | None = None
+    """Dtype of the 4D additive mask; must equal the model's compute dtype (default float32)."""
+    features: FeatureSpec = field(default_factory=FeatureSpec)
+    """Token validation; ``separator_id`` (EOS) is appended to every completion, trained unless
+    ``train_on_separator=False``."""
+    totals: dict[str, int] = field(default_factory=lambda: {
+        "groups": 0, "completions": 0, "tokens": 0, "truncated_groups": 0, "truncated_tokens": 0,
+        "dropped_groups": 0, "dropped_tokens": 0,
+    })  # fmt: skip
+    """Running counts over every batch collated so far (``tokens``: as given, one prompt per group)."""
+
+    _batch_type = PackedBatch
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_INPUTS:
+            raise ValueError(f"unknown attention inputs {self.attention!r}; choose one of {', '.join(ATTENTION_INPUTS)}")
+        if self.share_prompt and self.attention == "position_ids":
+            raise ValueError("share_prompt=True needs attention='mask4d' (sdpa, eager) or 'varlen' (padless attention); "
+                             "position_ids alone cannot say that completions share a prompt")  # fmt: skip
+        if self.overlong not in GROUP_OVERLONG:
+            raise ValueError(f"unknown overlong policy {self.overlong!r} for groups; choose one of "
+                             f"{', '.join(GROUP_OVERLONG)} (a group never splits across rows)")  # fmt: skip
+        if self.strategy == "wrapped":
+            raise ValueError("strategy='wrapped' cuts sequences across rows; a group never splits, choose another")
+        if self.max_length is not None and (isinstance(self.max_length, bool) or self.max_length < 1):
+            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
+
+    @classmethod
+    def for_model(cls, model: Any, **kwargs: Any) -> _GroupCollator:
+        """A collator whose attention inputs and mask dtype fit ``model``'s attention backend; raises if
+        the backend cannot run the requested layout exactly."""
+        from padless.attention.select import backend_inputs
+
+        backend = model.config._attn_implementation
+        if kwargs.get("share_prompt", True):
+            reason = shared_prompt_refusal(backend)
+            if reason is not None:
+                raise ValueError(f"share_prompt=True is not exact on attn_implementation={backend!r}: {reason}")
+        kwargs.setdefault("attention", backend_inputs(backend))
+        kwargs.setdefault("mask_dtype", model.dtype)
+        if getattr(model.config, "vocab_size", None):
+            kwargs.setdefault("features", FeatureSpec(vocab_size=model.config.vocab_size))
+        return cls(**kwargs)
+
+    # subclasses: features -> groups
+    def _read(self, features: Sequence[Mapping[str, Any]]) -> list[_Group]:
+        raise NotImplementedError
+
+    def _tokens(self, values: Any, where: str) -> np.ndarray:
+        ids, _ = check_tokens(values, vocab_size=self.features.vocab_size, where=where)
+        return ids
+
+    def _completion(self, values: Any, where: str) -> np.ndarray:
+        ids = self._tokens(values, where)
+        sep = self.features.separator_id
+        if sep is not None:
+            ids, _ = append_separator(ids, ids.copy(), sep)
+            check_tokens(ids[-1:], vocab_size=self.features.vocab_size, where=f"{where}'s separator")
+        return ids
+
+    def _fitted(self, groups: list[_Group]) -> tuple[list[_Group], np.ndarray]:
+        """Apply ``overlong``; returns the groups to place and the indices of those kept."""
+        copies = lambda g: 1 if self.share_prompt else len(g.completions)  # noqa: E731
+        unit = lambda g: copies(g) * g.prompt.size + sum(c.size for c in g.completions)  # noqa: E731
+        t = self.totals
+        t["groups"] += len(groups)
+        t["completions"] += sum(len(g.completions) for g in groups)
+        t["tokens"] += sum(g.prompt.size + sum(c.size for c in g.completions) for g in groups)
+        if self.max_length is None:
+            return groups, np.arange(len(groups))
+        kept, out = [], []
+        for i, g in enumerate(groups):
+            if unit(g) <= self.max_length:
+                kept.append(i)
+                out.append(g)
+                continue
+            given = g.prompt.size + sum(c.size for c in g.completions)
+            if self.overlong == "error":
+                raise ValueError(f"group {i} needs {unit(g)} tokens in a row (share_prompt={self.share_prompt}), more "
+                                 f"than max_length={self.max_length}; choose overlong='truncate' or 'drop'")  # fmt: skip
+            if self.overlong == "drop":
+                t["dropped_groups"] += 1
+                t["dropped_tokens"] += given
+                continue
+            sizes = np.array([c.size for c in g.completions])
+            p, cap = _fit(g.prompt.size, sizes, self.max_length, copies(g))
+            g = _Group(g.prompt[g.prompt.size - p :], tuple(c[:cap] for c in g.completions))
+            t["truncated_groups"] += 1
+            t["truncated_tokens"] += given - (g.prompt.size + sum(c.size for c in g.completions))
+            kept.append(i)
+            out.append(g)
+        if not out:
+            raise ValueError("every group of the batch was dropped by overlong='drop'; nothing to train on")
+        return out, np.array(kept, dtype=np.int64)
+
+    def _rows(self, groups: list[_Group]) -> list[list[int]]:
+        if self.max_length is None:
+            return [list(range(len(groups)))]
+        from padless.planning.plan import plan_packs
+
+        copies = [1 if self.share_prompt else len(g.completions) for g in groups]
+        units = [c * g.prompt.size + sum(x.size for x in g.completions) for c, g in zip(copies, groups)]
+        plan = plan_packs(units, self.max_length, strategy=self.strategy, overlong="error")
+        return [plan.row(r)[0].tolist() for r in range(plan.num_rows)]
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> PackedBatch:
+        import torch
+
+        from padless.attention.tree import additive_tree_mask, tree_positions
+
+        if len(features) == 0:
+            raise ValueError("the batch is empty: a collator needs at least one feature")
+        groups, kept = self._fitted(self._read(features))
+        first_feature = np.concatenate([[0], np.cumsum([len(g.completions) for g in groups])])
+        rows = self._rows(groups)
+        # Per row: segments (ids, labels, row-local parent); per completion: (feature, row, offset, length, prev).
+        row_segments: list[list[tuple[np.ndarray, np.ndarray, int]]] = []
+        pieces: list[tuple[int, int, int, int, int]] = []
+        for r, row in enumerate(rows):
+            segs: list[tuple[np.ndarray, np.ndarray, int]] = []
+            offset = 0
+            for gi in row:
+                g = groups[gi]
+                masked = np.full(g.prompt.size, IGNORE_INDEX, dtype=np.int64)
+                if self.share_prompt:
+                    root, prompt_end = len(segs), offset + g.prompt.size
+                    segs.append((g.prompt, masked, -1))
+                    offset = prompt_end
+                for j, c in enumerate(g.completions):
+                    if self.share_prompt:
+                        segs.append((c, c, root))
+                        pieces.append((int(first_feature[gi]) + j, r, offset, c.size, prompt_end - 1))
+                        offset += c.size
+                    else:
+                        segs.append((np.concatenate([g.prompt, c]), np.concatenate([masked, c]), -1))
+                        start = offset + g.prompt.size
+                        pieces.append((int(first_feature[gi]) + j, r, start, c.size, start - 1))
+                        offset = start + c.size
+            row_segments.append(segs)
+        used = max(sum(s[0].size for s in segs) for segs in row_segments)
+        width = self.max_length if self.pad_to_max_length and self.max_length else used
+        width = _round_up(width, self.pad_to_multiple_of)
+        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
+        labels = np.full_like(input_ids, IGNORE_INDEX)
+        position_ids = np.zeros_like(input_ids)
+        trees: list[tuple[np.ndarray, np.ndarray]] = []
+        for r, segs in enumerate(row_segments):
+            ids = np.concatenate([s[0] for s in segs])
+            lengths = [s[0].size for s in segs] + ([width - ids.size] if ids.size < width else [])
+            parents = [s[2] for s in segs] + ([-1] if ids.size < width else [])  # the pad: its own segment
+            input_ids[r, : ids.size] = ids
+            labels[r, : ids.size] = np.concatenate([s[1] for s in segs])
+            trees.append((np.array(lengths, dtype=np.int64), np.array(parents, dtype=np.int64)))
+            position_ids[r] = tree_positions(*trees[-1])
+        batch: dict[str, Any] = {
+            "input_ids": torch.from_numpy(input_ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(position_ids),
+            "use_cache": False,
+        }
+        if self.attention == "mask4d":
+            batch["attention_mask"] = additive_tree_mask(trees, dtype=self.mask_dtype)
+        elif self.attention == "varlen" and self.share_prompt:
+            base = np.cumsum([0] + [lengths.size for lengths, _ in trees[:-1]])
+            cu = cu_seqlens_from_lengths(np.concatenate([lengths for lengths, _ in trees]))
+            parents = np.concatenate([np.where(p >= 0, p + b, -1) for (_, p), b in zip(trees, base)])
+            batch.update(tree_cu_seqlens=torch.from_numpy(cu).to(torch.int32), tree_parents=torch.from_numpy(parents))
+        elif self.attention == "varlen":
+            docs = np.concatenate([lengths for lengths, _ in trees])
+            cu = torch.from_numpy(cu_seqlens_from_lengths(docs)).to(torch.int32)
+            batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(docs.max()), max_length_k=int(docs.max()))
+        arr = np.array(pieces, dtype=np.int64).reshape(-1, 5)
+        placements = Placements(feature=arr[:, 0], start=np.zeros(len(arr), dtype=np.int64), row=arr[:, 1],
+                                offset=arr[:, 2], length=arr[:, 3], num_features=int(first_feature[-1]),
+                                prev_offset=arr[:, 4])  # fmt: skip
+        out = self._batch_type(batch, placements)
+        out.kept = kept
+        return out
+
+
+def _need(feature: Any, i: int, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    if not isinstance(feature, Mapping):
+        raise ValueError(f"feature {i} is a {type(feature).__name__}, expected a mapping with keys {', '.join(keys)}")
+    missing = [k for k in keys if k not in feature]
+    if missing:
+        raise ValueError(f"feature {i} has no {', '.join(repr(k) for k in missing)} (it has {sorted(feature)})")
+    return feature
+
+
+@dataclass
+class PreferenceCollator(_GroupCollator):
+    """Packs preference pairs (``prompt_ids``, ``chosen_ids``, ``rejected_ids``) into rows; returns a
+    :class:`PairedBatch` (``sequence_logprobs`` -> ``[num_pairs, 2]``, chosen first). See the module
+    docstring for the two layouts, ``share_prompt`` and the overlong policies."""
+
+    _batch_type = PairedBatch
+
+    def _read(self, features: Sequence[Mapping[str, Any]]) -> list[_Group]:
+        keys = ("prompt_ids", "chosen_ids", "rejected_ids")
+        groups = []
+        for i, f in enumerate(features):
+            f = _need(f, i, keys)
+            groups.append(_Group(self._tokens(f["prompt_ids"], f"feature {i} prompt_ids"),
+                                 (self._completion(f["chosen_ids"], f"feature {i} chosen_ids"),
+                                  self._completion(f["rejected_ids"], f"feature {i} rejected_ids"))))  # fmt: skip
+        return groups
+
+
+@dataclass
+class RolloutCollator(_GroupCollator):
+    """Packs GRPO-style groups (``prompt_ids`` and ``completion_ids``, a list of ``k >= 1`` completions)
+    into rows; the batch's features are every completion, group after group, so
+    ``sequence_logprobs(model, batch, per_token=True)`` gives each rollout's per-token log-probs."""
+
+    _batch_type = GroupBatch
+
+    def _read(self, features: Sequence[Mapping[str, Any]]) -> list[_Group]:
+        groups = []
+        for i, f in enumerate(features):
+            f = _need(f, i, ("prompt_ids", "completion_ids"))
+            comps = f["completion_ids"]
+            if isinstance(comps, (str, bytes)) or not isinstance(comps, Sequence) or len(comps) == 0:
+                raise ValueError(f"feature {i} completion_ids must be a non-empty list of token-id lists")
+            groups.append(_Group(self._tokens(f["prompt_ids"], f"feature {i} prompt_ids"),
+                                 tuple(self._completion(c, f"feature {i} completion_ids[{j}]") for j, c in enumerate(comps))))  # fmt: skip
+        return groups
