@@ -230,52 +230,44 @@ class _GroupCollator:
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> PackedBatch:
         import torch
 
-        from padless.attention.tree import additive_tree_mask, tree_positions
+        from padless.attention.tree import additive_tree_mask
 
         if len(features) == 0:
             raise ValueError("the batch is empty: a collator needs at least one feature")
         groups, kept = self._fitted(self._read(features))
         first_feature = np.concatenate([[0], np.cumsum([len(g.completions) for g in groups])])
         rows = self._rows(groups)
-        # Per row: segments (ids, labels, row-local parent); per completion: (feature, row, offset, length, prev).
-        row_segments: list[list[tuple[np.ndarray, np.ndarray, int]]] = []
-        pieces: list[tuple[int, int, int, int, int]] = []
+        lay = share_prompt if self.share_prompt else _independent
+        layouts = [lay(g.prompt, g.completions, checked=True) for g in groups]
+        pieces: list[tuple[int, int, int, int, int]] = []  # per completion: feature, row, offset, length, prev
+        row_parts: list[list[GroupLayout]] = []
         for r, row in enumerate(rows):
-            segs: list[tuple[np.ndarray, np.ndarray, int]] = []
             offset = 0
             for gi in row:
-                g = groups[gi]
-                masked = np.full(g.prompt.size, IGNORE_INDEX, dtype=np.int64)
-                if self.share_prompt:
-                    root, prompt_end = len(segs), offset + g.prompt.size
-                    segs.append((g.prompt, masked, -1))
-                    offset = prompt_end
-                for j, c in enumerate(g.completions):
-                    if self.share_prompt:
-                        segs.append((c, c, root))
-                        pieces.append((int(first_feature[gi]) + j, r, offset, c.size, prompt_end - 1))
-                        offset += c.size
-                    else:
-                        segs.append((np.concatenate([g.prompt, c]), np.concatenate([masked, c]), -1))
-                        start = offset + g.prompt.size
-                        pieces.append((int(first_feature[gi]) + j, r, start, c.size, start - 1))
-                        offset = start + c.size
-            row_segments.append(segs)
-        used = max(sum(s[0].size for s in segs) for segs in row_segments)
+                g = layouts[gi]
+                for j, (o, prev) in enumerate(zip(g.completion_offsets, g.prev_offsets)):
+                    pieces.append((int(first_feature[gi]) + j, r, offset + int(o), groups[gi].completions[j].size,
+                                   offset + int(prev)))  # fmt: skip
+                offset += g.input_ids.size
+            row_parts.append([layouts[gi] for gi in row])
+        used = max(sum(g.input_ids.size for g in parts) for parts in row_parts)
         width = self.max_length if self.pad_to_max_length and self.max_length else used
         width = _round_up(width, self.pad_to_multiple_of)
         input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
         labels = np.full_like(input_ids, IGNORE_INDEX)
         position_ids = np.zeros_like(input_ids)
         trees: list[tuple[np.ndarray, np.ndarray]] = []
-        for r, segs in enumerate(row_segments):
-            ids = np.concatenate([s[0] for s in segs])
-            lengths = [s[0].size for s in segs] + ([width - ids.size] if ids.size < width else [])
-            parents = [s[2] for s in segs] + ([-1] if ids.size < width else [])  # the pad: its own segment
-            input_ids[r, : ids.size] = ids
-            labels[r, : ids.size] = np.concatenate([s[1] for s in segs])
-            trees.append((np.array(lengths, dtype=np.int64), np.array(parents, dtype=np.int64)))
-            position_ids[r] = tree_positions(*trees[-1])
+        for r, parts in enumerate(row_parts):
+            n = sum(g.input_ids.size for g in parts)
+            input_ids[r, :n] = np.concatenate([g.input_ids for g in parts])
+            labels[r, :n] = np.concatenate([g.labels for g in parts])
+            position_ids[r, :n] = np.concatenate([g.position_ids for g in parts])
+            position_ids[r, n:] = np.arange(width - n)
+            base = np.cumsum([0] + [g.segment_lengths.size for g in parts])
+            lengths = [*(g.segment_lengths for g in parts), *([[width - n]] if n < width else [])]
+            parents = [*(np.where(g.parents >= 0, g.parents + b, -1) for g, b in zip(parts, base)),
+                       *([[-1]] if n < width else [])]  # the pad: its own segment, positions from 0  # fmt: skip
+            trees.append((np.concatenate(lengths).astype(np.int64), np.concatenate(parents).astype(np.int64)))
         batch: dict[str, Any] = {
             "input_ids": torch.from_numpy(input_ids),
             "labels": torch.from_numpy(labels),
@@ -300,6 +292,77 @@ class _GroupCollator:
         out = self._batch_type(batch, placements)
         out.kept = kept
         return out
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """One group (a prompt and ``k`` completions) laid out as a stretch of a row; int64 arrays."""
+
+    input_ids: np.ndarray
+    """``[n]`` tokens."""
+    labels: np.ndarray
+    """``[n]`` the completion tokens, ``IGNORE_INDEX`` on the prompt (unshifted)."""
+    position_ids: np.ndarray
+    """``[n]`` positions; each completion continues from its prompt's length."""
+    segment_lengths: np.ndarray
+    """``[S]`` segments of the stretch (prompt, completions; or one document per completion)."""
+    parents: np.ndarray
+    """``[S]`` each segment's parent segment (local index), -1 for none."""
+    completion_offsets: np.ndarray
+    """``[k]`` offset of each completion's first token."""
+    prev_offsets: np.ndarray
+    """``[k]`` offset of the token that predicts each completion's first token (its prompt's last)."""
+
+
+def _as_group(prompt_ids: Any, completion_ids: Sequence[Any], checked: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+    if checked:
+        return prompt_ids, list(completion_ids)
+    if len(completion_ids) == 0:
+        raise ValueError("completion_ids must hold at least one completion")
+    prompt = check_tokens(prompt_ids, where="prompt_ids")[0]
+    return prompt, [check_tokens(c, where=f"completion_ids[{j}]")[0] for j, c in enumerate(completion_ids)]
+
+
+def share_prompt(prompt_ids: Any, completion_ids: Sequence[Any], *, checked: bool = False) -> GroupLayout:
+    """The shared-prompt layout of one group: the prompt once, then each completion, each attending to
+    the prompt and not to the others (segments ``[P, C_1, ..., C_k]``, parents ``[-1, 0, ..., 0]``),
+    positions of every completion running ``P, P + 1, ...``::
+
+        share_prompt([7, 8, 9], [[1, 2], [3]])
+        input_ids     7    8    9  1  2  3
+        position_ids  0    1    2  3  4  3
+        labels     -100 -100 -100  1  2  3     prev_offsets [2, 2]: the prompt's last token predicts both
+    """
+    prompt, comps = _as_group(prompt_ids, completion_ids, checked)
+    sizes = np.array([c.size for c in comps], dtype=np.int64)
+    p = prompt.size
+    starts = p + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return GroupLayout(
+        input_ids=np.concatenate([prompt, *comps]),
+        labels=np.concatenate([np.full(p, IGNORE_INDEX, dtype=np.int64), *comps]),
+        position_ids=np.concatenate([np.arange(p), *(p + np.arange(n) for n in sizes)]).astype(np.int64),
+        segment_lengths=np.concatenate([[p], sizes]).astype(np.int64),
+        parents=np.array([-1] + [0] * sizes.size, dtype=np.int64),
+        completion_offsets=starts.astype(np.int64),
+        prev_offsets=np.full(sizes.size, p - 1, dtype=np.int64),
+    )
+
+
+def _independent(prompt_ids: Any, completion_ids: Sequence[Any], *, checked: bool = False) -> GroupLayout:
+    """The independent layout: one document ``prompt + completion`` per completion."""
+    prompt, comps = _as_group(prompt_ids, completion_ids, checked)
+    p, masked = prompt.size, np.full(prompt.size, IGNORE_INDEX, dtype=np.int64)
+    sizes = np.array([p + c.size for c in comps], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) + p
+    return GroupLayout(
+        input_ids=np.concatenate([x for c in comps for x in (prompt, c)]),
+        labels=np.concatenate([x for c in comps for x in (masked, c)]),
+        position_ids=np.concatenate([np.arange(n) for n in sizes]).astype(np.int64),
+        segment_lengths=sizes,
+        parents=np.full(sizes.size, -1, dtype=np.int64),
+        completion_offsets=starts.astype(np.int64),
+        prev_offsets=(starts - 1).astype(np.int64),
+    )
 
 
 def _need(feature: Any, i: int, keys: tuple[str, ...]) -> Mapping[str, Any]:
