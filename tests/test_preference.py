@@ -376,3 +376,26 @@ def test_dpo_loss_equals_trl(shared):
         batch = PreferenceCollator.for_model(policy, max_length=28, share_prompt=shared)(feats)
         got = dpo_loss(*(torch.stack([t.sum() for t in _packed(m, batch)]).view(-1, 2) for m in (policy, reference)))
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------- verify
+
+
+def test_verify_checks_the_shared_prompt_layout():
+    report = padless.verify_isolation(build_model("tiny-llama"), backends=["sdpa", "padless", "flash_attention_2"])
+    by_name = {r.backend: r for r in report.results}
+    assert report.passed
+    for backend in ("sdpa+shared_prompt", "padless+shared_prompt"):
+        assert by_name[backend].status == "pass" and by_name[backend].max_logit_diff < 1e-5, by_name[backend]
+    assert by_name["flash_attention_2+shared_prompt"].status == "refused"
+
+
+def test_verify_fails_a_shared_prompt_layout_without_the_tree(monkeypatch):
+    """Completions that cannot see their prompt (a plain block-causal mask) must fail the check."""
+    import padless.attention.tree as tree
+
+    monkeypatch.setattr(tree, "tree_causal_mask", lambda lengths, parents: padless.block_causal_mask(lengths))
+    report = padless.verify_isolation(build_model("tiny-llama"), backends=["sdpa"])
+    by_name = {r.backend: r for r in report.results}
+    assert by_name["sdpa"].status == "pass" and by_name["sdpa+shared_prompt"].status == "fail"
+    assert not report.passed
