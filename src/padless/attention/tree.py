@@ -155,7 +155,13 @@ def plan_tree(cu: np.ndarray, parents: np.ndarray, device: Any, width: int = 768
     buckets, q_gather, k_gather, prefixes = [], [], [], []
     scatter = np.empty(int(cu[-1]), dtype=np.int64)
     slot = 0
-    for docs in bucket_documents(total_keys, cost, width):
+    # Roots (prompts, plain documents) and children (completions) are bucketed apart: a bucket pads its
+    # queries to its longest segment, and a short completion must not be padded to a long prompt.
+    roots = np.flatnonzero(parents < 0)
+    children = np.flatnonzero(parents >= 0)
+    groups = [*(roots[b] for b in bucket_documents(total_keys[roots], cost, width)),
+              *(children[b] for b in bucket_documents(total_keys[children], cost, width))]  # fmt: skip
+    for docs in groups:
         mq, mk = int(lengths[docs].max()), int(total_keys[docs].max())
         for i, s in enumerate(docs.tolist()):
             own = np.arange(cu[s], cu[s + 1])
