@@ -399,3 +399,22 @@ def test_verify_fails_a_shared_prompt_layout_without_the_tree(monkeypatch):
     by_name = {r.backend: r for r in report.results}
     assert by_name["sdpa"].status == "pass" and by_name["sdpa+shared_prompt"].status == "fail"
     assert not report.passed
+
+
+def test_a_batch_built_for_another_backend_is_refused():
+    from padless.batching.preference import check_batch_for_model
+
+    sdpa, padless_model = _model("llama", "sdpa"), _model("llama", "padless")
+    for_padless = PreferenceCollator.for_model(padless_model)(_pairs(2))
+    for_sdpa = PreferenceCollator.for_model(sdpa)(_pairs(2))
+    check_batch_for_model(padless_model, for_padless)
+    check_batch_for_model(sdpa, for_sdpa)
+    with pytest.raises(ValueError, match="which attn_implementation='sdpa' ignores"):
+        check_batch_for_model(sdpa, for_padless)
+    with pytest.raises(ValueError, match="carries a 4D mask for sdpa/eager, but the model uses 'padless'"):
+        check_batch_for_model(padless_model, for_sdpa)
+    del for_sdpa["attention_mask"]
+    with pytest.raises(ValueError, match="neither a tree mask nor tree kwargs"):
+        check_batch_for_model(sdpa, for_sdpa)
+    independent = PreferenceCollator(share_prompt=False, attention="position_ids")(_pairs(2))
+    check_batch_for_model(sdpa, independent)  # plain packing: transformers reads documents from position_ids

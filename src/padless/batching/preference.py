@@ -65,6 +65,29 @@ def shared_prompt_refusal(backend: str) -> str | None:
     return f"backend {backend!r} has no way to receive a shared-prompt (tree) mask; use 'padless', 'sdpa' or 'eager'"
 
 
+def check_batch_for_model(model: Any, batch: Any) -> None:
+    """Raise unless ``batch`` (from a collator of this module) is exact on ``model``'s attention backend.
+
+    A shared-prompt batch built for one backend is silently wrong on another: sdpa ignores the tree
+    kwargs and would cut the completions off their prompt, and padless attention refuses a 4D mask.
+    Consumers such as ``sequence_logprobs`` call this before the forward."""
+    backend = model.config._attn_implementation
+    if "tree_cu_seqlens" in batch and backend != "padless":
+        raise ValueError(f"this shared-prompt batch carries tree_cu_seqlens for padless attention, which "
+                         f"attn_implementation={backend!r} ignores; build it with PreferenceCollator.for_model(model)")  # fmt: skip
+    mask = batch.get("attention_mask")
+    if mask is not None and getattr(mask, "ndim", 0) == 4 and backend not in ("sdpa", "eager"):
+        raise ValueError(f"this batch carries a 4D mask for sdpa/eager, but the model uses {backend!r}; "
+                         "build it with PreferenceCollator.for_model(model)")  # fmt: skip
+    if "tree_cu_seqlens" not in batch and mask is None and backend != "padless" and _has_tree(batch):
+        raise ValueError(f"this shared-prompt batch has neither a tree mask nor tree kwargs; {backend!r} cannot run it")
+
+
+def _has_tree(batch: Any) -> bool:
+    pl = getattr(batch, "placements", None)
+    return pl is not None and pl.prev_offset is not None and bool((pl.prev_offset != pl.offset - 1).any())
+
+
 class PairedBatch(PackedBatch):
     """A :class:`PackedBatch` of preference pairs: ``padless.sequence_logprobs`` returns ``[num_pairs, 2]``."""
 
@@ -160,6 +183,12 @@ class _GroupCollator:
             reason = shared_prompt_refusal(backend)
             if reason is not None:
                 raise ValueError(f"share_prompt=True is not exact on attn_implementation={backend!r}: {reason}")
+        if hasattr(model, "forward"):
+            import inspect
+
+            if "position_ids" not in inspect.signature(model.forward).parameters:
+                raise ValueError(f"{type(model).__name__}.forward takes no position_ids, so completions cannot continue "
+                                 "from their prompt's positions; padless refuses to pack pairs for it")  # fmt: skip
         kwargs.setdefault("attention", backend_inputs(backend))
         kwargs.setdefault("mask_dtype", model.dtype)
         if getattr(model.config, "vocab_size", None):
