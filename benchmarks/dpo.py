@@ -20,7 +20,7 @@ one figure for all methods, so the ratio is the speed-up), tokens the model comp
 analytic forward FLOPs of the step's rows (linear layers per token + causal attention per
 (query, key) pair actually attended; the LM head is the same for all three and left out).
 
-Run: ``.venv/bin/python benchmarks/dpo.py`` (about 2 minutes on 2 CPU cores, after the corpus cache).
+Run: ``.venv/bin/python benchmarks/dpo.py`` (3 timed steps; 9 minutes on 2 busy CPU cores at load average 11).
 """
 
 from __future__ import annotations

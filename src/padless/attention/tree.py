@@ -48,6 +48,24 @@ TREE_KWARGS = ("tree_cu_seqlens", "tree_parents")
 """Batch keys that carry a shared-prefix tree to padless attention."""
 
 
+SHARED_PROMPT_BACKENDS: tuple[str, ...] = ("padless", "sdpa", "eager")
+"""Attention backends that can express the shared-prompt tree exactly."""
+
+
+def shared_prompt_refusal(backend: str) -> str | None:
+    """Why ``backend`` cannot run the shared-prompt layout exactly (None: it can): this layout's part of
+    the exact-or-refused rule, asked together with the backend's plain-packing refusal
+    (:func:`padless.resolve_backend`)."""
+    if backend in SHARED_PROMPT_BACKENDS:
+        return None
+    if backend == "flash_attention_2":
+        return ("flash_attention_2 in transformers takes one contiguous span per document (cu_seq_lens), so two "
+                "completions cannot share a prompt that sits before both; use 'padless', 'sdpa' or 'eager'")  # fmt: skip
+    if backend == "flex_attention":
+        return "flex_attention in transformers builds its own document mask from position_ids; use 'padless', 'sdpa' or 'eager'"
+    return f"backend {backend!r} has no way to receive a shared-prompt (tree) mask; use 'padless', 'sdpa' or 'eager'"
+
+
 def _check_tree(lengths: np.ndarray, parents: np.ndarray) -> None:
     if lengths.ndim != 1 or parents.shape != lengths.shape:
         raise ValueError(f"segment lengths {lengths.shape} and parents {parents.shape} must be 1-D of equal size")

@@ -39,30 +39,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from padless.attention.select import ATTENTION_INPUTS, AttentionInputs
+from padless.attention.tree import SHARED_PROMPT_BACKENDS, shared_prompt_refusal
 from padless.batching.collate import FeatureSpec, PackedBatch, Placements, _round_up
 from padless.layout import IGNORE_INDEX, append_separator, check_tokens, cu_seqlens_from_lengths
 
 if TYPE_CHECKING:
     import torch
 
-SHARED_PROMPT_BACKENDS: tuple[str, ...] = ("padless", "sdpa", "eager")
-"""Attention backends that can express the shared-prompt tree exactly."""
-
 GROUP_OVERLONG: tuple[str, ...] = ("error", "truncate", "drop")
 """Overlong policies for groups (``split`` would cut a pair across rows)."""
-
-
-def shared_prompt_refusal(backend: str) -> str | None:
-    """Why ``backend`` cannot run the shared-prompt layout exactly (None: it can). Meant to be asked
-    together with the backend's plain-packing refusal (:func:`padless.resolve_backend`)."""
-    if backend in SHARED_PROMPT_BACKENDS:
-        return None
-    if backend == "flash_attention_2":
-        return ("flash_attention_2 in transformers takes one contiguous span per document (cu_seq_lens), so two "
-                "completions cannot share a prompt that sits before both; use 'padless', 'sdpa' or 'eager'")  # fmt: skip
-    if backend == "flex_attention":
-        return "flex_attention in transformers builds its own document mask from position_ids; use 'padless', 'sdpa' or 'eager'"
-    return f"backend {backend!r} has no way to receive a shared-prompt (tree) mask; use 'padless', 'sdpa' or 'eager'"
 
 
 def check_batch_for_model(model: Any, batch: Any) -> None:
