@@ -418,3 +418,32 @@ def test_a_batch_built_for_another_backend_is_refused():
         check_batch_for_model(sdpa, for_sdpa)
     independent = PreferenceCollator(share_prompt=False, attention="position_ids")(_pairs(2))
     check_batch_for_model(sdpa, independent)  # plain packing: transformers reads documents from position_ids
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 40), st.lists(st.integers(1, 30), min_size=1, max_size=5), st.integers(1, 80), st.booleans())
+def test_truncation_fills_the_row_with_the_longest_common_cap(prompt, completions, max_length, shared):
+    from padless.batching.preference import _fit
+
+    sizes = np.array(completions)
+    copies = 1 if shared else sizes.size
+    if max_length - sizes.size < copies:  # not even one prompt token and one token per completion
+        with pytest.raises(ValueError, match="cannot hold one prompt token"):
+            _fit(prompt, sizes, max_length, copies)
+        return
+    p, cap = _fit(prompt, sizes, max_length, copies)
+    used = lambda c: copies * p + int(np.minimum(sizes, c).sum())  # noqa: E731
+    assert 1 <= p <= prompt and cap >= 1 and used(cap) <= max_length
+    assert cap == sizes.max() or used(cap + 1) > max_length  # no longer cap would fit
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "padless"])
+def test_padded_rows_stay_exact(backend):
+    model = _model("gpt2", backend)
+    feats = _pairs(3)
+    batch = PreferenceCollator.for_model(model, max_length=48, pad_to_max_length=True, pad_to_multiple_of=64)(feats)
+    assert batch["input_ids"].shape[1] == 64 and (batch["input_ids"][:, -1] == 0).all()
+    with torch.no_grad():
+        got = _packed(model, batch)
+        for i, f in enumerate(feats):
+            torch.testing.assert_close(got[2 * i + 1], _alone(model, f["prompt_ids"], f["rejected_ids"]), atol=1e-5, rtol=1e-5)
