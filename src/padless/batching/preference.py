@@ -20,7 +20,7 @@ a GRPO group has ``k`` rollouts. Two layouts, chosen by ``share_prompt``:
 A group never splits across rows: the planner (:func:`padless.plan_packs`) packs whole groups, and
 a group longer than ``max_length`` follows ``overlong``: ``error``; ``truncate`` (keep the prompt's
 last tokens and every completion's first tokens, cut to one common length, so the group fits);
-``drop`` (left out; :attr:`PackedBatch.kept` says which groups stayed). Both are counted in ``totals``.
+``drop`` (left out; the batch's ``kept`` says which groups stayed, features are numbered over those). Both are counted in ``totals``.
 
 Read the batch with ``padless.sequence_logprobs(model, batch)``: its features are the completions, in
 order (pair ``i``'s chosen is feature ``2i``, its rejected ``2i + 1``; a rollout group's completions
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from padless.attention.select import ATTENTION_INPUTS, AttentionInputs
-from padless.attention.tree import SHARED_PROMPT_BACKENDS, shared_prompt_refusal
+from padless.attention.tree import shared_prompt_refusal
 from padless.batching.collate import FeatureSpec, PackedBatch, Placements, _round_up
 from padless.layout import IGNORE_INDEX, append_separator, check_tokens, cu_seqlens_from_lengths
 
