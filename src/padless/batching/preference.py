@@ -20,7 +20,8 @@ a GRPO group has ``k`` rollouts. Two layouts, chosen by ``share_prompt``:
 A group never splits across rows: the planner (:func:`padless.plan_packs`) packs whole groups, and
 a group longer than ``max_length`` follows ``overlong``: ``error``; ``truncate`` (keep the prompt's
 last tokens and every completion's first tokens, cut to one common length, so the group fits);
-``drop`` (left out; the batch's ``kept`` says which groups stayed, features are numbered over those). Both are counted in ``totals``.
+``drop`` (left out; the batch's ``kept`` says which groups stayed, and features are numbered over
+those). Both are counted in ``totals``.
 
 Read the batch with ``padless.sequence_logprobs(model, batch)``: its features are the completions, in
 order (pair ``i``'s chosen is feature ``2i``, its rejected ``2i + 1``; a rollout group's completions
