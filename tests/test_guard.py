@@ -9,7 +9,7 @@ import padless
 from padless.attention.backend import register_padless_attention
 from padless.batching.collate import PackedBatch, PackingCollator
 from padless.guard import IsolationError, IsolationGuard, IsolationWarning
-from padless.logprobs import forward_inputs
+from padless.batching.collate import forward_inputs
 from padless.models import build_model
 
 LENGTHS = [5, 1, 17, 9, 3, 12, 2, 8]

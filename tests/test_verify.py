@@ -53,7 +53,7 @@ def test_cli_json_and_exit_status(capsys):
     assert main(["verify", "--model", "tiny-qwen2", "--backends", "sdpa,padless,flex_attention", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["passed"] is True
-    assert [r["status"] for r in out["results"]] == ["pass", "pass", "refused"]
+    assert [r["status"] for r in out["results"]] == ["pass", "pass", "refused"] * 2  # plain, then shared-prompt rows
 
 
 def test_cli_human_output_and_custom_lengths(capsys):

@@ -317,8 +317,10 @@ def test_every_path_asks_the_same_rule(name):
     model.set_attn_implementation("eager")
     report = verify_isolation(model.eval(), backends=GRID_BACKENDS, max_length=ROW)
     for result in report.results:
+        backend, _, layout = result.backend.partition("+")  # "sdpa+shared_prompt": the tree layout's row
         try:
-            check_exact(model, result.backend, device="cpu", dtype=torch.float32, max_length=report.max_length)
+            check_exact(model, backend, device="cpu", dtype=torch.float32,
+                        max_length=None if layout else report.max_length, layout=layout or "documents")
             assert result.status in ("pass", "unavailable"), result
         except ValueError:
             assert result.status == "refused", result
@@ -387,5 +389,5 @@ def test_verify_default_lengths_exceed_the_window(monkeypatch):
     assert default_lengths(_llama_gqa()) == DEFAULT_LENGTHS
     assert verify_isolation(model, backends=("sdpa",)).passed
     monkeypatch.setattr(select, "mask_windows", lambda model, max_length: None)
-    (result,) = verify_isolation(model, backends=("sdpa",)).results
+    result = verify_isolation(model, backends=("sdpa",)).results[0]  # the documents row (then the tree row)
     assert result.status == "fail" and result.max_logit_diff > 1e-2

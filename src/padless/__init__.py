@@ -41,6 +41,13 @@ _EXPORTS: dict[str, str] = {
     "FeatureSpec": "padless.batching.collate",
     "LengthGroupedBatchSampler": "padless.batching.samplers",
     "PackedRows": "padless.batching.rows",
+    "PreferenceCollator": "padless.batching.preference",
+    "RolloutCollator": "padless.batching.preference",
+    "share_prompt": "padless.batching.preference",
+    "shared_prompt_refusal": "padless.attention.tree",
+    "dpo_loss": "padless.dpo",
+    "tree_attention": "padless.attention.tree",
+    "additive_tree_mask": "padless.attention.tree",
     # loss
     "causal_lm_loss": "padless.loss",
     "model_loss": "padless.loss",
@@ -116,6 +123,9 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.attention.select import backend_inputs, BACKENDS, check_exact, resolve_backend
     from padless.attention.varlen import reference_varlen_attention, varlen_attention
     from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
+    from padless.batching.preference import PreferenceCollator, RolloutCollator, share_prompt
+    from padless.attention.tree import additive_tree_mask, shared_prompt_refusal, tree_attention
+    from padless.dpo import dpo_loss
     from padless.batching.rows import PackedRows, PackedRowView
     from padless.batching.samplers import DistributedPackedBatchSampler, LengthGroupedBatchSampler, world_info
     from padless.batching.stream import PackedIterableDataset, PackedStream

@@ -8,7 +8,7 @@ caught at the step it happens, not in the evaluation curve weeks later::
 
     guard = padless.IsolationGuard(every=100, documents=2, on_failure="raise")
     for batch in loader:
-        out = model(**padless.logprobs.forward_inputs(batch))
+        out = model(**padless.batching.collate.forward_inputs(batch))
         loss = ...; loss.backward()
         guard(model, batch, out.logits)  # or guard(model, batch): re-runs the batch without gradients
         optimizer.step()
@@ -127,7 +127,7 @@ class IsolationGuard:
         """Run the chosen documents alone and compare (no counting, no raising)."""
         import torch
 
-        from padless.logprobs import forward_inputs
+        from padless.batching.collate import forward_inputs
         from padless.verify import TOLERANCES
 
         chosen = self._pick(batch)

@@ -27,19 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from padless.batching.collate import forward_inputs
+
 from padless.layout import IGNORE_INDEX
 
 if TYPE_CHECKING:
     import torch
-
-NOT_FORWARD = ("labels", "loss_weights")
-"""Batch keys that padless' loss functions read and that never go to the model's ``forward()``."""
-
-
-def forward_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of ``model(**...)`` for a collated batch: every key but :data:`NOT_FORWARD`."""
-    return {k: v for k, v in batch.items() if k not in NOT_FORWARD}
-
 
 def _packed_positions(labels: np.ndarray, placements: Any) -> tuple[np.ndarray, ...]:
     """``(row, target position, predicting position, feature)`` of every trained token, grouped by
@@ -128,6 +121,10 @@ def sequence_logprobs(
         rows, targets, preds, feats = _padded_positions(labels)
         num_features = labels.shape[0]
     else:
+        if logits is None and placements.prev_offset is not None:  # a shared-prompt tree: wrong on another backend
+            from padless.batching.preference import check_batch_for_model
+
+            check_batch_for_model(model, batch)
         rows, targets, preds, feats = _packed_positions(labels, placements)
         num_features = placements.num_features
     kept = logits is None and trained_logits_only and _takes_logits_to_keep(type(getattr(model, "module", model)))

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from padless.layout import IGNORE_INDEX
-from padless.logprobs import forward_inputs
+from padless.batching.collate import forward_inputs
 
 if TYPE_CHECKING:
     import numpy as np

@@ -168,6 +168,75 @@ def _check_backend(
     return BackendResult(backend, "pass" if ok else "fail", worst, logit_tol, rel, tol.grad_rtol)
 
 
+SHARED_PROMPT_GROUPS = ((5, (3, 1)), (1, (4, 2, 6)), (9, (2, 2)))
+"""(prompt length, completion lengths) of the groups the shared-prompt check packs."""
+
+
+def _completion_logprobs(model: Any, batch: Any) -> torch.Tensor:
+    """Sum of every completion's log-probs, read through the placements (first token from prev_offset)."""
+    import torch
+
+    logp = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float().log_softmax(-1)
+    pl, total = batch.placements, logp.new_zeros(())
+    for r, o, n, prev in zip(pl.row.tolist(), pl.offset.tolist(), pl.length.tolist(), pl.prev_offset.tolist()):
+        src = torch.tensor([prev, *range(o, o + n - 1)], device=logp.device)
+        total = total + logp[r, src].gather(1, batch["labels"][r, o : o + n][:, None]).sum()
+    return total
+
+
+def _check_shared_prompt(model: Any, backend: str, tol: Tolerance, seed: int) -> BackendResult:
+    """Shared-prompt rows (:class:`padless.RolloutCollator`): every ``prompt + completion`` run alone
+    has the logits of its prompt and completion in the packed row, and the summed completion
+    log-probs have the same parameter gradients packed as alone."""
+    import torch
+
+    from padless.attention.backend import register_padless_attention
+    from padless.attention.select import resolve_backend
+    from padless.batching.collate import batch_to
+    from padless.batching.preference import RolloutCollator
+
+    name = f"{backend}+shared_prompt"
+    device = next(model.parameters()).device
+    try:
+        resolve_backend(backend, device=device, dtype=model.dtype, config=model.config, layout="shared_prompt")
+    except ValueError as exc:
+        return BackendResult(name, "refused", detail=str(exc))
+    if backend == "padless":
+        register_padless_attention()
+    try:
+        model.set_attn_implementation(backend)
+    except (ImportError, ValueError) as exc:
+        return BackendResult(name, "unavailable", detail=str(exc).splitlines()[0])
+    rng = np.random.default_rng(seed)
+    draw = lambda n: rng.integers(0, model.config.vocab_size, n).tolist()  # noqa: E731
+    groups = [{"prompt_ids": draw(p), "completion_ids": [draw(c) for c in cs]} for p, cs in SHARED_PROMPT_GROUPS]
+    batch = batch_to(RolloutCollator.for_model(model)(groups), device)
+    pl = batch.placements
+    worst, scale = 0.0, 0.0
+    with torch.no_grad():
+        packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        flat = [(g["prompt_ids"], c) for g in groups for c in g["completion_ids"]]
+        for f, (prompt, comp) in enumerate(flat):
+            j = int(np.flatnonzero(pl.feature == f)[0])
+            r, o, n, prev = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j]), int(pl.prev_offset[j])
+            alone = model(input_ids=torch.tensor([prompt + comp], device=device), use_cache=False).logits[0]
+            got = packed[r, [*range(prev + 1 - len(prompt), prev + 1), *range(o, o + n)]]
+            worst = max(worst, (alone.float() - got.float()).abs().max().item())
+            scale = max(scale, alone.float().abs().max().item())
+    params = [p for p in model.parameters() if p.requires_grad]
+    g_packed = torch.cat([g.flatten() for g in torch.autograd.grad(_completion_logprobs(model, batch), params)])
+    alone_sum = sum(
+        model(input_ids=torch.tensor([prompt + comp], device=device), use_cache=False).logits[0, len(prompt) - 1 : -1]
+        .float().log_softmax(-1).gather(1, torch.tensor(comp, device=device)[:, None]).sum()
+        for prompt, comp in flat
+    )  # fmt: skip
+    g_alone = torch.cat([g.flatten() for g in torch.autograd.grad(alone_sum, params)])
+    rel = ((g_packed - g_alone).norm() / g_alone.norm()).item()
+    logit_tol = tol.logits_atol + tol.logits_rtol * scale
+    ok = worst <= logit_tol and rel <= tol.grad_rtol
+    return BackendResult(name, "pass" if ok else "fail", worst, logit_tol, rel, tol.grad_rtol)
+
+
 def verify_isolation(
     model: Any,
     sequences: Sequence[Sequence[int]] | None = None,
@@ -207,6 +276,7 @@ def verify_isolation(
         padded = batch_to(PaddingCollator()(features), device)
         padded_grads = _loss_grads(model, padded)
         results = [_check_backend(model, b, features, padded_grads, max_length, tol) for b in backends]
+        results += [_check_shared_prompt(model, b, tol, seed) for b in backends]
     finally:
         model.set_attn_implementation(original)
         model.train(was_training)

@@ -150,6 +150,10 @@ def padless_attention(
     for name, what in _REFUSED_KWARGS.items():
         if kwargs.get(name) is not None:
             raise ValueError(f"padless attention cannot apply {what} ({name}); use attn_implementation='eager'")
+    if kwargs.get("tree_cu_seqlens") is not None:  # a shared-prefix batch (padless.attention.tree)
+        from padless.attention.tree import padless_tree_attention
+
+        return padless_tree_attention(query, key, value, scaling, dropout, kwargs), None
     cu, max_len = _document_boundaries(kwargs, batch, length)
     q = query.transpose(1, 2).reshape(batch * length, heads, dim)  # [T, Hq, D], T = B * L
     k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)  # [T, Hk, D]

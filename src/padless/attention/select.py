@@ -28,6 +28,12 @@ lengths ``cu_seq_lens_q/k`` and ``max_length_q/k`` (padless varlen, flash-attn);
 restarted position ids alone (flash-attn's own detection)."""
 ATTENTION_INPUTS: tuple[str, ...] = ("mask4d", "varlen", "position_ids")
 
+Layout = Literal["documents", "shared_prompt"]
+"""How a row is laid out: ``documents`` (each document attends to itself only: SFT packing, preference
+pairs with ``share_prompt=False``) or ``shared_prompt`` (a prompt once, several completions attending
+to it and not to each other: :class:`padless.PreferenceCollator`, :class:`padless.RolloutCollator`)."""
+LAYOUTS: tuple[str, ...] = ("documents", "shared_prompt")
+
 
 @dataclass(frozen=True)
 class _Target:
@@ -39,6 +45,8 @@ class _Target:
     rules: AttentionRules
     backend: str = ""
     """The backend being judged (set by :func:`_reason`)."""
+    layout: str = "documents"
+    """:data:`Layout` of the rows."""
 
 
 @dataclass(frozen=True)
@@ -164,19 +172,33 @@ def backend_inputs(backend: str) -> AttentionInputs:
     return spec.inputs
 
 
-def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | None) -> _Target:
+def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | None, layout: str = "documents") -> _Target:
     import torch
 
     if max_length is not None and max_length < 1:
         raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     config = config_of(model_or_config)
     return _Target(torch.device(device), dtype, config, model_class_of(model_or_config), max_length,
-                   attention_rules(model_or_config))  # fmt: skip
+                   attention_rules(model_or_config), layout=layout)  # fmt: skip
 
 
 def _reason(target: _Target, backend: str) -> str | None:
     target = dataclasses.replace(target, backend=backend)
-    return _refuse_model(target) or BACKENDS[backend].refuse(target)
+    return _refuse_model(target) or BACKENDS[backend].refuse(target) or _refuse_layout(target)
+
+
+def _refuse_layout(t: _Target) -> str | None:
+    """What a shared-prompt tree needs beyond document isolation."""
+    if t.layout != "shared_prompt":
+        return None
+    from padless.attention.tree import shared_prompt_refusal
+
+    reason = shared_prompt_refusal(t.backend)
+    if reason is None and BACKENDS[t.backend].inputs == "mask4d" and t.rules.active_windows(t.max_length):
+        reason = "the 4D tree mask of a shared prompt carries no sliding window"
+    return reason
 
 
 def check_exact(
@@ -186,20 +208,23 @@ def check_exact(
     device: torch.device | str,
     dtype: torch.dtype,
     max_length: int | None = None,
+    layout: Layout = "documents",
 ) -> None:
     """The one rule: return if packed rows trained with attention ``backend`` on ``model_or_config``
     (a transformers model or config; ``None``: no model-specific rule) on ``device`` in ``dtype``
     compute exactly what each document computes alone, else raise ``ValueError`` naming a backend
     that does (or saying that none does). ``max_length`` bounds the tokens of a document in a row
-    (``None``: unbounded); a sliding window at least that long never cuts a document.
+    (``None``: unbounded); a sliding window at least that long never cuts a document. ``layout``
+    (:data:`Layout`): ``shared_prompt`` rows also need a backend that expresses the tree.
 
     Checked: the model's own attention rules (:func:`padless.attention.rules.attention_rules`:
     sliding windows per layer type, soft-capping, sinks, ALiBi, bidirectional or recurrent layers,
     position_ids) against what each backend honours. The collator's ``for_model``,
-    :func:`resolve_backend`, :func:`padless.verify_isolation` and the bench all ask this function."""
+    :func:`resolve_backend`, :func:`padless.verify_isolation`, the preference and rollout collators
+    and the bench all ask this function."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    target = _target(model_or_config, device, dtype, max_length)
+    target = _target(model_or_config, device, dtype, max_length, layout)
     reason = _reason(target, backend)
     if reason is None:
         return
@@ -228,6 +253,7 @@ def resolve_backend(
     dtype: torch.dtype,
     config: Any = None,
     max_length: int | None = None,
+    layout: Layout = "documents",
 ) -> str:
     """The attention backend to train packed rows with: ``requested`` if :func:`check_exact` accepts
     it for this model (``config``: a transformers config or model), device, dtype and ``max_length``
@@ -235,10 +261,10 @@ def resolve_backend(
     ``requested=None`` the fastest exact one. Registers the padless backend when it is returned, so
     the name can be used at once."""
     if requested is not None:
-        check_exact(config, requested, device=device, dtype=dtype, max_length=max_length)
+        check_exact(config, requested, device=device, dtype=dtype, max_length=max_length, layout=layout)
         chosen = requested
     else:
-        target = _target(config, device, dtype, max_length)
+        target = _target(config, device, dtype, max_length, layout)
         found, reasons = _first_exact(target)
         if found is None:
             raise ValueError("no attention backend can isolate packed documents here (" + "; ".join(reasons) + ")")

@@ -140,13 +140,22 @@ class PackedBatch(dict):
         self.placements = placements
 
 
+NOT_FORWARD = ("labels", "loss_weights")
+"""Batch keys that padless' loss functions read and that never go to the model's ``forward()``."""
+
+
+def forward_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``model(**...)`` for a collated batch: every key but :data:`NOT_FORWARD`."""
+    return {k: v for k, v in batch.items() if k not in NOT_FORWARD}
+
+
 def batch_to(batch: Mapping[str, Any], device: Any) -> dict[str, Any]:
     """A collated batch with every tensor moved to ``device`` (python values such as
     ``use_cache`` and ``max_length_q`` pass through; a :class:`PackedBatch` keeps its placements)."""
     move = lambda v: v.to(device, non_blocking=True) if hasattr(v, "to") else v  # noqa: E731
     # a dict value is a 4D mask per layer type (models whose layers differ in sliding window)
     moved = {k: {t: move(m) for t, m in v.items()} if isinstance(v, dict) else move(v) for k, v in batch.items()}
-    return PackedBatch(moved, batch.placements) if isinstance(batch, PackedBatch) else moved
+    return type(batch)(moved, batch.placements) if isinstance(batch, PackedBatch) else moved
 
 
 def _device_of(model: Any) -> Any:

@@ -38,10 +38,10 @@ def run_verify(args: argparse.Namespace) -> int:
         print(json.dumps(report.as_dict(), indent=2))
     else:
         print(f"model {report.model} | {report.dtype} | {report.device} | lengths {report.lengths} | rows of {report.max_length}")
-        print(f"{'backend':<18} {'status':<12} {'max |dlogit|':>13} {'tolerance':>10} {'grad rel diff':>14} {'tolerance':>10}")
+        print(f"{'backend':<32} {'status':<12} {'max |dlogit|':>13} {'tolerance':>10} {'grad rel diff':>14} {'tolerance':>10}")
         for r in report.results:
             fmt = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
-            print(f"{r.backend:<18} {r.status:<12} {fmt(r.max_logit_diff):>13} {fmt(r.logit_tolerance):>10} "
+            print(f"{r.backend:<32} {r.status:<12} {fmt(r.max_logit_diff):>13} {fmt(r.logit_tolerance):>10} "
                   f"{fmt(r.grad_rel_diff):>14} {fmt(r.grad_tolerance):>10}  {r.detail}")  # fmt: skip
         print("PASS: packed rows are isolated on every backend that ran" if report.passed else "FAIL")
     return 0 if report.passed else 1

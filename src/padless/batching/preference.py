@@ -1,0 +1,421 @@
+"""Preference pairs (DPO) and rollout groups (GRPO) packed into rows, with or without a shared prompt.
+
+A *group* is one prompt and ``k`` completions: a preference pair is a group of 2 (chosen, rejected),
+a GRPO group has ``k`` rollouts. Two layouts, chosen by ``share_prompt``:
+
+- independent (``False``): every completion is its own document ``prompt + completion`` (the
+  prompt repeated ``k`` times), packed like any sequence; every attention backend padless accepts
+  for plain packing can run it.
+- shared prompt (``True``): the prompt once, each completion after it, attending to the prompt and
+  not to the others (a tree, :mod:`padless.attention.tree`), positions continuing from the prompt::
+
+      input_ids     p0 p1 p2 a0 a1 b0 b1 b2 _     prompt p, chosen a, rejected b, one pad
+      position_ids   0  1  2  3  4  3  4  5 0
+      labels         -  -  - a0 a1 b0 b1 b2 -     completions trained, the prompt not
+
+  It saves ``(k - 1) * len(prompt)`` tokens of every group; only sdpa and eager (a 4D tree mask) and
+  padless attention (``tree_cu_seqlens`` / ``tree_parents``) can express it
+  (:func:`shared_prompt_refusal`).
+
+A group never splits across rows: the planner (:func:`padless.plan_packs`) packs whole groups, and
+a group longer than ``max_length`` follows ``overlong``: ``error``; ``truncate`` (keep the prompt's
+last tokens and every completion's first tokens, cut to one common length, so the group fits);
+``drop`` (left out; the batch's ``kept`` says which groups stayed, and features are numbered over
+those). Both are counted in ``totals``.
+
+Read the batch with ``padless.sequence_logprobs(model, batch)``: its features are the completions, in
+order (pair ``i``'s chosen is feature ``2i``, its rejected ``2i + 1``; a rollout group's completions
+follow each other), and :class:`padless.batching.collate.Placements` gives each completion's
+``prev_offset`` (the prompt's last token). In the shared layout ``labels`` are not next-token labels
+for a plain ``model(**batch, labels=...)`` loss: the token before a later completion's first token is
+the previous completion's last, so read log-probs through the placements, never by shifting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from padless.attention.select import ATTENTION_INPUTS, AttentionInputs
+from padless.batching.collate import FeatureSpec, PackedBatch, Placements, _round_up
+from padless.layout import IGNORE_INDEX, append_separator, check_tokens, cu_seqlens_from_lengths
+
+if TYPE_CHECKING:
+    import torch
+
+GROUP_OVERLONG: tuple[str, ...] = ("error", "truncate", "drop")
+"""Overlong policies for groups (``split`` would cut a pair across rows)."""
+
+
+def check_batch_for_model(model: Any, batch: Any) -> None:
+    """Raise unless ``batch`` (from a collator of this module) is exact on ``model``'s attention backend.
+
+    A shared-prompt batch built for one backend is silently wrong on another: sdpa ignores the tree
+    kwargs and would cut the completions off their prompt, and padless attention refuses a 4D mask.
+    Consumers such as ``sequence_logprobs`` call this before the forward."""
+    backend = model.config._attn_implementation
+    if "tree_cu_seqlens" in batch and backend != "padless":
+        raise ValueError(f"this shared-prompt batch carries tree_cu_seqlens for padless attention, which "
+                         f"attn_implementation={backend!r} ignores; build it with PreferenceCollator.for_model(model)")  # fmt: skip
+    mask = batch.get("attention_mask")
+    if mask is not None and getattr(mask, "ndim", 0) == 4 and backend not in ("sdpa", "eager"):
+        raise ValueError(f"this batch carries a 4D mask for sdpa/eager, but the model uses {backend!r}; "
+                         "build it with PreferenceCollator.for_model(model)")  # fmt: skip
+    if "tree_cu_seqlens" not in batch and mask is None and backend != "padless" and _has_tree(batch):
+        raise ValueError(f"this shared-prompt batch has neither a tree mask nor tree kwargs; {backend!r} cannot run it")
+
+
+def _has_tree(batch: Any) -> bool:
+    pl = getattr(batch, "placements", None)
+    return pl is not None and pl.prev_offset is not None and bool((pl.prev_offset != pl.offset - 1).any())
+
+
+class PairedBatch(PackedBatch):
+    """A :class:`PackedBatch` of preference pairs: ``padless.sequence_logprobs`` returns ``[num_pairs, 2]``."""
+
+    pairs = True
+    kept: np.ndarray | None = None
+    """Indices (into the features given) of the groups in the batch, after ``overlong='drop'``."""
+
+
+class GroupBatch(PackedBatch):
+    """A :class:`PackedBatch` of rollout groups: features are all completions, group after group."""
+
+    pairs = False
+    kept: np.ndarray | None = None
+    """Indices (into the features given) of the groups in the batch, after ``overlong='drop'``."""
+
+
+@dataclass(frozen=True)
+class _Group:
+    prompt: np.ndarray
+    completions: tuple[np.ndarray, ...]
+
+
+def _fit(prompt: int, completions: np.ndarray, max_length: int, copies: int) -> tuple[int, int]:
+    """``(prompt tokens kept, completion cap)`` so that ``copies * p + sum(min(C, cap)) <= max_length``:
+    the prompt keeps what leaves one token per completion, then completions share the rest."""
+    k = completions.size
+    p = min(prompt, (max_length - k) // copies)
+    if p < 1:
+        raise ValueError(f"max_length={max_length} cannot hold one prompt token and one token of each of {k} "
+                         "completions; raise max_length")  # fmt: skip
+    budget = max_length - copies * p
+    low, high = 1, int(completions.max())  # largest cap whose completions fit the budget
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if int(np.minimum(completions, mid).sum()) <= budget else (low, mid - 1)
+    return p, low
+
+
+@dataclass
+class _GroupCollator:
+    max_length: int | None = None
+    """Tokens per packed row. ``None``: every group of the batch in one row."""
+    share_prompt: bool = True
+    """Put the prompt once before its completions (tree mask) instead of once per completion."""
+    attention: AttentionInputs = "mask4d"
+    """``mask4d`` (sdpa, eager), ``varlen`` (padless; with ``share_prompt`` the tree kwargs) or
+    ``position_ids`` (independent layout only). :meth:`for_model` picks it from the model."""
+    strategy: str = "best_fit_decreasing"
+    """Planner strategy (:data:`padless.STRATEGIES`, except ``wrapped``, which cuts groups)."""
+    overlong: str = "error"
+    """Policy for a group longer than ``max_length``: one of :data:`GROUP_OVERLONG`."""
+    pad_token_id: int = 0
+    """Id written into padding at the end of a row."""
+    pad_to_max_length: bool = False
+    """Pad every row to ``max_length`` instead of the longest row of the batch."""
+    pad_to_multiple_of: int | None = None
+    """Round the row length up to a multiple of this."""
+    mask_dtype: torch.dtype | None = None
+    """Dtype of the 4D additive mask; must equal the model's compute dtype (default float32)."""
+    features: FeatureSpec = field(default_factory=FeatureSpec)
+    """Token validation; ``separator_id`` (EOS) is appended to every completion, trained unless
+    ``train_on_separator=False``."""
+    totals: dict[str, int] = field(default_factory=lambda: {
+        "groups": 0, "completions": 0, "tokens": 0, "truncated_groups": 0, "truncated_tokens": 0,
+        "dropped_groups": 0, "dropped_tokens": 0,
+    })  # fmt: skip
+    """Running counts over every batch collated so far (``tokens``: as given, one prompt per group)."""
+
+    _batch_type = PackedBatch
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_INPUTS:
+            raise ValueError(f"unknown attention inputs {self.attention!r}; choose one of {', '.join(ATTENTION_INPUTS)}")
+        if self.share_prompt and self.attention == "position_ids":
+            raise ValueError("share_prompt=True needs attention='mask4d' (sdpa, eager) or 'varlen' (padless attention); "
+                             "position_ids alone cannot say that completions share a prompt")  # fmt: skip
+        if self.overlong not in GROUP_OVERLONG:
+            raise ValueError(f"unknown overlong policy {self.overlong!r} for groups; choose one of "
+                             f"{', '.join(GROUP_OVERLONG)} (a group never splits across rows)")  # fmt: skip
+        if self.strategy == "wrapped":
+            raise ValueError("strategy='wrapped' cuts sequences across rows; a group never splits, choose another")
+        if self.max_length is not None and (isinstance(self.max_length, bool) or self.max_length < 1):
+            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
+
+    @classmethod
+    def for_model(cls, model: Any, **kwargs: Any) -> _GroupCollator:
+        """A collator whose attention inputs and mask dtype fit ``model``'s attention backend; raises if
+        the backend cannot run the requested layout exactly."""
+        from padless.attention.select import backend_inputs, check_exact
+
+        backend = model.config._attn_implementation
+        layout = "shared_prompt" if kwargs.get("share_prompt", True) else "documents"
+        device = next(iter(model.parameters())).device if hasattr(model, "parameters") else "cpu"
+        check_exact(model, backend, device=device, dtype=model.dtype, max_length=kwargs.get("max_length"),
+                    layout=layout)  # fmt: skip
+        kwargs.setdefault("attention", backend_inputs(backend))
+        kwargs.setdefault("mask_dtype", model.dtype)
+        if getattr(model.config, "vocab_size", None):
+            kwargs.setdefault("features", FeatureSpec(vocab_size=model.config.vocab_size))
+        return cls(**kwargs)
+
+    # subclasses: features -> groups
+    def _read(self, features: Sequence[Mapping[str, Any]]) -> list[_Group]:
+        raise NotImplementedError
+
+    def _tokens(self, values: Any, where: str) -> np.ndarray:
+        ids, _ = check_tokens(values, vocab_size=self.features.vocab_size, where=where)
+        return ids
+
+    def _completion(self, values: Any, where: str) -> np.ndarray:
+        ids = self._tokens(values, where)
+        sep = self.features.separator_id
+        if sep is not None:
+            ids, _ = append_separator(ids, ids.copy(), sep)
+            check_tokens(ids[-1:], vocab_size=self.features.vocab_size, where=f"{where}'s separator")
+        return ids
+
+    def _fitted(self, groups: list[_Group]) -> tuple[list[_Group], np.ndarray]:
+        """Apply ``overlong``; returns the groups to place and the indices of those kept."""
+        copies = lambda g: 1 if self.share_prompt else len(g.completions)  # noqa: E731
+        unit = lambda g: copies(g) * g.prompt.size + sum(c.size for c in g.completions)  # noqa: E731
+        t = self.totals
+        t["groups"] += len(groups)
+        t["completions"] += sum(len(g.completions) for g in groups)
+        t["tokens"] += sum(g.prompt.size + sum(c.size for c in g.completions) for g in groups)
+        if self.max_length is None:
+            return groups, np.arange(len(groups))
+        kept, out = [], []
+        for i, g in enumerate(groups):
+            if unit(g) <= self.max_length:
+                kept.append(i)
+                out.append(g)
+                continue
+            given = g.prompt.size + sum(c.size for c in g.completions)
+            if self.overlong == "error":
+                raise ValueError(f"group {i} needs {unit(g)} tokens in a row (share_prompt={self.share_prompt}), more "
+                                 f"than max_length={self.max_length}; choose overlong='truncate' or 'drop'")  # fmt: skip
+            if self.overlong == "drop":
+                t["dropped_groups"] += 1
+                t["dropped_tokens"] += given
+                continue
+            sizes = np.array([c.size for c in g.completions])
+            p, cap = _fit(g.prompt.size, sizes, self.max_length, copies(g))
+            g = _Group(g.prompt[g.prompt.size - p :], tuple(c[:cap] for c in g.completions))
+            t["truncated_groups"] += 1
+            t["truncated_tokens"] += given - (g.prompt.size + sum(c.size for c in g.completions))
+            kept.append(i)
+            out.append(g)
+        if not out:
+            raise ValueError("every group of the batch was dropped by overlong='drop'; nothing to train on")
+        return out, np.array(kept, dtype=np.int64)
+
+    def _rows(self, groups: list[_Group]) -> list[list[int]]:
+        if self.max_length is None:
+            return [list(range(len(groups)))]
+        from padless.planning.plan import plan_packs
+
+        copies = [1 if self.share_prompt else len(g.completions) for g in groups]
+        units = [c * g.prompt.size + sum(x.size for x in g.completions) for c, g in zip(copies, groups)]
+        plan = plan_packs(units, self.max_length, strategy=self.strategy, overlong="error")
+        return [plan.row(r)[0].tolist() for r in range(plan.num_rows)]
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> PackedBatch:
+        import torch
+
+        from padless.attention.tree import additive_tree_mask
+
+        if len(features) == 0:
+            raise ValueError("the batch is empty: a collator needs at least one feature")
+        groups, kept = self._fitted(self._read(features))
+        first_feature = np.concatenate([[0], np.cumsum([len(g.completions) for g in groups])])
+        rows = self._rows(groups)
+        lay = share_prompt if self.share_prompt else _independent
+        layouts = [lay(g.prompt, g.completions, checked=True) for g in groups]
+        pieces: list[tuple[int, int, int, int, int]] = []  # per completion: feature, row, offset, length, prev
+        row_parts: list[list[GroupLayout]] = []
+        for r, row in enumerate(rows):
+            offset = 0
+            for gi in row:
+                g = layouts[gi]
+                for j, (o, prev) in enumerate(zip(g.completion_offsets, g.prev_offsets)):
+                    pieces.append((int(first_feature[gi]) + j, r, offset + int(o), groups[gi].completions[j].size,
+                                   offset + int(prev)))  # fmt: skip
+                offset += g.input_ids.size
+            row_parts.append([layouts[gi] for gi in row])
+        used = max(sum(g.input_ids.size for g in parts) for parts in row_parts)
+        width = self.max_length if self.pad_to_max_length and self.max_length else used
+        width = _round_up(width, self.pad_to_multiple_of)
+        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
+        labels = np.full_like(input_ids, IGNORE_INDEX)
+        position_ids = np.zeros_like(input_ids)
+        trees: list[tuple[np.ndarray, np.ndarray]] = []
+        for r, parts in enumerate(row_parts):
+            n = sum(g.input_ids.size for g in parts)
+            input_ids[r, :n] = np.concatenate([g.input_ids for g in parts])
+            labels[r, :n] = np.concatenate([g.labels for g in parts])
+            position_ids[r, :n] = np.concatenate([g.position_ids for g in parts])
+            position_ids[r, n:] = np.arange(width - n)
+            base = np.cumsum([0] + [g.segment_lengths.size for g in parts])
+            lengths = [*(g.segment_lengths for g in parts), *([[width - n]] if n < width else [])]
+            parents = [*(np.where(g.parents >= 0, g.parents + b, -1) for g, b in zip(parts, base)),
+                       *([[-1]] if n < width else [])]  # the pad: its own segment, positions from 0  # fmt: skip
+            trees.append((np.concatenate(lengths).astype(np.int64), np.concatenate(parents).astype(np.int64)))
+        batch: dict[str, Any] = {
+            "input_ids": torch.from_numpy(input_ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(position_ids),
+            "use_cache": False,
+        }
+        if self.attention == "mask4d":
+            batch["attention_mask"] = additive_tree_mask(trees, dtype=self.mask_dtype)
+        elif self.attention == "varlen" and self.share_prompt:
+            base = np.cumsum([0] + [lengths.size for lengths, _ in trees[:-1]])
+            cu = cu_seqlens_from_lengths(np.concatenate([lengths for lengths, _ in trees]))
+            parents = np.concatenate([np.where(p >= 0, p + b, -1) for (_, p), b in zip(trees, base)])
+            batch.update(tree_cu_seqlens=torch.from_numpy(cu).to(torch.int32), tree_parents=torch.from_numpy(parents))
+        elif self.attention == "varlen":
+            docs = np.concatenate([lengths for lengths, _ in trees])
+            cu = torch.from_numpy(cu_seqlens_from_lengths(docs)).to(torch.int32)
+            batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(docs.max()), max_length_k=int(docs.max()))
+        arr = np.array(pieces, dtype=np.int64).reshape(-1, 5)
+        placements = Placements(feature=arr[:, 0], start=np.zeros(len(arr), dtype=np.int64), row=arr[:, 1],
+                                offset=arr[:, 2], length=arr[:, 3], num_features=int(first_feature[-1]),
+                                prev_offset=arr[:, 4])  # fmt: skip
+        out = self._batch_type(batch, placements)
+        out.kept = kept
+        return out
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """One group (a prompt and ``k`` completions) laid out as a stretch of a row; int64 arrays."""
+
+    input_ids: np.ndarray
+    """``[n]`` tokens."""
+    labels: np.ndarray
+    """``[n]`` the completion tokens, ``IGNORE_INDEX`` on the prompt (unshifted)."""
+    position_ids: np.ndarray
+    """``[n]`` positions; each completion continues from its prompt's length."""
+    segment_lengths: np.ndarray
+    """``[S]`` segments of the stretch (prompt, completions; or one document per completion)."""
+    parents: np.ndarray
+    """``[S]`` each segment's parent segment (local index), -1 for none."""
+    completion_offsets: np.ndarray
+    """``[k]`` offset of each completion's first token."""
+    prev_offsets: np.ndarray
+    """``[k]`` offset of the token that predicts each completion's first token (its prompt's last)."""
+
+
+def _as_group(prompt_ids: Any, completion_ids: Sequence[Any], checked: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+    if checked:
+        return prompt_ids, list(completion_ids)
+    if len(completion_ids) == 0:
+        raise ValueError("completion_ids must hold at least one completion")
+    prompt = check_tokens(prompt_ids, where="prompt_ids")[0]
+    return prompt, [check_tokens(c, where=f"completion_ids[{j}]")[0] for j, c in enumerate(completion_ids)]
+
+
+def share_prompt(prompt_ids: Any, completion_ids: Sequence[Any], *, checked: bool = False) -> GroupLayout:
+    """The shared-prompt layout of one group: the prompt once, then each completion, each attending to
+    the prompt and not to the others (segments ``[P, C_1, ..., C_k]``, parents ``[-1, 0, ..., 0]``),
+    positions of every completion running ``P, P + 1, ...``::
+
+        share_prompt([7, 8, 9], [[1, 2], [3]])
+        input_ids     7    8    9  1  2  3
+        position_ids  0    1    2  3  4  3
+        labels     -100 -100 -100  1  2  3     prev_offsets [2, 2]: the prompt's last token predicts both
+    """
+    prompt, comps = _as_group(prompt_ids, completion_ids, checked)
+    sizes = np.array([c.size for c in comps], dtype=np.int64)
+    p = prompt.size
+    starts = p + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return GroupLayout(
+        input_ids=np.concatenate([prompt, *comps]),
+        labels=np.concatenate([np.full(p, IGNORE_INDEX, dtype=np.int64), *comps]),
+        position_ids=np.concatenate([np.arange(p), *(p + np.arange(n) for n in sizes)]).astype(np.int64),
+        segment_lengths=np.concatenate([[p], sizes]).astype(np.int64),
+        parents=np.array([-1] + [0] * sizes.size, dtype=np.int64),
+        completion_offsets=starts.astype(np.int64),
+        prev_offsets=np.full(sizes.size, p - 1, dtype=np.int64),
+    )
+
+
+def _independent(prompt_ids: Any, completion_ids: Sequence[Any], *, checked: bool = False) -> GroupLayout:
+    """The independent layout: one document ``prompt + completion`` per completion."""
+    prompt, comps = _as_group(prompt_ids, completion_ids, checked)
+    p, masked = prompt.size, np.full(prompt.size, IGNORE_INDEX, dtype=np.int64)
+    sizes = np.array([p + c.size for c in comps], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) + p
+    return GroupLayout(
+        input_ids=np.concatenate([x for c in comps for x in (prompt, c)]),
+        labels=np.concatenate([x for c in comps for x in (masked, c)]),
+        position_ids=np.concatenate([np.arange(n) for n in sizes]).astype(np.int64),
+        segment_lengths=sizes,
+        parents=np.full(sizes.size, -1, dtype=np.int64),
+        completion_offsets=starts.astype(np.int64),
+        prev_offsets=(starts - 1).astype(np.int64),
+    )
+
+
+def _need(feature: Any, i: int, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    if not isinstance(feature, Mapping):
+        raise ValueError(f"feature {i} is a {type(feature).__name__}, expected a mapping with keys {', '.join(keys)}")
+    missing = [k for k in keys if k not in feature]
+    if missing:
+        raise ValueError(f"feature {i} has no {', '.join(repr(k) for k in missing)} (it has {sorted(feature)})")
+    return feature
+
+
+@dataclass
+class PreferenceCollator(_GroupCollator):
+    """Packs preference pairs (``prompt_ids``, ``chosen_ids``, ``rejected_ids``) into rows; returns a
+    :class:`PairedBatch` (``sequence_logprobs`` -> ``[num_pairs, 2]``, chosen first). See the module
+    docstring for the two layouts, ``share_prompt`` and the overlong policies."""
+
+    _batch_type = PairedBatch
+
+    def _read(self, features: Sequence[Mapping[str, Any]]) -> list[_Group]:
+        keys = ("prompt_ids", "chosen_ids", "rejected_ids")
+        groups = []
+        for i, f in enumerate(features):
+            f = _need(f, i, keys)
+            groups.append(_Group(self._tokens(f["prompt_ids"], f"feature {i} prompt_ids"),
+                                 (self._completion(f["chosen_ids"], f"feature {i} chosen_ids"),
+                                  self._completion(f["rejected_ids"], f"feature {i} rejected_ids"))))  # fmt: skip
+        return groups
+
+
+@dataclass
+class RolloutCollator(_GroupCollator):
+    """Packs GRPO-style groups (``prompt_ids`` and ``completion_ids``, a list of ``k >= 1`` completions)
+    into rows; the batch's features are every completion, group after group, so
+    ``sequence_logprobs(model, batch, per_token=True)`` gives each rollout's per-token log-probs."""
+
+    _batch_type = GroupBatch
+
+    def _read(self, features: Sequence[Mapping[str, Any]]) -> list[_Group]:
+        groups = []
+        for i, f in enumerate(features):
+            f = _need(f, i, ("prompt_ids", "completion_ids"))
+            comps = f["completion_ids"]
+            if isinstance(comps, (str, bytes)) or not isinstance(comps, Sequence) or len(comps) == 0:
+                raise ValueError(f"feature {i} completion_ids must be a non-empty list of token-id lists")
+            groups.append(_Group(self._tokens(f["prompt_ids"], f"feature {i} prompt_ids"),
+                                 tuple(self._completion(c, f"feature {i} completion_ids[{j}]") for j, c in enumerate(comps))))  # fmt: skip
+        return groups
