@@ -18,7 +18,7 @@ SENTENCE = "The capital of France is Paris. The capital of Germany is Berlin."
 @pytest.mark.parametrize(
     ("name", "vocab", "model_type"),
     [("tiny-gpt2", 512, "gpt2"), ("tiny-llama", 512, "llama"), ("tiny-qwen2", 512, "qwen2"),
-     ("tiny-mistral", 512, "mistral"), ("gpt2-tiny", 50257, "gpt2")],
+     ("tiny-mistral", 512, "mistral"), ("gpt2-2layer", 50257, "gpt2")],
 )
 def test_config_built_models(name: str, vocab: int, model_type: str) -> None:
     model = build_model(name)
