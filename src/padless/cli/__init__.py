@@ -13,7 +13,7 @@ import errno
 import importlib
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 EXIT_ERROR = 2
 """Exit status of a bad input or an expected failure (one line on stderr, no traceback)."""
@@ -37,6 +37,26 @@ def plain(text: str | None) -> str | None:
         return None
     text = re.sub(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`", r"\1", text)  # :role:`target` / :role:`text <t>`
     return text.replace("``", "")
+
+
+INT_MAX = 2**31 - 1
+"""Largest count a flag takes: token ids, lengths and counts are stored as int32."""
+
+
+def int_in(low: int, high: int = INT_MAX) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``[low, high]``, else argparse's one-line usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high:,}, got {text}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
 
 
 def as_flags(message: str, names: Iterable[str]) -> str:
