@@ -13,7 +13,7 @@ import errno
 import importlib
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 EXIT_ERROR = 2
 """Exit status of a bad input or an expected failure (one line on stderr, no traceback)."""
@@ -59,10 +59,13 @@ def int_in(low: int, high: int = INT_MAX) -> Callable[[str], int]:
     return parse
 
 
-def as_flags(message: str, names: Iterable[str]) -> str:
-    """A library message in the words of the command line: ``max_length=5`` -> ``--max-length 5``."""
-    for name in sorted(names, key=len, reverse=True):
-        message = re.sub(rf"(?<![\w-]){name}=", f"--{name.replace('_', '-')} ", message)
+def as_flags(message: str, names: Iterable[str] | Mapping[str, str]) -> str:
+    """A library message in the words of the command line: ``max_length=5`` -> ``--max-length 5``
+    (``names``: argument names, or a mapping argument -> flag such as ``{"input": "INPUT"}``)."""
+    flags = dict(names) if isinstance(names, Mapping) else {n: f"--{n.replace('_', '-')}" for n in names}
+    for name in sorted(flags, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){name}=", f"{flags[name]} ", message)
+        message = re.sub(rf"(?<![\w-]){name}(?= (must|is|needs|holds)\b)", flags[name], message)
     return message
 
 
@@ -113,11 +116,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except MemoryError as exc:
         detail = f" ({_one_line(exc)})" if str(exc) else ""
-        print(f"{prefix} out of memory{detail}; use a smaller --max-length, batch or input", file=sys.stderr)
+        sizes = _SIZE_FLAGS.get(args.command, "--max-length")
+        print(f"{prefix} out of memory{detail}; use smaller {sizes} or a smaller input", file=sys.stderr)
         return EXIT_ERROR
     except OSError as exc:
         print(f"{prefix} {_os_message(exc)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+_SIZE_FLAGS = {"pack": "--max-length or --rows-per-shard (a shard holds rows x max-length tokens)",
+               "stats": "--num or --max-length", "plan": "--num or --max-length",
+               "bench": "--batch-size or --max-length", "verify": "--lengths or --max-length"}  # fmt: skip
 
 
 def _one_line(exc: BaseException) -> str:
