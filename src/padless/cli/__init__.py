@@ -14,6 +14,7 @@ import importlib
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from typing import NoReturn
 
 EXIT_ERROR = 2
 """Exit status of a bad input or an expected failure (one line on stderr, no traceback)."""
@@ -69,8 +70,15 @@ def as_flags(message: str, names: Iterable[str] | Mapping[str, str]) -> str:
     return message
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="padless", description=plain(__doc__.splitlines()[0]))
+    parser = _Parser(prog="padless", description=plain(__doc__.splitlines()[0]))
     from padless import __version__
 
     parser.add_argument("--version", action="version", version=f"padless {__version__}")
@@ -97,12 +105,16 @@ def _os_message(exc: OSError) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; every expected failure becomes one line on stderr and a non-zero exit.
 
-    Bad input (``ValueError``, ``OverflowError``), a file that cannot be read or written
+    Returns the exit status (it never raises ``SystemExit``): a usage error (argparse) exits with
+    :data:`EXIT_ERROR` too. Bad input (``ValueError``, ``OverflowError``), a file that cannot be read or written
     (``OSError``) and too little memory exit with :data:`EXIT_ERROR`; Ctrl-C exits with
     :data:`EXIT_INTERRUPTED`. Anything else is a bug in padless and keeps its traceback.
     """
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed: its status
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     prefix = f"padless {args.command}: error:"
     try:
         module = importlib.import_module(args._module)

@@ -41,16 +41,16 @@ class SyntheticTokens:
         name, _, rest = spec.partition(":")
         parts = rest.split(":") if rest else []
         if name not in SYNTHETIC or not parts or len(parts) > 3:
-            raise ValueError(f"synthetic {spec!r}: expected DIST:N[:P1:P2] with DIST one of {', '.join(SYNTHETIC)}")
+            raise ValueError(f"synthetic={spec!r}: expected DIST:N[:P1:P2] with DIST one of {', '.join(SYNTHETIC)}")
         try:
             self.n = int(parts[0])
             params = [float(p) for p in parts[1:]]
         except ValueError:
-            raise ValueError(f"synthetic {spec!r}: N and the parameters must be numbers") from None
+            raise ValueError(f"synthetic={spec!r}: N and the parameters must be numbers") from None
         self.params = (*params, *_SYNTHETIC_DEFAULTS[name][len(params) :])
         low, high = self.params
         if self.n < 1 or low <= 0 or high <= 0 or (name == "uniform" and high < low):
-            raise ValueError(f"synthetic {spec!r}: N and the parameters must be positive (and low <= high)")
+            raise ValueError(f"synthetic={spec!r}: N and the parameters must be positive (and low <= high)")
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         self.name, self.vocab_size, self.seed = name, vocab_size, seed
