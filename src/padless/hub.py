@@ -25,7 +25,7 @@ def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> bool:
     """Whether a TCP connection to the model hub's endpoint opens within ``timeout`` seconds."""
     from huggingface_hub import constants
 
-    if constants.HF_HUB_OFFLINE:
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
     host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)

@@ -143,7 +143,7 @@ class StreamPlanner:
         if length > cap:
             if o.overlong == "error":
                 raise ValueError(f"sequence {pos} has length {length}, longer than max_length {cap}; "
-                                 "choose overlong='truncate', 'split' or 'drop' (--overlong)")  # fmt: skip
+                                 "choose overlong='truncate', 'split' or 'drop'")  # fmt: skip
             if o.overlong == "drop":
                 c.dropped_sequences += 1
                 c.dropped_tokens += length
