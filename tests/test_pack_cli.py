@@ -233,3 +233,20 @@ def test_rerun_with_other_flags_or_a_foreign_folder_exits_2(tmp_path, capsys):
     (out / "state.json").unlink()
     assert pack("--synthetic", "lognormal:200", "--out", out, "--max-length", 512) == 2
     assert "holds shards but no state.json" in capsys.readouterr().err
+
+
+def test_resume_refuses_an_input_whose_bytes_changed(tmp_path, capsys):
+    """The resume key is the input's content: same size and modification time, other ids -> refused."""
+    import os
+
+    src = write_tokens_jsonl(tmp_path / "in.jsonl", [5] * 40)
+    stat = src.stat()
+    args = [src, "--out", tmp_path / "out", "--max-length", 16, "--rows-per-shard", 2]
+    assert pack(*args, "--max-shards", 1) == 0
+    before = src.read_text()
+    src.write_text(before.replace("[0, 0, 0, 0, 0]", "[1, 1, 1, 1, 1]", 1))
+    assert src.read_text() != before
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert src.stat().st_size == stat.st_size
+    assert pack(*args) == 2
+    assert "holds a packing made with INPUT" in capsys.readouterr().err
