@@ -76,11 +76,15 @@ CASES = [
     ("npy-empty", ["stats", "--lengths", "{tmp}/l.npy"], {"l.npy": _npy_empty}, 2, r"no lengths"),
     ("npy-broken", ["stats", "--lengths", "{tmp}/l.npy"], {"l.npy": "not numpy"}, 2, r"not a readable \.npy"),
     # silent nonsense that is now refused
+    ("stats-data-unknown-offline", ["stats", "--data", "no-such-dataset"], {}, 2,
+     r"not a built-in corpus \(tweets, .*the model hub cannot be reached"),
     ("stats-data-empty", ["stats", "--data", ""], {}, 2, r"--data needs a corpus name or a data file, got ''"),
     ("stats-lengths-empty", ["stats", "--lengths", ""], {}, 2, r"--lengths needs a file name"),
     ("plan-no-source", ["plan", "--out", "{tmp}/o.npz"], {}, 2, r"no lengths given: pass --lengths FILE, --data"),
     ("verify-negative-length", ["verify", "--max-length", "-5"], {}, 2, r"--max-length must be >= 1 \(or 0"),
     ("verify-bad-lengths", ["verify", "--lengths", "3,x"], {}, 2, r"--lengths must be comma-separated integers"),
+    ("verify-empty-lengths", ["verify", "--lengths", ""], {}, 2, r"--lengths must be positive integers, got ''"),
+    ("verify-no-backends", ["verify", "--backends", ","], {}, 2, r"--backends names no backend"),
     ("verify-past-positions", ["verify", "--lengths", "600", "--backends", "eager"], {}, 2,
      r"rows of 600 tokens exceed the model's 512 positions"),
     ("verify-bad-device", ["verify", "--device", "gpu0"], {}, 2, r"--device 'gpu0' is not a device name"),
@@ -121,7 +125,7 @@ def _argv(argv: list[str], tmp: Path) -> list[str]:
 @pytest.mark.parametrize(("argv", "files", "status", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, argv, files, status, message):
     monkeypatch.setenv("PADLESS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("padless.hub.hub_reachable", lambda timeout=None: False)  # as offline, on any machine
     _make(tmp_path, files)
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(_argv(argv, tmp_path)) == status

@@ -123,3 +123,16 @@ def test_smollm2_checkpoint_equals_the_gguf_model() -> None:
         want = reference(input_ids=ids, use_cache=False).logits
         got = smollm2()(input_ids=ids).logits
     assert torch.equal(got, want), f"max abs diff {(got - want).abs().max().item():.3g}"
+
+
+def test_renamed_and_unknown_names_say_what_to_use() -> None:
+    from padless.models import builtin_models
+
+    for call in (lambda: build_model("gpt2-tiny"), lambda: models.model_config("gpt2-tiny"),
+                 lambda: load_tokenizer_for("gpt2-tiny")):  # fmt: skip
+        with pytest.raises(ValueError, match="'gpt2-tiny' is now called 'gpt2-2layer'"):
+            call()
+    assert "gpt2-2layer" in builtin_models() and "tiny-gpt2" in builtin_models() and "gpt2-tiny" not in builtin_models()
+    assert build_model("gpt2-2layer").config.vocab_size == 50257 and build_model("tiny-gpt2").config.vocab_size == 512
+    with pytest.raises(ValueError, match=r"no such folder; a model name is one of the built-in names \(tiny-gpt2"):
+        build_model("./no/such/model")

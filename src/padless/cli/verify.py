@@ -67,7 +67,9 @@ def run_verify(args: argparse.Namespace) -> int:
 
     if args.max_length < 0:
         raise ValueError(f"--max-length must be >= 1 (or 0 for one row holding every sequence), got {args.max_length}")
-    lengths = _lengths(args.lengths) if args.lengths else None
+    lengths = _lengths(args.lengths) if args.lengths is not None else None
+    if not [b for b in args.backends.split(",") if b.strip()]:
+        raise ValueError(f"--backends names no backend; choose from {','.join(DEFAULT_BACKENDS)}")
     device = _device(args.device)
     # eager attention builds for every model (some have no SDPA); each backend is switched on in turn
     model = build_model(args.model, dtype=getattr(torch, args.dtype), attn_implementation="eager").to(device)

@@ -96,6 +96,14 @@ def _read_datasets(name: str, split: str) -> tuple[list[dict[str, Any]], str]:
     saved = folder.is_dir() and ((folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file())
     if folder.is_dir() and not saved:
         _check_data_folder(folder)
+    if not folder.is_dir() and not _offline_mode():
+        from padless.data.corpora import CORPORA
+        from padless.hub import hub_reachable
+
+        if not hub_reachable():  # datasets would retry the hub for half a minute
+            raise ValueError(f"{name!r} is not a built-in corpus ({', '.join(CORPORA)}), a data file "
+                             f"({', '.join(SUFFIXES)}) or a folder, and the model hub cannot be reached to look for a "
+                             "dataset of that name (set HF_HUB_OFFLINE=1 to use the local Hugging Face cache)")  # fmt: skip
     try:
         if saved:
             ds = datasets.load_from_disk(str(folder))
@@ -110,6 +118,12 @@ def _read_datasets(name: str, split: str) -> tuple[list[dict[str, Any]], str]:
     except Exception as err:  # datasets raises many kinds (FileNotFoundError, ConnectionError, DatasetNotFoundError)
         raise ValueError(f"{name!r} is not a built-in corpus, a data file, or a dataset that loads: {err}") from None
     return ds.to_list(), ds._fingerprint
+
+
+def _offline_mode() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", os.environ.get("HF_DATASETS_OFFLINE", "")).lower() in ("1", "true", "yes", "on")
 
 
 def _check_data_folder(folder: Path) -> None:
