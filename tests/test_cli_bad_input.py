@@ -315,3 +315,19 @@ def test_ctrl_c_during_pack_says_rerun_and_the_rerun_finishes_identically(tmp_pa
     got, want = sorted(out.glob("shard-*.parquet")), sorted(ref.glob("shard-*.parquet"))
     assert [p.name for p in got] == [p.name for p in want]
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(got, want))
+
+
+def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    """A read-only place (simulated: the tests may run as root, who can write anywhere)."""
+    import errno
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2]}\n')
+    argv = ["pack", str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "ro" / "out"), "--max-length", "8", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert re.fullmatch(r"padless pack: error: Permission denied: .*ro/out \(no permission: choose a folder .*\)", err)
