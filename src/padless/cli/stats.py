@@ -30,7 +30,7 @@ def _input_lengths(args: argparse.Namespace, *, default_dist: str | None = "logn
         try:
             return load_lengths(args.lengths), f"file {Path(args.lengths).name}"
         except ValueError as exc:
-            raise ValueError(f"--lengths {args.lengths}: {exc}") from None
+            raise ValueError(f"--lengths: {exc}") from None
     if args.data is not None:
         if not args.data.strip():
             raise ValueError("--data needs a corpus name or a data file, got ''")

@@ -163,6 +163,13 @@ def load_lengths(path: str | Path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"path {str(path)!r}: no such file")
+    arr = _read_lengths(path)
+    if arr.size == 0:
+        raise ValueError(f"{path} holds no lengths")
+    return arr
+
+
+def _read_lengths(path: Path) -> np.ndarray:
     suffix = path.suffix.lower()
     if suffix == ".npy":
         try:
