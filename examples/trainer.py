@@ -141,7 +141,7 @@ def make_trainer(
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["packed", "padded"], default="packed")
-    p.add_argument("--model", default="gpt2-tiny", help="a padless model name (GPT-2 vocabulary)")
+    p.add_argument("--model", default="gpt2-2layer", help="a padless model name (GPT-2 vocabulary)")
     p.add_argument("--attn", default="padless", help="attention backend: padless | sdpa | eager")
     p.add_argument("--corpus", default="dialogues", help="built-in corpus (tweets, dialogues, toolcalls, agentic-rag)")
     p.add_argument("--train-on", default="assistant", help="all | assistant | completion (chat corpora)")

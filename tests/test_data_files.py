@@ -229,6 +229,25 @@ def test_second_load_comes_from_the_cache_until_the_file_changes(tmp_path: Path,
     assert not load_corpus(path, gpt2(), cache=False).from_cache
 
 
+def test_cache_is_keyed_by_content_not_by_size_and_time(tmp_path: Path) -> None:
+    """A file rewritten with the same size and modification time but other bytes is another file."""
+    import os
+
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "Hello world"}])
+    stat = path.stat()
+    assert load_corpus(path, gpt2()).input_ids == [[*ids_of("Hello world"), EOS]]
+    write_jsonl(path, [{"text": "Hello there"}])  # same length in bytes
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    again = load_corpus(path, gpt2())
+    assert not again.from_cache and again.input_ids == [[*ids_of("Hello there"), EOS]]
+    moved = tmp_path / "sub"
+    moved.mkdir()
+    copy = moved / "d.jsonl"
+    copy.write_bytes(path.read_bytes())
+    assert load_corpus(copy, gpt2()).from_cache  # the same bytes elsewhere: the same tokens
+
+
 def test_damaged_cache_entry_is_rebuilt(tmp_path: Path, private_token_cache: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": "Hello world"}])
     load_corpus(path, gpt2())

@@ -64,5 +64,5 @@ def test_fingerprints_tell_tokenizers_apart_and_are_stable() -> None:
 
 
 def test_unknown_tokenizer_name_fails_loudly() -> None:
-    with pytest.raises(OSError):
+    with pytest.raises(ValueError, match="no such folder.*built-in names \\(gpt2, smollm2"):
         load_tokenizer("/nonexistent/tokenizer/folder")

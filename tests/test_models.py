@@ -18,7 +18,7 @@ SENTENCE = "The capital of France is Paris. The capital of Germany is Berlin."
 @pytest.mark.parametrize(
     ("name", "vocab", "model_type"),
     [("tiny-gpt2", 512, "gpt2"), ("tiny-llama", 512, "llama"), ("tiny-qwen2", 512, "qwen2"),
-     ("tiny-mistral", 512, "mistral"), ("gpt2-tiny", 50257, "gpt2")],
+     ("tiny-mistral", 512, "mistral"), ("gpt2-2layer", 50257, "gpt2")],
 )
 def test_config_built_models(name: str, vocab: int, model_type: str) -> None:
     model = build_model(name)
@@ -123,3 +123,16 @@ def test_smollm2_checkpoint_equals_the_gguf_model() -> None:
         want = reference(input_ids=ids, use_cache=False).logits
         got = smollm2()(input_ids=ids).logits
     assert torch.equal(got, want), f"max abs diff {(got - want).abs().max().item():.3g}"
+
+
+def test_renamed_and_unknown_names_say_what_to_use() -> None:
+    from padless.models import builtin_models
+
+    for call in (lambda: build_model("gpt2-tiny"), lambda: models.model_config("gpt2-tiny"),
+                 lambda: load_tokenizer_for("gpt2-tiny")):  # fmt: skip
+        with pytest.raises(ValueError, match="'gpt2-tiny' is now called 'gpt2-2layer'"):
+            call()
+    assert "gpt2-2layer" in builtin_models() and "tiny-gpt2" in builtin_models() and "gpt2-tiny" not in builtin_models()
+    assert build_model("gpt2-2layer").config.vocab_size == 50257 and build_model("tiny-gpt2").config.vocab_size == 512
+    with pytest.raises(ValueError, match=r"no such folder; a model name is one of the built-in names \(tiny-gpt2"):
+        build_model("./no/such/model")

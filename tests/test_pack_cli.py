@@ -190,8 +190,7 @@ def test_interrupted_runs_resume_to_identical_shards(tmp_path, monkeypatch):
         return real(table, where, **kw)
 
     monkeypatch.setattr(pq, "write_table", crash_on_second)
-    with pytest.raises(KeyboardInterrupt):
-        pack(*args, "--out", out)
+    assert pack(*args, "--out", out) == 130  # Ctrl-C: a message and 128 + SIGINT, no traceback
     monkeypatch.setattr(pq, "write_table", real)
     assert [p.name for p in shard_files(out)] == [f"shard-{i:05d}.parquet" for i in range(3)]
     assert json.loads((out / "state.json").read_text())["shards"][-1]["file"] == "shard-00002.parquet"
@@ -220,9 +219,9 @@ def bad_jsonl(tmp_path):
         (lambda t: [t / "x.jsonl", "--synthetic", "lognormal:10"], "exactly one of INPUT and --synthetic"),
         (lambda t: ["--synthetic", "gauss:10"], "--synthetic 'gauss:10'"),
         (lambda t: ["--synthetic", "lognormal:ten"], "must be numbers"),
-        (lambda t: ["--synthetic", "lognormal:10", "--max-length", 0], "--max-length must be >= 1"),
-        (lambda t: ["--synthetic", "lognormal:10", "--rows-per-shard", 0], "--rows-per-shard must be >= 1"),
-        (lambda t: ["--synthetic", "lognormal:10", "--min-fill", 2], "min_fill must lie in"),
+        (lambda t: ["--synthetic", "lognormal:10", "--max-length", 0], "argument --max-length: must be between 1"),
+        (lambda t: ["--synthetic", "lognormal:10", "--rows-per-shard", 0], "argument --rows-per-shard: must be"),
+        (lambda t: ["--synthetic", "lognormal:10", "--min-fill", 2], "--min-fill must lie in"),
         (lambda t: ["--synthetic", "lognormal:500:300", "--max-length", 64], "longer than max_length 64"),
         (lambda t: [bad_jsonl(t)], "line 2 is not valid JSON"),
     ],
@@ -247,3 +246,20 @@ def test_rerun_with_other_flags_or_a_foreign_folder_exits_2(tmp_path, capsys):
     (out / "state.json").unlink()
     assert pack("--synthetic", "lognormal:200", "--out", out, "--max-length", 512) == 2
     assert "holds shards but no state.json" in capsys.readouterr().err
+
+
+def test_resume_refuses_an_input_whose_bytes_changed(tmp_path, capsys):
+    """The resume key is the input's content: same size and modification time, other ids -> refused."""
+    import os
+
+    src = write_tokens_jsonl(tmp_path / "in.jsonl", [5] * 40)
+    stat = src.stat()
+    args = [src, "--out", tmp_path / "out", "--max-length", 16, "--rows-per-shard", 2]
+    assert pack(*args, "--max-shards", 1) == 0
+    before = src.read_text()
+    src.write_text(before.replace("[0, 0, 0, 0, 0]", "[1, 1, 1, 1, 1]", 1))
+    assert src.read_text() != before
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert src.stat().st_size == stat.st_size
+    assert pack(*args) == 2
+    assert "holds a packing made with INPUT" in capsys.readouterr().err

@@ -10,7 +10,8 @@ from padless.attention.masks import additive_block_causal_mask
 from padless.attention.positions import alibi_refusal, position_scheme
 from padless.batching.collate import PackingCollator
 from padless.layout import position_ids_from_lengths
-from padless.batching.collate import forward_inputs, sequence_logprobs
+from padless.batching.collate import forward_inputs
+from padless.logprobs import sequence_logprobs
 from padless.models import build_model, tiny_config
 
 V = 128

@@ -52,7 +52,7 @@ def _first_step(example, examples, tmp_path, mode, attn):
 
     if attn == "padless":
         register_padless_attention()
-    model = build_model("gpt2-tiny", attn_implementation=attn, seed=0)
+    model = build_model("gpt2-2layer", attn_implementation=attn, seed=0)
     lengths = [len(e["input_ids"]) for e in examples]
     rows = schedule_epoch(lengths, MAX_LENGTH, world_size=1, rows_per_batch=1).plan.num_rows
     assert rows >= GRAD_ACCUM
@@ -119,7 +119,7 @@ def test_trainer_replans_packed_rows_every_epoch(example, examples, tmp_path):
     tokens."""
     from padless.models import build_model
 
-    model = build_model("gpt2-tiny", attn_implementation="sdpa", seed=0)
+    model = build_model("gpt2-2layer", attn_implementation="sdpa", seed=0)
     rows = len(example.DistributedPackedBatchSampler([len(e["input_ids"]) for e in examples], MAX_LENGTH, 1))
     trainer = example.make_trainer(model, examples, mode="packed", output_dir=str(tmp_path), max_length=MAX_LENGTH,
                                    rows_per_batch=1, steps=2 * rows)  # one row per step, two epochs

@@ -45,7 +45,7 @@ class GPT2Size:
 
 
 GPT2_SIZES: dict[str, GPT2Size] = {
-    "gpt2-tiny": GPT2Size(n_layer=2, n_embd=64, n_head=4, n_positions=1024),
+    "gpt2-2layer": GPT2Size(n_layer=2, n_embd=64, n_head=4, n_positions=1024),
     "gpt2-mini": GPT2Size(n_layer=4, n_embd=256, n_head=4),
     "gpt2-small-cpu": GPT2Size(n_layer=6, n_embd=384, n_head=6),
     "gpt2": GPT2Size(n_layer=12, n_embd=768, n_head=12),
@@ -62,13 +62,28 @@ _TINY_COMMON: dict[str, Any] = dict(
 )
 TINY_FAMILIES = ("gpt2", "llama", "qwen2", "mistral")
 
+RENAMED: dict[str, str] = {"gpt2-tiny": "gpt2-2layer"}
+"""Old built-in names -> new ones (``gpt2-tiny`` was one letter from the 512-token ``tiny-gpt2``)."""
+
+
+def builtin_models() -> list[str]:
+    """Every model name padless builds itself: the ``tiny-*`` test configs (512-token vocabulary), the
+    GPT-2 sizes (GPT-2's 50,257-token vocabulary) and the packaged pretrained models."""
+    return [*(f"tiny-{f}" for f in TINY_FAMILIES), *GPT2_SIZES, *PRETRAINED]
+
+
+def _check_renamed(name: str) -> None:
+    if name in RENAMED:
+        raise ValueError(f"model {name!r} is now called {RENAMED[name]!r} (2 layers, 64 wide, GPT-2's 50,257-token "
+                         "vocabulary); 'tiny-gpt2' is the 512-token test model")  # fmt: skip
+
 
 def tiny_config(family: str, vocab_size: int = 512) -> PretrainedConfig:
     """A tiny config of ``family`` (one of :data:`TINY_FAMILIES`)."""
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     if family == "gpt2":
-        size = GPT2_SIZES["gpt2-tiny"]
+        size = GPT2_SIZES["gpt2-2layer"]
         return GPT2Config(
             vocab_size=vocab_size,
             n_layer=size.n_layer,
@@ -154,6 +169,7 @@ def _write_smollm2(target: Path) -> None:
 def tokenizer_name_for(model_name: str) -> str:
     """The tokenizer a model name goes with: ``"gpt2"`` for the GPT-2 sizes, the packaged tokenizer for a
     packaged model, the name itself for a transformers name or path."""
+    _check_renamed(model_name)
     if model_name in GPT2_SIZES:
         return "gpt2"
     if model_name in PRETRAINED:
@@ -175,13 +191,16 @@ def model_config(name: str, *, vocab_size: int | None = None, cache_dir: str | P
     """The config of a model name (as :func:`build_model` takes it), without building the weights."""
     from transformers import AutoConfig
 
+    from padless.hub import from_pretrained
+
+    _check_renamed(name)
     if name in PRETRAINED:
         return AutoConfig.from_pretrained(str(smollm2_dir(cache_dir)))
     if name.startswith("tiny-"):
         return tiny_config(name.removeprefix("tiny-"), **({"vocab_size": vocab_size} if vocab_size else {}))
     if name in GPT2_SIZES:
         return gpt2_config(name, **({"vocab_size": vocab_size} if vocab_size else {}))
-    return AutoConfig.from_pretrained(name)
+    return from_pretrained(AutoConfig.from_pretrained, name, "model", builtin_models())
 
 
 def build_model(
@@ -204,6 +223,9 @@ def build_model(
     import torch
     from transformers import AutoModelForCausalLM
 
+    from padless.hub import from_pretrained
+
+    _check_renamed(name)
     if name in PRETRAINED:
         if vocab_size is not None:
             raise ValueError(f"vocab_size={vocab_size} cannot be set for the pretrained {name!r}")
@@ -220,6 +242,7 @@ def build_model(
         config.use_cache = False
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=attn_implementation, dtype=dtype)
+        model = from_pretrained(AutoModelForCausalLM.from_pretrained, name, "model", builtin_models(),
+                                attn_implementation=attn_implementation, dtype=dtype)
     model.config.use_cache = False
     return model

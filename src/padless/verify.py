@@ -90,12 +90,17 @@ class VerifyReport:
     results: list[BackendResult] = field(default_factory=list)
 
     @property
+    def ran(self) -> bool:
+        """Some backend ran (passed or failed); False when every one was refused or unavailable."""
+        return any(r.status in ("pass", "fail") for r in self.results)
+
+    @property
     def passed(self) -> bool:
         """No backend that ran was contaminated or trained differently from padding."""
         return all(r.status != "fail" for r in self.results) and any(r.status == "pass" for r in self.results)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "passed": self.passed}
+        return {**asdict(self), "passed": self.passed, "ran": self.ran}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -252,6 +257,8 @@ def verify_isolation(
     include a 1-token document and one longer than the model's sliding window, if it has one).
     ``max_length``: packed row length (``None``: one row for all); raised to the longest sequence
     (with the default lengths, plus :data:`ROW_SLACK`).
+    A row longer than the model's positions raises ``ValueError``. A model whose forward takes no
+    ``position_ids`` gets every backend refused, with the reason.
     The model's attention implementation is restored afterwards.
     """
     from padless.batching.collate import PaddingCollator, batch_to
@@ -260,14 +267,29 @@ def verify_isolation(
         features = _random_sequences(default_lengths(model), model.config.vocab_size, seed)
     else:
         features = [{"input_ids": [int(t) for t in s]} for s in sequences]
+    if max_length is not None and max_length < 1:
+        raise ValueError(f"max_length={max_length} must be >= 1, or None for one row holding every sequence")
+    if not features or min(len(f["input_ids"]) for f in features) < 1:
+        raise ValueError("sequences must be non-empty token-id lists")
     if max_length is not None:
         slack = ROW_SLACK if sequences is None else 0
         max_length = max(max_length, max(len(f["input_ids"]) for f in features) + slack)
+    row = max_length if max_length is not None else sum(len(f["input_ids"]) for f in features)
+    positions = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if positions is not None and row > positions:
+        raise ValueError(f"packed rows of {row} tokens exceed the model's {positions} positions; "
+                         "use shorter sequences or a smaller max_length")
     dtype = _dtype_name(model.dtype)
     tol = tolerance or TOLERANCES.get(dtype)
     if tol is None:
         raise ValueError(f"no tolerance for dtype {dtype}; pass tolerance=Tolerance(...)")
     device = next(model.parameters()).device
+    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    lengths = [len(f["input_ids"]) for f in features]
+    refusal = _model_refusal(model)
+    if refusal is not None:  # padless' own reason, before any backend (or transformers) is asked
+        return VerifyReport(name, dtype, str(device), lengths, max_length,
+                            [BackendResult(b, "refused", detail=refusal) for b in backends])
     original = model.config._attn_implementation
     was_training = model.training
     model.eval()  # dropout off: both sides must compute the same function
@@ -280,5 +302,14 @@ def verify_isolation(
     finally:
         model.set_attn_implementation(original)
         model.train(was_training)
-    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-    return VerifyReport(name, dtype, str(device), [len(f["input_ids"]) for f in features], max_length, results)
+    return VerifyReport(name, dtype, str(device), lengths, max_length, results)
+
+
+def _model_refusal(model: Any) -> str | None:
+    """Why padless packs for no backend of this model (its forward takes no ``position_ids``), or None."""
+    import inspect
+
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return (f"{type(model).__name__}.forward takes no position_ids, so packed documents would be given "
+                "positions that run on across document boundaries; padless refuses to pack for it")
+    return None

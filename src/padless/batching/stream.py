@@ -55,14 +55,15 @@ STATE_VERSION = 1
 """Bumped whenever the layout of :meth:`PackedStream.state_dict` changes."""
 
 
-def _as_tokens(example: Any, pos: int) -> tuple[np.ndarray, np.ndarray]:
+def _as_tokens(example: Any, pos: int, vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """An example's ``input_ids`` and ``labels`` as int32 ``[n]`` arrays (labels default to the ids),
-    validated by :func:`padless.layout.check_tokens`."""
+    validated by :func:`padless.layout.check_tokens` against ``vocab_size`` (int32's range without one)."""
     if not isinstance(example, Mapping) or "input_ids" not in example:
         what = f"keys {sorted(example)}" if isinstance(example, Mapping) else f"a {type(example).__name__}"
         raise ValueError(f"example {pos} has no 'input_ids' ({what}); stream tokenized examples")
     # Buffered tokens are kept as int32 (half the memory), so ids must fit in it.
-    ids, labels = check_tokens(example["input_ids"], example.get("labels"), vocab_size=2**31, where=f"example {pos}")
+    vocab = 2**31 if vocab_size is None else min(vocab_size, 2**31)
+    ids, labels = check_tokens(example["input_ids"], example.get("labels"), vocab_size=vocab, where=f"example {pos}")
     return ids.astype(np.int32), labels.astype(np.int32)
 
 
@@ -131,8 +132,12 @@ class PackedStream:
     """
 
     def __init__(self, source: Iterable[Mapping[str, Any]], max_length: int, *, dtype: Any = np.int64,
-                 **options: Any) -> None:  # fmt: skip
+                 vocab_size: int | None = None, **options: Any) -> None:  # fmt: skip
         self.source = source
+        if vocab_size is not None and vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1 (or None), got {vocab_size}")
+        self.vocab_size = vocab_size
+        """Token ids and labels must lie in ``[0, vocab_size)`` (labels may be -100); None: int32's range."""
         self.dtype = np.dtype(dtype)
         """Integer dtype of the yielded arrays (``padless pack`` uses int32, what it writes)."""
         self.options = StreamOptions(max_length=max_length, **options)
@@ -176,7 +181,7 @@ class PackedStream:
                     raise ValueError(f"the source ended at example {pos}, before the saved position "
                                      f"{planner.consumed}: is it the source the state was saved from?")  # fmt: skip
                 if pos in need:
-                    ids, labels = _as_tokens(example, pos)
+                    ids, labels = _as_tokens(example, pos, self.vocab_size)
                     kept = min(ids.size, self.options.max_length) if self.options.overlong == "truncate" else ids.size
                     if kept < need[pos][1]:
                         raise ValueError(f"example {pos} has {ids.size} tokens, fewer than the state buffered: "
@@ -189,7 +194,7 @@ class PackedStream:
             if example is None:
                 break
             pos = planner.consumed
-            ids, labels = _as_tokens(example, pos)
+            ids, labels = _as_tokens(example, pos, self.vocab_size)
             rounds = planner.rounds
             kept, made = planner.add(ids.size)
             if made:

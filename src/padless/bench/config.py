@@ -38,14 +38,27 @@ class Preset:
     limit: int | None = None
     """Read at most this many examples of the corpus (quick runs)."""
 
+    def __post_init__(self) -> None:
+        # a run that trains nothing or times nothing is refused, not reported as a result
+        for name in ("steps", "batch_size", "max_length", "grad_accumulation"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0 and less than steps={self.steps} "
+                             "(warm-up steps are not timed)")
+        if self.eval_examples < 0 or (self.limit is not None and self.limit < 1):
+            raise ValueError(f"eval_examples={self.eval_examples} must be >= 0 and limit={self.limit} >= 1 (or None)")
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+
 
 PRESETS: dict[str, Preset] = {
     # about 10 minutes for all four strategies on 2 CPU cores: the smallest GPT-2 architecture with
     # the real 50k vocabulary, assistant-only training on agent traces (tool results are context)
-    "default": Preset("gpt2-tiny", "agentic-rag", steps=120, batch_size=8, max_length=1024,
+    "default": Preset("gpt2-2layer", "agentic-rag", steps=120, batch_size=8, max_length=1024,
                       warmup_steps=5, lr=2e-3, eval_examples=32, train_on="assistant"),
     # a smoke run of about a minute (used by the tests)
-    "quick": Preset("gpt2-tiny", "agentic-rag", steps=6, batch_size=4, max_length=512,
+    "quick": Preset("gpt2-2layer", "agentic-rag", steps=6, batch_size=4, max_length=512,
                     warmup_steps=2, lr=2e-3, eval_examples=8, train_on="assistant", limit=200),
     # GPU-sized: the 124M GPT-2 architecture, and a real fine-tune of the pretrained SmolLM2-135M
     "gpt2": Preset("gpt2", "agentic-rag", steps=200, batch_size=32, max_length=1024,

@@ -1,4 +1,4 @@
-"""The ``padless`` command line: a table of subcommands, each a thin wrapper over one library call.
+"""The padless command line: a table of subcommands, each a thin wrapper over one library call.
 
 Every subcommand is one module of this package, ``padless.cli.<command>``, with two functions:
 ``add_<command>_arguments(parser)`` and ``run_<command>(args) -> int`` (the exit status). A module is
@@ -9,8 +9,17 @@ knows flags, argparse and printing; the library raises errors that name argument
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import re
 import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import NoReturn
+
+EXIT_ERROR = 2
+"""Exit status of a bad input or an expected failure (one line on stderr, no traceback)."""
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -23,8 +32,53 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def plain(text: str | None) -> str | None:
+    """``text`` without Sphinx markup, for ``--help``: ``:func:`x``` -> ``x``, double backticks -> none."""
+    if text is None:
+        return None
+    text = re.sub(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`", r"\1", text)  # :role:`target` / :role:`text <t>`
+    return text.replace("``", "")
+
+
+INT_MAX = 2**31 - 1
+"""Largest count a flag takes: token ids, lengths and counts are stored as int32."""
+
+
+def int_in(low: int, high: int = INT_MAX) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``[low, high]``, else argparse's one-line usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high:,}, got {text}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def as_flags(message: str, names: Iterable[str] | Mapping[str, str]) -> str:
+    """A library message in the words of the command line: ``max_length=5`` -> ``--max-length 5``
+    (``names``: argument names, or a mapping argument -> flag such as ``{"input": "INPUT"}``)."""
+    flags = dict(names) if isinstance(names, Mapping) else {n: f"--{n.replace('_', '-')}" for n in names}
+    for name in sorted(flags, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){name}=", f"{flags[name]} ", message)
+        message = re.sub(rf"(?<![\w-]){name}(?= (must|is|needs|holds)\b)", flags[name], message)
+    return message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="padless", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="padless", description=plain(__doc__.splitlines()[0]))
     from padless import __version__
 
     parser.add_argument("--version", action="version", version=f"padless {__version__}")
@@ -37,15 +91,59 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def _os_message(exc: OSError) -> str:
+    """One line for a failed file operation: what went wrong and on which path."""
+    where = f": {exc.filename}" if exc.filename else ""
+    reason = exc.strerror or str(exc)
+    hint = {errno.EACCES: " (no permission: choose a folder you can write to)",
+            errno.EROFS: " (read-only file system)",
+            errno.ENOTDIR: " (a path component is a file, not a folder)",
+            errno.ENOSPC: " (the disk is full)"}.get(exc.errno or 0, "")  # fmt: skip
+    return f"{reason}{where}{hint}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; every expected failure becomes one line on stderr and a non-zero exit.
+
+    Returns the exit status (it never raises ``SystemExit``): a usage error (argparse) exits with
+    :data:`EXIT_ERROR` too. Bad input (``ValueError``, ``OverflowError``), a file that cannot be read or written
+    (``OSError``) and too little memory exit with :data:`EXIT_ERROR`; Ctrl-C exits with
+    :data:`EXIT_INTERRUPTED`. Anything else is a bug in padless and keeps its traceback.
+    """
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
-    module = importlib.import_module(args._module)
     try:
+        args = build_parser(argv).parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed: its status
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    prefix = f"padless {args.command}: error:"
+    try:
+        module = importlib.import_module(args._module)
         return int(getattr(module, f"run_{args.command}")(args) or 0)
-    except ValueError as exc:  # bad input: a clear message, no traceback
-        print(f"padless {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        again = ", rerun to resume (finished shards are kept)" if args.command == "pack" else ""
+        print(f"padless {args.command}: interrupted{again}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ValueError, OverflowError) as exc:  # bad input: a clear message, no traceback
+        print(f"{prefix} {_one_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except MemoryError as exc:
+        detail = f" ({_one_line(exc)})" if str(exc) else ""
+        sizes = _SIZE_FLAGS.get(args.command, "--max-length")
+        print(f"{prefix} out of memory{detail}; use smaller {sizes} or a smaller input", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        print(f"{prefix} {_os_message(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+_SIZE_FLAGS = {"pack": "--max-length or --rows-per-shard (a shard holds rows x max-length tokens)",
+               "stats": "--num or --max-length", "plan": "--num or --max-length",
+               "bench": "--batch-size or --max-length", "verify": "--lengths or --max-length"}  # fmt: skip
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return "; ".join(lines) or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import dataclasses
 from padless.bench.config import PRESETS, Preset, RunConfig, field_docs
 from padless.bench.run import run_benchmark
 from padless.bench.strategies import STRATEGIES, parse_strategies
+from padless.cli import as_flags, plain
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +18,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     docs = field_docs(Preset)
     for f in dataclasses.fields(Preset):
         kind = {"int": int, "float": float, "int | None": int}.get(str(f.type), str)
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, help=docs.get(f.name))
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, help=plain(docs.get(f.name)))
     parser.add_argument("--mode", default="same-examples", choices=["same-examples", "token-budget"])
     parser.add_argument("--token-budget", type=int, default=None, help="tokens per step in token-budget mode (default batch size x max length)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: the model's)")
@@ -50,7 +51,11 @@ def run_bench(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     try:
-        run_benchmark(config_from_args(args), args.out, progress=not args.no_progress)
+        config = config_from_args(args)
+    except ValueError as exc:  # the config names its fields; say them as flags
+        raise ValueError(as_flags(str(exc), [f.name for f in dataclasses.fields(RunConfig)])) from None
+    try:
+        run_benchmark(config, args.out, progress=not args.no_progress)
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

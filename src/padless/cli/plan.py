@@ -12,15 +12,18 @@ from padless.planning.lengths import summarize_lengths
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     _add_common(parser)
+    parser.description = f"{parser.description}. Lengths: one of --lengths, --data or --dist is required."
     parser.add_argument("--out", metavar="FILE.npz", required=True, help="where to write the plan's arrays")
 
 
 def run_plan(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if out.suffix != ".npz":
+    if out.suffix != ".npz" or not out.stem:
         raise ValueError(f"--out must end in .npz, got {out}")
-    lengths, source = _input_lengths(args)
+    lengths, source = _input_lengths(args, default_dist=None)
     plan = _plan(args, lengths)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give a file name ending in .npz")
     out.parent.mkdir(parents=True, exist_ok=True)
     plan.save(str(out))
     if args.json:

@@ -1,5 +1,5 @@
 """``padless verify``: per backend, packed logits against each sequence alone and packed gradients
-against padded ones (:func:`padless.verify_isolation`)."""
+against padded ones (padless.verify_isolation)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,21 @@ import json
 
 from padless.verify import DEFAULT_BACKENDS, TOLERANCES, _random_sequences, verify_isolation
 
+EXIT_PASS, EXIT_CONTAMINATED, EXIT_NOTHING_RAN = 0, 1, 3
+"""Exit statuses of ``padless verify`` (2 is a bad input, as for every subcommand)."""
+
+EPILOG = """exit status:
+  0  PASS: every backend that ran kept packed documents isolated and trained like padding
+  1  FAIL: a backend ran and was contaminated (or its gradients differ from padding)
+  2  bad input (a message says which)
+  3  NOTHING RAN: every backend was refused or unavailable (the reasons are printed)"""
+
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--model", default="tiny-gpt2",
-                        help="tiny-<gpt2|llama|qwen2|mistral>, a GPT-2 size, smollm2-135m, or a transformers name/path")  # fmt: skip
+                        help="tiny-<gpt2|llama|qwen2|mistral> (512-token test vocabulary), a GPT-2 size, smollm2-135m, or a local model folder")  # fmt: skip
     parser.add_argument("--backends", default=",".join(DEFAULT_BACKENDS), help="comma-separated attention backends")
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCES))
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
@@ -21,27 +32,71 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+def _device(name: str) -> object:
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device name (auto, cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA device is available here (torch {torch.__version__}); "
+                         "use --device cpu or auto")  # fmt: skip
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--lengths must be comma-separated integers, got {text!r}") from None
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"--lengths must be positive integers, got {text!r}")
+    return lengths
+
+
 def run_verify(args: argparse.Namespace) -> int:
     import torch
 
+    from padless.cli import as_flags
     from padless.models import build_model
 
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    model = build_model(args.model, dtype=getattr(torch, args.dtype)).to(device)
+    if args.max_length < 0:
+        raise ValueError(f"--max-length must be >= 1 (or 0 for one row holding every sequence), got {args.max_length}")
+    lengths = _lengths(args.lengths) if args.lengths is not None else None
+    if not [b for b in args.backends.split(",") if b.strip()]:
+        raise ValueError(f"--backends names no backend; choose from {','.join(DEFAULT_BACKENDS)}")
+    device = _device(args.device)
+    # eager attention builds for every model (some have no SDPA); each backend is switched on in turn
+    model = build_model(args.model, dtype=getattr(torch, args.dtype), attn_implementation="eager").to(device)
     sequences = None
-    if args.lengths:
-        lengths = [int(x) for x in args.lengths.split(",")]
+    if lengths:
         sequences = [f["input_ids"] for f in _random_sequences(lengths, model.config.vocab_size, args.seed)]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    report = verify_isolation(model, sequences, backends=backends, max_length=args.max_length or None, seed=args.seed)
+    try:
+        report = verify_isolation(model, sequences, backends=backends, max_length=args.max_length or None,
+                                  seed=args.seed)  # fmt: skip
+    except ValueError as exc:
+        raise ValueError(as_flags(str(exc), ["max_length"])) from None
+    status = EXIT_PASS if report.passed else EXIT_CONTAMINATED if report.ran else EXIT_NOTHING_RAN
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
+        return status
+    print(f"model {report.model} | {report.dtype} | {report.device} | lengths {report.lengths} | rows of {report.max_length}")
+    print(f"{'backend':<24} {'status':<12} {'max |dlogit|':>13} {'tolerance':>10} {'grad rel diff':>14} {'tolerance':>10}")
+    for r in report.results:
+        fmt = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
+        print(f"{r.backend:<24} {r.status:<12} {fmt(r.max_logit_diff):>13} {fmt(r.logit_tolerance):>10} "
+              f"{fmt(r.grad_rel_diff):>14} {fmt(r.grad_tolerance):>10}  {r.detail}")  # fmt: skip
+    if status == EXIT_PASS:
+        print("PASS: packed rows are isolated on every backend that ran")
+    elif status == EXIT_CONTAMINATED:
+        bad = [r.backend for r in report.results if r.status == "fail"]
+        print(f"FAIL: packed rows are contaminated or train differently on {', '.join(bad)}")
     else:
-        print(f"model {report.model} | {report.dtype} | {report.device} | lengths {report.lengths} | rows of {report.max_length}")
-        print(f"{'backend':<32} {'status':<12} {'max |dlogit|':>13} {'tolerance':>10} {'grad rel diff':>14} {'tolerance':>10}")
-        for r in report.results:
-            fmt = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
-            print(f"{r.backend:<32} {r.status:<12} {fmt(r.max_logit_diff):>13} {fmt(r.logit_tolerance):>10} "
-                  f"{fmt(r.grad_rel_diff):>14} {fmt(r.grad_tolerance):>10}  {r.detail}")  # fmt: skip
-        print("PASS: packed rows are isolated on every backend that ran" if report.passed else "FAIL")
-    return 0 if report.passed else 1
+        print("NOTHING RAN: every backend was refused or unavailable (reasons above); nothing was verified")
+    return status

@@ -3,7 +3,7 @@
 An entry is one ``.npz`` file under ``<cache root>/tokens/``: the ids and labels of all examples
 concatenated (int32), the example offsets (int64) and a JSON header (the report and the key's parts).
 Its name is ``<corpus>-<key>.npz`` where the key hashes everything that changes the tokens: the source
-(a built-in recipe's version and asset versions, or a file's path, size and modification time), the
+(a built-in recipe's version and asset versions, or a hash of a file's bytes), the
 tokenizer's fingerprint, and every encoding option. Entries are written atomically
 (:mod:`padless.atomic`), so a crash never leaves a half-written entry. ``datasets``' own cache is not used here: it
 keys on a pickled function and stores one Arrow table per ``map`` call, which is slower to check and
@@ -24,8 +24,8 @@ import numpy as np
 from padless.atomic import atomic_write
 from padless.data.assets import cache_root
 
-CACHE_FORMAT = 1
-"""Bump when the entry layout or the meaning of a key part changes."""
+CACHE_FORMAT = 2
+"""Bump when the entry layout or the meaning of a key part changes (2: files keyed by content)."""
 
 
 def cache_key(parts: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ raises :class:`~padless.data.records.RecordError` (or is counted, with ``on_erro
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -91,10 +92,21 @@ def _read_arrow(path: Path) -> list[dict[str, Any]]:
 def _read_datasets(name: str, split: str) -> tuple[list[dict[str, Any]], str]:
     import datasets
 
+    folder = Path(name).expanduser()
+    saved = folder.is_dir() and ((folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file())
+    if folder.is_dir() and not saved:
+        _check_data_folder(folder)
+    if not folder.is_dir() and not _offline_mode():
+        from padless.data.corpora import CORPORA
+        from padless.hub import hub_reachable
+
+        if not hub_reachable():  # datasets would retry the hub for half a minute
+            raise ValueError(f"{name!r} is not a built-in corpus ({', '.join(CORPORA)}), a data file "
+                             f"({', '.join(SUFFIXES)}) or a folder, and the model hub cannot be reached to look for a "
+                             "dataset of that name (set HF_HUB_OFFLINE=1 to use the local Hugging Face cache)")  # fmt: skip
     try:
-        folder = Path(name)
-        if folder.is_dir() and ((folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()):
-            ds = datasets.load_from_disk(name)
+        if saved:
+            ds = datasets.load_from_disk(str(folder))
         else:
             ds = datasets.load_dataset(name, split=split)
         if isinstance(ds, datasets.DatasetDict):
@@ -108,10 +120,41 @@ def _read_datasets(name: str, split: str) -> tuple[list[dict[str, Any]], str]:
     return ds.to_list(), ds._fingerprint
 
 
-def file_fingerprint(path: Path) -> dict[str, Any]:
-    """What identifies a file's content for the token cache: path, size and modification time."""
-    st = path.stat()
-    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+def _offline_mode() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", os.environ.get("HF_DATASETS_OFFLINE", "")).lower() in ("1", "true", "yes", "on")
+
+
+def _check_data_folder(folder: Path) -> None:
+    """A plain folder is read by ``datasets`` only if every (non-hidden) file in it is a data file: a
+    README.txt or a script beside the data would otherwise be trained on as text."""
+    files = [p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
+                                                                     p.relative_to(folder).parts)]  # fmt: skip
+    data = {p.suffix.lower() for p in files if p.suffix.lower() in SUFFIXES}
+    other = sorted(str(p.relative_to(folder)) for p in files if p.suffix.lower() not in SUFFIXES)
+    if not data:
+        raise ValueError(f"folder {folder} holds no data files ({', '.join(SUFFIXES)}) and is not a dataset "
+                         "saved with save_to_disk")  # fmt: skip
+    if other or len(data) > 1:
+        what = f"files that are not data ({', '.join(other[:5])}{', ...' if len(other) > 5 else ''})" if other \
+            else f"data files of several types ({', '.join(sorted(data))})"
+        raise ValueError(f"folder {folder} holds {what}; pass the data file itself, or a folder holding only "
+                         "data files of one type")  # fmt: skip
+
+
+def file_fingerprint(path: Path, chunk: int = 1 << 20) -> dict[str, Any]:
+    """What identifies a file's content for the token cache and a resumed ``padless pack``: a BLAKE2b
+    hash of its bytes (read in 1 MiB chunks) and its size. The path and modification time are left out:
+    a file rewritten with the same size and time but other bytes is another file; the same bytes
+    moved elsewhere are the same data."""
+    h = hashlib.blake2b(digest_size=20)
+    size = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+            size += len(block)
+    return {"blake2b": h.hexdigest(), "size": size, "suffix": path.suffix.lower()}
 
 
 def read_records(name: str, *, split: str = "train",

@@ -9,7 +9,8 @@ that keys the token cache.
 - ``"smollm2"``: the tokenizer inside the packaged SmolLM2-135M-Instruct GGUF (49,152 tokens, EOS
   ``<|im_end|>``, a ChatML chat template). Converting it from the GGUF takes seconds, so it is saved
   once as a transformers tokenizer folder and reloaded from there.
-- anything else: ``AutoTokenizer.from_pretrained(name)``.
+- anything else: ``AutoTokenizer.from_pretrained(name)``, a local folder first, failing within seconds
+  with a clear error when the name is unknown offline (:mod:`padless.hub`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,9 @@ def load_tokenizer(name: str = "gpt2") -> PreTrainedTokenizerBase:
     elif name in SMOLLM2_NAMES:
         tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()))
     else:
-        tok = AutoTokenizer.from_pretrained(name)
+        from padless.hub import from_pretrained
+
+        tok = from_pretrained(AutoTokenizer.from_pretrained, name, "tokenizer", ("gpt2", *SMOLLM2_NAMES))
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok

@@ -114,15 +114,18 @@ def _resume_point(out: Path, job: dict[str, Any]) -> dict[str, Any] | None:
     state_path = out / STATE_FILE
     if not state_path.exists():
         if any(out.glob("shard-*.parquet")):
-            raise ValueError(f"--out {out} holds shards but no {STATE_FILE}: not a resumable packing; "
+            raise ValueError(f"out={out} holds shards but no {STATE_FILE}: not a resumable packing; "
                              "use an empty folder")
         return None
-    state = json.loads(state_path.read_text())
+    try:
+        state = json.loads(state_path.read_text())
+        saved = state["job"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"out={out}: {STATE_FILE} is not a padless packing state; use an empty folder") from None
     for key, value in job.items():
-        if state["job"].get(key) != value:
-            flag = "INPUT" if key == "input" else f"--{key.replace('_', '-')}"
-            raise ValueError(f"--out {out} holds a packing made with {flag} {state['job'].get(key)!r}, not "
-                             f"{value!r}; rerun with the same flags or choose another --out")  # fmt: skip
+        if saved.get(key) != value:
+            raise ValueError(f"out={out} holds a packing made with {key}={saved.get(key)!r}, not "
+                             f"{value!r}; rerun with the same options or choose another out")  # fmt: skip
     return state
 
 
@@ -136,24 +139,43 @@ def pack_to_parquet(
     progress: bool = True,
     input_key: Any = None,
     total: int | None = None,
+    vocab_size: int | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Pack ``source`` (tokenized examples) into Parquet shards in ``out``; resume an earlier run there.
 
     ``options`` are :class:`padless.planning.buffered.StreamOptions` fields. ``max_shards`` stops after that many
-    new shards (a rerun continues). Returns the summary (also written to ``summary.json`` once the
-    source is exhausted), or the progress so far with ``"complete": False``.
+    new shards (a rerun continues). Token ids and labels must lie in ``[0, vocab_size)`` (labels may be
+    -100). A run that fails before writing anything removes the folders it created. Returns the summary
+    (also written to ``summary.json`` once the source is exhausted), or the progress so far with
+    ``"complete": False``.
     """
+    if not str(out).strip():
+        raise ValueError("out is empty: name the output folder")
+    if rows_per_shard < 1:
+        raise ValueError(f"rows_per_shard must be >= 1, got {rows_per_shard}")
+    if max_shards is not None and max_shards < 1:
+        raise ValueError(f"max_shards must be >= 1, got {max_shards}")
+    started = time.perf_counter()
+    stream = PackedStream(source, max_length, dtype=np.int32, vocab_size=vocab_size, **options)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out={out} is a file, not a folder")
+    created = [p for p in (out, *out.parents) if not p.exists()]  # innermost first
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _pack(stream, out, rows_per_shard, max_shards, progress, input_key, total, started)
+    except BaseException:
+        for folder in created:  # a run that failed before writing anything leaves no folders behind
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
+
+
+def _pack(stream: PackedStream, out: Path, rows_per_shard: int, max_shards: int | None, progress: bool,
+          input_key: Any, total: int | None, started: float) -> dict[str, Any]:  # fmt: skip
     from tqdm.auto import tqdm
 
-    if rows_per_shard < 1:
-        raise ValueError(f"--rows-per-shard must be >= 1, got {rows_per_shard}")
-    if max_shards is not None and max_shards < 1:
-        raise ValueError(f"--max-shards must be >= 1, got {max_shards}")
-    started = time.perf_counter()
-    stream = PackedStream(source, max_length, dtype=np.int32, **options)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     job = {"input": input_key, **asdict(stream.options), "rows_per_shard": rows_per_shard}
     state = _resume_point(out, job) or {"job": job, "shards": [], "complete": False, "wall_s": 0.0}
     earlier = state["wall_s"]  # wall time of the runs before this one

@@ -7,14 +7,17 @@
 - anything else (text or chat files, ``datasets`` folders, built-in corpora) is tokenized in memory by
   :func:`padless.data.load_corpus` and packed from there.
 
-Pre-tokenized inputs are packed as they are: nothing is appended (``padless.data`` adds EOS to text and
-chats; add it yourself to pre-tokenized ids if rows should be EOS-separated).
+Pre-tokenized inputs, in every file format (``.jsonl``, ``.json``, ``.csv``, ``.tsv``, ``.parquet``), are
+packed as they are: nothing is appended (``padless.data`` adds EOS to text and chats; add it yourself to
+pre-tokenized ids if rows should be EOS-separated), and every id and label is checked against the
+vocabulary (:func:`open_input`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +43,20 @@ class SyntheticTokens:
         parts = rest.split(":") if rest else []
         if name not in LENGTH_PARAMETERS or not parts or len(parts) > 1 + len(LENGTH_PARAMETERS[name]):
             dists = "; ".join(f"{d} ({', '.join(p)})" for d, p in LENGTH_PARAMETERS.items())
-            raise ValueError(f"--synthetic {spec!r}: expected DIST:N[:P1[:P2...]] with DIST one of {dists}")
+            raise ValueError(f"synthetic={spec!r}: expected DIST:N[:P1[:P2...]] with DIST one of {dists}")
         try:
             self.n = int(parts[0])
             self.params = tuple(float(p) for p in parts[1:])
         except ValueError:
-            raise ValueError(f"--synthetic {spec!r}: N and the parameters must be numbers") from None
+            raise ValueError(f"synthetic={spec!r}: N and the parameters must be numbers") from None
         if self.n < 1:
-            raise ValueError(f"--synthetic {spec!r}: N must be positive")
+            raise ValueError(f"synthetic={spec!r}: N must be positive")
         try:
             draw_lengths(name, 1, np.random.default_rng(0), self.params)  # checks the parameters
         except ValueError as err:
-            raise ValueError(f"--synthetic {spec!r}: {err}") from None
+            raise ValueError(f"synthetic={spec!r}: {err}") from None
         if vocab_size < 1:
-            raise ValueError(f"--vocab-size must be >= 1, got {vocab_size}")
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         self.name, self.vocab_size, self.seed = name, vocab_size, seed
         self._block = (-1, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int32))
 
@@ -171,6 +174,36 @@ class _Corpus:
         return {"input_ids": self.corpus.input_ids[i], "labels": self.corpus.labels[i]}
 
 
+class _Records:
+    """Pre-tokenized records read whole (``.json``, ``.csv``, ``.tsv``) as a sequence of features."""
+
+    def __init__(self, records: list[Any]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> Any:
+        r = self.records[i]
+        return {k: r[k] for k in ("input_ids", "labels") if r.get(k) is not None} if isinstance(r, dict) else r
+
+
+@dataclass(frozen=True)
+class PackInput:
+    """An opened input of :func:`padless.export.parquet.pack_to_parquet`."""
+
+    source: Any
+    """Tokenized examples: a sequence or a re-iterable of ``{"input_ids", "labels"?}``."""
+    total: int | None
+    """Number of examples if known (for the progress bar)."""
+    key: dict[str, Any]
+    """What identifies the input (a hash of a file's bytes): a resume must see the same."""
+    vocab_size: int | None
+    """Ids and labels are checked against ``[0, vocab_size)`` (None: tokenized here, checked then)."""
+    pretokenized: bool
+    """The input held token ids (packed as given: no EOS appended)."""
+
+
 def _first_record(path: Path) -> Any:
     with open(path, "rb") as f:
         for line in f:
@@ -182,36 +215,77 @@ def _first_record(path: Path) -> Any:
     return None
 
 
-def open_input(args: Any) -> tuple[Any, int | None, dict[str, Any]]:
-    """``(source, number of sequences if known, what identifies the input for a resume)`` for the CLI flags."""
-    if (args.input is None) == (args.synthetic is None):
-        raise ValueError("give exactly one of INPUT and --synthetic")
-    if args.synthetic is not None:
-        src = SyntheticTokens(args.synthetic, vocab_size=args.vocab_size, seed=args.seed)
-        return src, len(src), {"synthetic": args.synthetic, "vocab_size": args.vocab_size, "seed": args.seed}
-    path = Path(args.input).expanduser()
+def _tokenizer_vocab(tokenizer: str) -> int:
+    from padless.data.tokenizer import load_tokenizer
+
+    return len(load_tokenizer(tokenizer))
+
+
+def open_input(
+    input: str | None,
+    *,
+    synthetic: str | None = None,
+    vocab_size: int | None = None,
+    seed: int = 0,
+    tokenizer: str = "gpt2",
+    train_on: str = "all",
+    progress: bool = True,
+) -> PackInput:
+    """Open ``input`` (a file, a ``datasets`` folder or a built-in corpus) or a ``synthetic`` spec.
+
+    Pre-tokenized files (records with ``input_ids``) are packed as given in every format: nothing is
+    appended (the ids come from the user's tokenizer, whose EOS padless cannot know), and every id and
+    label is checked against ``vocab_size``, by default the vocabulary of ``tokenizer``. Text and chat
+    records are tokenized by :func:`padless.data.load_corpus` (which ends each with EOS). ``synthetic``
+    draws ids below ``vocab_size`` (default 50,257, GPT-2's vocabulary).
+    """
+    if (input is None) == (synthetic is None):
+        raise ValueError("give exactly one of input and synthetic")
+    if vocab_size is not None and vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if synthetic is not None:
+        vocab = vocab_size or 50257
+        src = SyntheticTokens(synthetic, vocab_size=vocab, seed=seed)
+        return PackInput(src, len(src), {"synthetic": synthetic, "vocab_size": vocab, "seed": seed}, vocab, True)
+    if not input.strip():
+        raise ValueError("input is empty: name a file, a folder or a built-in corpus")
+    path = Path(input).expanduser()
     if path.is_file():
-        key = {"input": str(path.resolve()), "bytes": path.stat().st_size, "mtime_ns": path.stat().st_mtime_ns}
+        from padless.data.files import file_fingerprint
+
+        key: dict[str, Any] = file_fingerprint(path)
+        source: Any = None
+        total = None
         if path.suffix == ".jsonl" and isinstance(rec := _first_record(path), dict) and "input_ids" in rec:
-            return JsonlTokens(path), None, key
-        if path.suffix == ".parquet":
+            source = JsonlTokens(path)
+        elif path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
             try:
                 meta = pq.ParquetFile(path).metadata
             except Exception as err:  # pyarrow raises its own error types for a broken file
-                raise ValueError(f"INPUT {path} is not a readable Parquet file ({err})") from None
+                raise ValueError(f"input {path} is not a readable Parquet file ({err})") from None
             if "input_ids" in meta.schema.to_arrow_schema().names:
-                return ParquetTokens(path), meta.num_rows, key
+                source, total = ParquetTokens(path), meta.num_rows
+        elif path.suffix in (".json", ".csv", ".tsv"):
+            from padless.data.files import read_records
+
+            rows = [r for _, r in read_records(str(path))[0]]
+            if rows and isinstance(rows[0], dict) and rows[0].get("input_ids") is not None:
+                source, total = _Records(rows), len(rows)
+        if source is not None:
+            vocab = vocab_size or _tokenizer_vocab(tokenizer)
+            key["vocab_size"] = vocab
+            return PackInput(source, total, key, vocab, True)
     else:
         from padless.data.corpora import CORPORA, split_corpus_name
 
-        if not path.is_dir() and split_corpus_name(args.input) is None:
-            raise ValueError(f"INPUT {args.input!r} is neither an existing file or folder nor a built-in corpus "
+        if not path.is_dir() and split_corpus_name(input) is None:
+            raise ValueError(f"input {input!r} is neither an existing file or folder nor a built-in corpus "
                              f"({', '.join(CORPORA)})")  # fmt: skip
-        key = {"input": args.input if not path.is_dir() else str(path.resolve())}
+        key = {"input": input if not path.is_dir() else str(path.resolve())}
     from padless.data import load_corpus
 
-    key.update(tokenizer=args.tokenizer, train_on=args.train_on)
-    corpus = load_corpus(args.input, args.tokenizer, train_on=args.train_on, progress=args.progress)
-    return _Corpus(corpus), len(corpus), key
+    key.update(tokenizer=tokenizer, train_on=train_on)
+    corpus = load_corpus(input, tokenizer, train_on=train_on, progress=progress)
+    return PackInput(_Corpus(corpus), len(corpus), key, None, False)  # ids checked when tokenized

@@ -8,8 +8,8 @@ Three ways to batch the same sequences, compared on lengths alone (no tokens are
 * packed: rows of ``max_length`` from :func:`padless.planning.plan.plan_packs`.
 
 The padding baselines truncate at ``max_length``, as a padding collator with that limit would.
-Lengths come from a file (``--lengths``), a built-in synthetic distribution (``--dist``) or a real
-corpus (``--data``, via ``padless.data.corpus_lengths``).
+Lengths come from a file (:func:`load_lengths`), a built-in synthetic distribution
+(:func:`synthetic_lengths`) or a real corpus (``padless.data.corpus_lengths``).
 """
 
 from __future__ import annotations
@@ -191,13 +191,25 @@ def compare_batching(
 
 
 def load_lengths(path: str | Path) -> np.ndarray:
-    """Lengths from ``.npy``, ``.txt`` (one per line; blank lines skipped) or ``.json`` (a list)."""
+    """Lengths from ``.npy``, ``.txt`` (one per line; blank lines skipped) or ``.json`` (a list).
+    A bad file raises ``ValueError`` naming ``path``."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--lengths: no such file: {path}")
+        raise ValueError(f"path {str(path)!r}: no such file")
+    arr = _read_lengths(path)
+    if arr.size == 0:
+        raise ValueError(f"{path} holds no lengths")
+    return arr
+
+
+def _read_lengths(path: Path) -> np.ndarray:
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        return validate_lengths(np.load(path, allow_pickle=False))
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as err:
+            raise ValueError(f"{path} is not a readable .npy array of lengths ({err})") from None
+        return validate_lengths(arr)
     if suffix == ".txt":
         values = []
         for number, line in enumerate(path.read_text().splitlines(), start=1):
@@ -205,11 +217,44 @@ def load_lengths(path: str | Path) -> np.ndarray:
                 try:
                     values.append(int(line))
                 except ValueError:
-                    raise ValueError(f"--lengths {path}: line {number}: {line.strip()!r} is not an integer") from None
-        return validate_lengths(np.asarray(values, dtype=np.int64))
+                    raise ValueError(f"{path}: line {number}: {line.strip()!r} is not an integer") from None
+        return validate_lengths(_int64(values, path))
     if suffix == ".json":
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON ({err.msg}, line {err.lineno})") from None
         if not isinstance(data, list):
-            raise ValueError(f"--lengths {path}: expected a JSON list of lengths, got {type(data).__name__}")
-        return validate_lengths(np.asarray(data))
-    raise ValueError(f"--lengths {path}: unsupported file type {suffix!r}; use .npy, .txt or .json")
+            raise ValueError(f"{path}: expected a JSON list of lengths, got {type(data).__name__}")
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+            raise ValueError(f"{path}: every length must be an integer")
+        return validate_lengths(_int64(data, path))
+    raise ValueError(f"{path}: unsupported file type {suffix!r}; use .npy, .txt or .json")
+
+
+def _int64(values: list[int], path: Path) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        raise ValueError(f"{path}: a length does not fit in 64 bits") from None
+
+
+def overlong_costs(lengths: Sequence[int] | np.ndarray, max_length: int) -> dict[str, dict[str, int]]:
+    """What each overlong policy would do to the sequences longer than ``max_length``.
+
+    ``{"overlong": {sequences, tokens}}`` (the sequences over the limit and their tokens past it) and per
+    policy: ``error`` stops at the first one; ``truncate`` loses the tokens past the limit; ``split``
+    keeps every token in ``pieces`` pieces of at most ``max_length``; ``drop`` loses whole sequences.
+    """
+    arr = validate_lengths(lengths)
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    over = arr[arr > max_length]
+    n, past = int(over.size), int((over - max_length).sum())
+    return {
+        "overlong": {"sequences": n, "tokens": past},
+        "error": {"sequences": n, "stops": int(n > 0)},
+        "truncate": {"sequences": n, "tokens_lost": past},
+        "split": {"sequences": n, "pieces": int((-(-over // max_length)).sum()), "tokens_lost": 0},
+        "drop": {"sequences": n, "tokens_lost": int(over.sum())},
+    }
