@@ -61,7 +61,7 @@ def test_parse_strategies():
 def _cfg(**kw):
     base = dict(model="tiny-gpt2", data="-", strategies=("padding", "packing"), steps=4, batch_size=6,
                 max_length=64, warmup_steps=1, lr=1e-3, eval_examples=4, train_on="all",
-                grad_accumulation=1, limit=None)  # fmt: skip
+                grad_accumulation=1, limit=None, in_process=True)  # fmt: skip
     return bench_run.RunConfig(**{**base, **kw})
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from padless.bench.report import PLOTS, format_summary_table, write_report
 from padless.bench.results import (
-    BenchConfig,
+    RunConfig,
     BenchResults,
     Environment,
     RunStatus,
@@ -72,7 +72,7 @@ def make_results(
     status = RunStatus("complete", tuple(done))
     if interrupted_at is not None:
         status = RunStatus("interrupted", tuple(done), strategies[-1], interrupted_at)
-    config = BenchConfig(
+    config = RunConfig(
         model="tiny-gpt2", data="synthetic", strategies=tuple(strategies), steps=steps, batch_size=batch,
         max_length=max_length, mode="same-examples", seed=seed, device="cpu", dtype="float32",
         grad_accumulation=1, warmup_steps=1, lr=1e-3,
@@ -99,7 +99,7 @@ def test_complete_results_validate_clean_and_hold_derived_sections():
     data = json.loads(make_results().to_json())
     assert validate(data) == []
     assert set(data) == {"config", "environment", "strategies", "lengths", "summary", "status",
-                         "padless_version", "schema_version"}
+                         "padless_version", "schema_version", "peak_flops_per_s", "peak_gemm"}
     assert set(data["strategies"]["packing"]["figures"]) >= {"step_time_median_s", "step_time_p90_s",
                                                              "real_tokens_per_s", "padding_fraction"}
     assert data["summary"]["speedup"]["padding"] == pytest.approx(1.0)

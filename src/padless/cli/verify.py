@@ -24,9 +24,9 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     import torch
 
-    from padless.models import build_model
+    from padless.models import build_model, resolve_device
 
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    device = resolve_device(args.device)
     model = build_model(args.model, dtype=getattr(torch, args.dtype)).to(device)
     sequences = None
     if args.lengths:
