@@ -278,3 +278,30 @@ def test_each_strategy_in_its_own_process(tmp_path):
     assert sum(pad.executed_flops) > sum(pad.model_flops) and pack.executed_flops == pack.model_flops
     np.testing.assert_allclose(pack.loss, pad.loss, rtol=1e-5)
     assert len(results.lengths) == 20
+
+
+def test_under_autocast_padless_attention_computes_in_the_autocast_dtype(monkeypatch):
+    """Llama under autocast hands fp32 queries to attention (RoPE runs in fp32); padless casts q/k/v
+    to the autocast dtype, as transformers' flash-attention integration does, so the automatic kernel
+    choice sees bf16 (on CUDA: a varlen kernel, not the grouped-SDPA fallback). Same loss as SDPA."""
+    import torch
+
+    import padless.attention.backend as backend
+    from padless.attention.backend import register_padless_attention
+    from padless.batching.collate import PackingCollator, PaddingCollator
+    from padless.loss import model_loss, step_num_items
+    from padless.models import build_model
+
+    seen = []
+    real = backend.varlen_attention
+    monkeypatch.setattr(backend, "varlen_attention", lambda q, *a, **k: seen.append(q.dtype) or real(q, *a, **k))
+    feats = make_features([5, 17, 9], vocab_size=512, seed=4, with_labels=True)
+    losses = {}
+    for attn in ("sdpa", register_padless_attention()):
+        model = build_model("tiny-llama", attn_implementation=attn).eval()
+        collate = PaddingCollator() if attn == "sdpa" else PackingCollator.for_model(model, max_length=None)
+        batch = collate(feats)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            losses[attn] = model_loss(model, batch, step_num_items([batch]), trained_logits_only=True).item()
+    assert seen and set(seen) == {torch.bfloat16}
+    assert losses["sdpa"] == pytest.approx(losses["padless"], rel=2e-2)
