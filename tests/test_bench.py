@@ -102,6 +102,8 @@ def test_quick_preset_end_to_end(tmp_path):
     for run in data["strategies"].values():
         assert len(run["loss"]) == 6 and all(np.isfinite(run["loss"]))
         assert run["figures"]["real_tokens_per_s"] > 0
+        assert run["allocator"] == "glibc-tuned" and run["max_rss_bytes"] > 0 and run["figures"]["mfu"] > 0
+    assert data["summary"]["strongest_baseline"] in {"padding", "bucketing", "flattening"}
     assert data["strategies"]["packing"]["figures"]["padding_fraction"] < data["strategies"]["padding"]["figures"]["padding_fraction"]
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html
