@@ -15,8 +15,11 @@ step; jemalloc and tcmalloc keep freed memory by design (``LD_PRELOAD``, where t
 installed; a missing one falls back to ``glibc-tuned`` and says so). ``auto`` is ``glibc-tuned``,
 chosen by numbers: 16 steps of padding and packing, gpt2-tiny, 8 x 1024 tokens (``--preset quick
 --steps 16 --batch-size 8 --max-length 1024 --limit 300 --allocator A``), kernel time as a share of
-the training phase's CPU time: glibc 23-24%, jemalloc 19-24% (its default decay hands pages back),
-glibc-tuned 2-5%, with the least CPU time in all (user + sys). It needs no package.
+the training phase's CPU time (both strategies' user + sys in brackets): glibc 23-24% (83.5 s),
+jemalloc 19-24% (86.4 s; its default decay hands pages back), glibc-tuned 2-5% (73.1 s), tcmalloc
+1-2% (67.0 s). tcmalloc's 8% less CPU time, measured on a machine shared with other jobs, is not a
+strong enough case for a Debian package (libtcmalloc-minimal4) that CI and ``scripts/setup.sh``
+cannot count on; glibc-tuned needs nothing. ``--allocator tcmalloc`` is there to re-measure.
 """
 
 from __future__ import annotations
