@@ -220,7 +220,7 @@ def _load(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], i
     features = corpus.features()
     order = np.random.default_rng(cfg.seed).permutation(len(features))
     if len(features) <= cfg.eval_examples:
-        raise ValueError(f"{cfg.data} has {len(features)} examples; --eval-examples {cfg.eval_examples} leaves none to train on")
+        raise ValueError(f"{cfg.data} has {len(features)} examples; eval_examples={cfg.eval_examples} leaves none to train on")
     evals = [features[i] for i in order[: cfg.eval_examples]]
     train = [features[i] for i in order[cfg.eval_examples :]]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
