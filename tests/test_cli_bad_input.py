@@ -142,7 +142,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch,
 def test_verify_on_a_cuda_device_without_one(capsys):
     assert main(["verify", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
-    assert "--device cuda: no CUDA device is available here" in err and len(err.strip().splitlines()) == 1
+    assert "--device 'cuda': this machine has no CUDA GPU" in err and len(err.strip().splitlines()) == 1
 
 
 def test_pretokenized_formats_pack_alike_without_eos(tmp_path):

@@ -105,3 +105,50 @@ def test_trained_logits_only_with_nothing_trained_is_zero():
     loss = model_loss(model, batch, 5, trained_logits_only=True)
     assert loss.item() == 0.0
     loss.backward()  # the graph is intact
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_trained_logits_only_runs_the_head_on_trained_tokens_only(family, packed):
+    """Padded or packed, the LM head sees exactly the step's trained tokens: the same head work for
+    every strategy (not the union of trained positions across rows)."""
+    model = build_model(f"tiny-{family}").eval()
+    feats = make_features(LENGTHS, with_labels=True, seed=7)
+    batch = (PackingCollator(max_length=24) if packed else PaddingCollator())(feats)
+    rows = []
+    handle = model.get_output_embeddings().register_forward_hook(lambda m, a, out: rows.append(out.shape[:-1]))
+    try:
+        model_loss(model, batch, step_num_items([batch]), trained_logits_only=True)
+    finally:
+        handle.remove()
+    assert rows == [torch.Size([trained_tokens(batch["labels"]).item()])]
+
+
+def test_trained_logits_only_falls_back_to_every_logit_without_an_output_embedding(monkeypatch):
+    model = build_model("tiny-llama").eval()
+    batch = PaddingCollator()(make_features(LENGTHS, with_labels=True, seed=7))
+    n = step_num_items([batch])
+    full = model_loss(model, batch, n)
+    monkeypatch.setattr(type(model), "get_output_embeddings", lambda self: None)
+    torch.testing.assert_close(model_loss(model, batch, n, trained_logits_only=True), full)
+
+
+def test_trained_logits_only_through_a_wrapper_calls_the_wrapper():
+    """DistributedDataParallel syncs gradients only when its own forward runs: the gathered head must
+    not bypass it (the wrapper's ``module`` is where the head is found)."""
+    model = build_model("tiny-gpt2").eval()
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module, self.calls = module, 0
+
+        def forward(self, **kw):
+            self.calls += 1
+            return self.module(**kw)
+
+    wrapped = Wrapper(model)
+    batch = PaddingCollator()(make_features(LENGTHS, with_labels=True, seed=7))
+    n = step_num_items([batch])
+    torch.testing.assert_close(model_loss(wrapped, batch, n, trained_logits_only=True), model_loss(model, batch, n))
+    assert wrapped.calls == 1

@@ -18,7 +18,8 @@ from padless.bench.measure import (
     environment_snapshot,
     synchronizer,
 )
-from padless.bench.results import BenchConfig, BenchResults, RunStatus, validate
+from padless.bench.config import RunConfig
+from padless.bench.results import BenchResults, RunStatus, validate
 
 MiB = 2**20
 
@@ -189,7 +190,7 @@ def test_a_tiny_training_loop_measures_into_valid_results():
         runs[name] = rec.result(mem.stop(), mem.method)
         if steps == 3:
             done.append(name)
-    config = BenchConfig(model="tiny-gpt2", data="random", strategies=("padding", "packing"), steps=3,
+    config = RunConfig(model="tiny-gpt2", data="random", strategies=("padding", "packing"), steps=3,
                          batch_size=2, max_length=16, mode="same-examples", seed=0, device="cpu",
                          dtype="float32", grad_accumulation=1, warmup_steps=1, lr=1e-3)
     results = BenchResults(config, environment_snapshot(device), runs, (15, 15),

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from padless.bench.report import PLOTS, format_summary_table, write_report
 from padless.bench.results import (
-    BenchConfig,
+    RunConfig,
     BenchResults,
     Environment,
     RunStatus,
@@ -31,7 +31,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def make_results(
-    strategies=("padding", "bucketing", "packing"), steps=6, batch=4, seed=0, interrupted_at=None
+    strategies=("padding", "bucketing", "packing"), steps=6, batch=4, seed=0, interrupted_at=None, sys_s=0.5
 ):
     """A synthetic but valid results object: per-step token counts follow from real batches of a
     random length sample (pad to longest for padding, sorted batches for bucketing, rows of
@@ -66,13 +66,20 @@ def make_results(
             memory_method="vmhwm",
             eval_loss_start=6.1,
             eval_loss_end=None if n < steps else 4.5 + 0.01 * k,
+            trained_tokens=tuple(r // 2 for r in real),
+            model_flops=tuple(1e6 * r for r in real),
+            executed_flops=tuple(1e6 * p for p in padded[name][:n]),
+            cpu_user_s=10.0,
+            cpu_sys_s=sys_s if name == "padding" else 0.5,
+            max_rss_bytes=(300 + 10 * k) * 2**20,
+            allocator="glibc-tuned",
         )
         if n == steps:
             done.append(name)
     status = RunStatus("complete", tuple(done))
     if interrupted_at is not None:
         status = RunStatus("interrupted", tuple(done), strategies[-1], interrupted_at)
-    config = BenchConfig(
+    config = RunConfig(
         model="tiny-gpt2", data="synthetic", strategies=tuple(strategies), steps=steps, batch_size=batch,
         max_length=max_length, mode="same-examples", seed=seed, device="cpu", dtype="float32",
         grad_accumulation=1, warmup_steps=1, lr=1e-3,
@@ -82,7 +89,8 @@ def make_results(
         device_name="Test CPU <x86>", cpu_model="Test CPU <x86>", cpu_count=2, cpu_available=2,
         torch_threads=2, date="2026-01-01T00:00:00+00:00",
     )
-    return BenchResults(config, env, runs, tuple(lengths), status, padless_version="0.1.0")
+    return BenchResults(config, env, runs, tuple(lengths), status, padless_version="0.1.0", peak_flops_per_s=1e9,
+                        peak_gemm="2048 x 64 x 256 float32")
 
 
 # --- schema -------------------------------------------------------------------------------------
@@ -99,7 +107,7 @@ def test_complete_results_validate_clean_and_hold_derived_sections():
     data = json.loads(make_results().to_json())
     assert validate(data) == []
     assert set(data) == {"config", "environment", "strategies", "lengths", "summary", "status",
-                         "padless_version", "schema_version"}
+                         "padless_version", "schema_version", "peak_flops_per_s", "peak_gemm"}
     assert set(data["strategies"]["packing"]["figures"]) >= {"step_time_median_s", "step_time_p90_s",
                                                              "real_tokens_per_s", "padding_fraction"}
     assert data["summary"]["speedup"]["padding"] == pytest.approx(1.0)
@@ -247,7 +255,7 @@ def test_write_report_draws_every_plot_and_a_self_contained_page(tmp_path):
 
 def test_summary_table_lists_every_strategy():
     table = format_summary_table(make_results())
-    lines = table.splitlines()
+    lines = table.splitlines()[2:]  # after the headline and a blank line
     assert lines[0].split()[0] == "strategy"
     assert [line.split()[0] for line in lines[2:5]] == ["padding", "bucketing", "packing"]
     assert "ideal speedup" in table
@@ -305,3 +313,64 @@ def test_a_file_without_a_later_defaulted_field_still_loads(tmp_path):
     assert load_results(path).config.world_size == 1
     del data["config"]["steps"]  # a field without a default is still required
     assert "config.steps: missing" in validate(data)
+
+
+def test_flop_figures_mfu_and_the_ideal_from_flops():
+    results = make_results(("padding", "bucketing", "packing", "flattening"))
+    figs, s = results.figures(), results.summary()
+    pad, pack = results.strategies["padding"], results.strategies["packing"]
+    rate = sum(pack.model_flops[1:]) / sum(pack.step_time_s[1:])
+    assert figs["packing"].model_flops_per_s == pytest.approx(rate)
+    assert figs["packing"].mfu == pytest.approx(rate / 1e9)
+    assert figs["packing"].flops_per_real_token == pytest.approx(1e6)
+    assert figs["packing"].flops_per_trained_token == pytest.approx(sum(pack.model_flops) / sum(pack.trained_tokens))
+    assert figs["padding"].cpu_sys_fraction == pytest.approx(0.5 / 10.5)
+    assert s.ideal_speedup_flops == pytest.approx(sum(pad.executed_flops) / sum(pad.model_flops))
+    assert s.fraction_of_ideal["packing"] == pytest.approx(s.speedup["packing"] / s.ideal_speedup_flops)
+    tps = {n: f.real_tokens_per_s for n, f in figs.items()}
+    strongest = max((n for n in tps if n != "packing"), key=tps.get)
+    assert s.strongest_baseline == strongest
+    assert s.speedup_over_strongest == pytest.approx(tps["packing"] / tps[strongest])
+
+
+def test_report_leads_with_the_speedup_over_the_strongest_baseline_and_shows_mfu(tmp_path):
+    results = make_results(("padding", "bucketing", "packing", "flattening"))
+    s = results.summary()
+    table = format_summary_table(results)
+    first = table.splitlines()[0]
+    assert first.startswith(f"packing: ×{s.speedup_over_strongest:.2f} real tokens/s over {s.strongest_baseline}")
+    assert "MFU" in table.splitlines()[2] and "measured peak 1GFLOP/s" in table
+    assert "allocator: glibc-tuned" in table and "WARNING" not in table
+    page = write_report(results, tmp_path)["html"].read_text()
+    assert '<p class="headline">packing: ×' in page
+
+
+def test_a_run_heavy_in_sys_time_says_so():
+    results = make_results(sys_s=5.0)  # 5 s of 15 s CPU in the kernel
+    table = format_summary_table(results)
+    assert "WARNING: kernel (sys) time above 20% of CPU time for padding" in table
+    assert "33.3% !" in table
+
+
+def test_old_results_without_flop_counts_load_with_empty_flop_figures():
+    data = json.loads(make_results().to_json())
+    for run in data["strategies"].values():
+        for key in ("trained_tokens", "model_flops", "executed_flops", "cpu_user_s", "cpu_sys_s", "max_rss_bytes",
+                    "allocator"):
+            del run[key]
+        for key in ("mfu", "model_flops_per_s", "cpu_sys_fraction"):
+            del run["figures"][key]
+    for key in ("peak_flops_per_s", "peak_gemm"):
+        del data[key]
+    for key in ("strongest_baseline", "fraction_of_ideal"):
+        del data["summary"][key]
+    assert validate(data) == []
+    results = BenchResults.from_dict(data)
+    assert results.figures()["packing"].mfu is None and results.summary().ideal_speedup_flops is None
+    assert "MFU" in format_summary_table(results)
+
+
+def test_validate_catches_a_partial_flop_array():
+    data = json.loads(make_results().to_json())
+    data["strategies"]["packing"]["model_flops"].pop()
+    assert any("per-step arrays differ" in p for p in validate(data))

@@ -69,12 +69,6 @@ def _packed_positions(labels: np.ndarray, placements: Any) -> tuple[np.ndarray, 
                  for a in (rows, targets, preds, feats))  # fmt: skip
 
 
-def _takes_logits_to_keep(model_class: type) -> bool:
-    from padless.loss import _takes_logits_to_keep as takes
-
-    return takes(model_class)
-
-
 def _padded_positions(labels: np.ndarray) -> tuple[np.ndarray, ...]:
     """The same for a padded batch (row ``b`` is feature ``b``; the causal shift, column 0 untrained)."""
     r, t = np.nonzero(labels[:, 1:] != IGNORE_INDEX)
@@ -108,8 +102,8 @@ def sequence_logprobs(
     NaN. ``per_token=True`` also returns, per feature, the 1-D tensor of its tokens' log-probs, in
     order. A batch whose ``pairs`` attribute is True (preference pairs: feature ``2k`` chosen,
     ``2k + 1`` rejected) gives ``[num_pairs, 2]`` and per-token lists nested as ``[[chosen, rejected], ...]``.
-    ``trained_logits_only``: ask the model (transformers' ``logits_to_keep``) for logits only at the
-    positions that predict a trained token; the LM head then skips prompts and padding.
+    ``trained_logits_only``: run the LM head only on the hidden states of the positions that predict a
+    trained token (as :func:`padless.model_loss` does); it then skips prompts and padding.
     """
     import torch
 
@@ -127,21 +121,24 @@ def sequence_logprobs(
             check_batch_for_model(model, batch)
         rows, targets, preds, feats = _packed_positions(labels, placements)
         num_features = placements.num_features
-    kept = logits is None and trained_logits_only and _takes_logits_to_keep(type(getattr(model, "module", model)))
-    if kept:
-        keep = np.unique(preds)  # [K] sorted columns that predict a trained token in some row
-        if keep.size == 0:
-            keep = np.zeros(1, dtype=np.int64)
-        index = torch.from_numpy(keep).to(labels_t.device)
-        logits = model(**forward_inputs(batch), logits_to_keep=index).logits  # [R, K, V]
-        preds = np.searchsorted(keep, preds)
+    logit_rows, gathered = rows, False  # where each trained token's predicting logits are
+    if logits is None and trained_logits_only:
+        from padless.loss import _trained_logits
+
+        predicting = torch.zeros(labels_t.shape, dtype=torch.bool)  # [R, L]: positions that predict a target
+        predicting[torch.from_numpy(rows), torch.from_numpy(preds)] = True
+        logits = _trained_logits(model, forward_inputs(batch), predicting)
+        if logits.dim() == 2:  # [K, V] in row-major order of the predicting positions
+            flat = np.cumsum(predicting.numpy().ravel()) - 1
+            logit_rows, preds = np.zeros_like(rows), flat[rows * labels.shape[1] + preds]
+            logits, gathered = logits.unsqueeze(0), True  # [1, K, V]: read as row 0
     elif logits is None:
         logits = model(**forward_inputs(batch)).logits
-    if logits.shape[0] != labels_t.shape[0] or (logits.shape[1] != labels_t.shape[1] and not kept):
+    if not gathered and (logits.shape[0] != labels_t.shape[0] or logits.shape[1] != labels_t.shape[1]):
         raise ValueError(f"logits {tuple(logits.shape)} do not match labels {tuple(labels_t.shape)}")
     device = logits.device
-    r, t, p, f = (torch.from_numpy(a).to(device) for a in (rows, targets, preds, feats))
-    chosen = logits[r, p].float()  # [K, V]: only the positions that predict a trained token
+    r, t, p, f, lr = (torch.from_numpy(a).to(device) for a in (rows, targets, preds, feats, logit_rows))
+    chosen = logits[lr, p].float()  # [K, V]: only the positions that predict a trained token
     token_lp = chosen.log_softmax(-1).gather(1, labels_t.to(device)[r, t].unsqueeze(1)).squeeze(1)  # [K]
     sums = torch.zeros(num_features, dtype=torch.float32, device=device).index_add(0, f, token_lp)
     if placements is not None:

@@ -26,7 +26,6 @@ micro-batches and ranks exactly like the token count:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -215,13 +214,40 @@ def _on(num_items: int | torch.Tensor, device: torch.device) -> int | torch.Tens
     return num_items.to(device) if hasattr(num_items, "to") else num_items
 
 
-@functools.cache
-def _takes_logits_to_keep(model_class: type) -> bool:
-    """Whether a model class's forward accepts ``logits_to_keep`` (looked up once per class, not on
-    every micro-batch)."""
-    import inspect
+def _trained_logits(model: Any, inputs: Mapping[str, Any], trained: torch.Tensor) -> torch.Tensor:
+    """The forward's logits: ``[K, V]`` for the ``K`` trained positions only (``trained [B, T]``
+    bool), or every logit ``[B, T, V]`` when the model does not fit the pattern (no output-embedding
+    module, or a forward that does not pass the full hidden states through it).
 
-    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
+    A pre-hook on the LM head (``get_output_embeddings()``) hands it the hidden states of the trained
+    positions, gathered, instead of ``[B, T, d]``; the model's own forward does the rest (its final
+    norm before the head, any logit scaling or soft-capping after it), and a wrapper such as
+    DistributedDataParallel still sees its forward called.
+    """
+    inner = getattr(model, "module", model)  # DistributedDataParallel wraps the model
+    get_head = getattr(inner, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
+    if head is None:
+        return model(**inputs).logits
+    picked = trained.to(next(inner.parameters()).device)
+    seen: list[tuple[int, ...]] = []
+
+    def gather(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        hidden = args[0]
+        if tuple(hidden.shape[:-1]) != tuple(picked.shape):  # not the full hidden states: leave it alone
+            return None
+        seen.append(tuple(hidden.shape))
+        return (hidden[picked], *args[1:])  # [K, d]
+
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        logits = model(**inputs).logits
+    finally:
+        handle.remove()
+    if seen and (len(seen) != 1 or logits.dim() != 2 or logits.shape[0] != int(picked.sum())):
+        raise RuntimeError(f"the LM head of {type(inner).__name__} ran {len(seen)} times on gathered hidden states "
+                           f"and returned logits {tuple(logits.shape)}; compute the loss with trained_logits_only=False")
+    return logits
 
 
 def model_loss(
@@ -236,10 +262,11 @@ def model_loss(
     """Forward ``batch`` through a causal LM (labels withheld from the model) and return its
     token-normalised loss contribution. Works for any batch our collators (or transformers') emit.
 
-    ``trained_logits_only``: ask the model for logits only at the positions whose next token is a
-    target (transformers' ``logits_to_keep`` with an index tensor, shared by all rows of the batch).
-    The LM head over a 50k vocabulary dominates small models, so skipping untrained positions
-    (prompts, tool results, padding past every row's end) saves real work; the loss is unchanged.
+    ``trained_logits_only``: the LM head runs only on the hidden states of tokens whose next token is
+    a target, gathered across rows (:func:`_trained_logits`), so a padded batch, a bucketed one, a
+    packed row and a flattened row do the same head work; the loss is unchanged. The head over a
+    50k vocabulary dominates small models, so skipping untrained positions (prompts, tool results,
+    padding) saves real work. A model that does not fit the pattern computes every logit.
 
     ``weighting``: how tokens are weighed (:data:`LossWeighting`); ``num_items`` must come from
     :func:`step_num_items` with the same ``weighting``.
@@ -251,14 +278,13 @@ def model_loss(
     weights = target_weights(batch, weighting)
     if float(num_items) <= 0:
         raise ValueError("num_items must be positive: the step has no trained token")
-    inner = getattr(model, "module", model)  # DistributedDataParallel wraps the model
-    if not trained_logits_only or not _takes_logits_to_keep(type(inner)):
-        return causal_lm_loss(model(**inputs).logits, labels, num_items, world_size=world_size, weights=weights)
-    targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)  # [B, T]
-    keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)  # [K] positions with a target
-    if keep.numel() == 0:  # nothing trained in this micro-batch: a zero that keeps the graph
-        return model(**inputs, logits_to_keep=1).logits.sum() * 0.0
-    logits = model(**inputs, logits_to_keep=keep.to(labels.device)).logits  # [B, K, V]
-    kept = targets[:, keep].to(logits.device)  # [B, K]
-    kept_weights = None if weights is None else _shift(weights)[:, keep.to(weights.device)]
-    return _ce_sum(logits, kept, kept_weights) * world_size / _on(num_items, logits.device)
+    if trained_logits_only:
+        targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)  # [B, T]
+        trained = targets != IGNORE_INDEX
+        logits = _trained_logits(model, inputs, trained)
+        if logits.dim() == 2:  # [K, V], the trained positions
+            kept = targets[trained].to(logits.device)  # [K]
+            kept_weights = None if weights is None else _shift(weights)[trained.to(weights.device)]
+            return _ce_sum(logits, kept, kept_weights) * world_size / _on(num_items, logits.device)
+        return causal_lm_loss(logits, labels, num_items, world_size=world_size, weights=weights)
+    return causal_lm_loss(model(**inputs).logits, labels, num_items, world_size=world_size, weights=weights)

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 GPT2_VOCAB_SIZE = 50257
 
+HALF_PRECISION: tuple[str, ...] = ("float16", "bfloat16")
+"""16-bit floating dtypes (by torch name): the ones flash kernels take and autocast computes in."""
+
 PRETRAINED: dict[str, str] = {"smollm2-135m": "smollm2"}
 """Packaged pretrained model name -> the name of its tokenizer for ``padless.data.load_tokenizer``."""
 
@@ -121,6 +124,48 @@ def gpt2_config(size: str, *, dropout: float = 0.0, vocab_size: int = GPT2_VOCAB
         embd_pdrop=dropout,
         attn_pdrop=dropout,
     )
+
+
+def is_half_precision(dtype: torch.dtype | str) -> bool:
+    """Whether ``dtype`` (a torch dtype or its name) is one of :data:`HALF_PRECISION`."""
+    return str(dtype).removeprefix("torch.") in HALF_PRECISION
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """A torch device from its name: ``auto`` is CUDA when available, else the CPU. A bare accelerator
+    type (``cuda``) gets this process's ``LOCAL_RANK`` as index (one accelerator per process under
+    ``torchrun``), 0 outside it."""
+    import os
+
+    import torch
+
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"device must be a device name such as 'auto', 'cpu' or 'cuda:0', got {name!r}")
+    try:
+        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    except RuntimeError as exc:
+        raise ValueError(f"device={name!r} is not a device name (auto, cpu, cuda, cuda:1, ...): {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r}: this machine has no CUDA GPU that torch {torch.__version__} can use; "
+                         "use 'cpu' or 'auto'")  # fmt: skip
+    if device.type != "cpu" and device.index is None:
+        device = torch.device(device.type, int(os.environ.get("LOCAL_RANK", 0)))
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device={name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """A torch dtype from its name: ``auto`` is bfloat16 on a CUDA device that supports it, else float32."""
+    import torch
+
+    if name == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if cuda_bf16 else torch.float32
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype {name!r} is not a torch floating dtype (auto, float32, bfloat16, float16)")
+    return dtype
 
 
 def smollm2_dir(cache_dir: str | Path | None = None) -> Path:

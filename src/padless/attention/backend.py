@@ -155,6 +155,12 @@ def padless_attention(
 
         return padless_tree_attention(query, key, value, scaling, dropout, kwargs), None
     cu, max_len = _document_boundaries(kwargs, batch, length)
+    import torch
+
+    if query.dtype == torch.float32 and torch.is_autocast_enabled(query.device.type):
+        # under autocast, RoPE models hand over fp32 queries: compute in the autocast dtype, as
+        # transformers' flash-attention integration does (and as the fast varlen kernels need)
+        query, key, value = (t.to(torch.get_autocast_dtype(query.device.type)) for t in (query, key, value))
     q = query.transpose(1, 2).reshape(batch * length, heads, dim)  # [T, Hq, D], T = B * L
     k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)  # [T, Hk, D]
     v = value.transpose(1, 2).reshape(batch * length, value.shape[1], dim)

@@ -61,9 +61,9 @@ class BackendSpec:
 
 
 def _half(t: _Target) -> bool:
-    import torch
+    from padless.models import is_half_precision
 
-    return t.dtype in (torch.float16, torch.bfloat16)
+    return is_half_precision(t.dtype)
 
 
 def _lacks(t: _Target, flag: str) -> bool:

@@ -35,6 +35,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from padless.models import is_half_precision
+from padless.planning.partition import optimal_length_partition
+
 if TYPE_CHECKING:
     import torch
 
@@ -67,27 +70,8 @@ def bucket_documents(lengths: np.ndarray, cost: BucketCost = CPU_COST, width: in
     """Cut documents into buckets of similar length; returns each bucket's document indices, sorted by
     length (longest last). Optimal for ``cost`` among cuts of the length-sorted list: O(k^2) in the
     number ``k`` of distinct lengths, vectorised over the cut position."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if lengths.size == 0:
-        return []
-    order = np.argsort(lengths, kind="stable")
-    uniq, counts = np.unique(lengths[order], return_counts=True)
-    before = np.concatenate([[0], np.cumsum(counts)])  # documents shorter than uniq[j]
     scale = width / 768.0
-    best = np.zeros(uniq.size + 1)
-    cut = np.zeros(uniq.size + 1, dtype=np.int64)
-    for j in range(1, uniq.size + 1):
-        m = float(uniq[j - 1])  # the bucket (i, j] is padded to its longest length, uniq[j-1]
-        n = before[j] - before[:j]
-        total = best[:j] + cost.call + n * m * (cost.token + cost.pair * m) * scale
-        cut[j] = int(np.argmin(total))
-        best[j] = total[cut[j]]
-    bounds = []
-    j = uniq.size
-    while j > 0:
-        bounds.append((before[cut[j]], before[j]))
-        j = cut[j]
-    return [order[a:b] for a, b in reversed(bounds)]
+    return optimal_length_partition(lengths, lambda n, m: cost.call + n * m * (cost.token + cost.pair * m) * scale)
 
 
 @dataclass(frozen=True)
@@ -252,11 +236,10 @@ def _grouped_sdpa(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sl
 
 
 def _require_cuda_half(q, name: str) -> None:
-    import torch
 
     if q.device.type != "cuda":
         raise ValueError(f"impl={name!r} needs CUDA tensors, got device {q.device}; use impl='grouped_sdpa'")
-    if q.dtype not in (torch.float16, torch.bfloat16):
+    if not is_half_precision(q.dtype):
         raise ValueError(f"impl={name!r} needs fp16 or bf16, got {q.dtype}; use impl='grouped_sdpa'")
 
 
@@ -343,9 +326,8 @@ KERNELS: dict[str, Callable[..., torch.Tensor]] = {
 
 def choose_impl(q: torch.Tensor, *, dropout_p: float = 0.0, softcap: float | None = None) -> str:
     """The fastest kernel that runs this call exactly (what ``impl='auto'`` uses)."""
-    import torch
 
-    if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
+    if q.device.type == "cuda" and is_half_precision(q.dtype):
         if flash_attn_available():
             return "flash_attn"
         if not dropout_p and softcap is None and torch_varlen_available(q.device):

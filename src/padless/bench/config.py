@@ -1,93 +1,119 @@
-"""Benchmark configurations: named presets, and a run's resolved configuration.
+"""The benchmark's configuration: one frozen dataclass, :class:`RunConfig`, and named presets of it.
 
-Every field has a docstring underneath; :func:`field_docs` turns them into the ``--help`` of
-``padless bench``, so the help cannot drift from the code.
+The same type is what ``padless bench`` is asked to run (its flags are generated from the fields,
+their help from the docstring under each field, see :func:`field_docs`) and what ``results.json``
+records under ``config`` (with ``device`` and ``dtype`` resolved, and ``world_size`` filled in).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
-from padless.bench.strategies import STRATEGIES
+from padless.bench.strategies import BENCH_STRATEGIES
+
+Mode = Literal["same-examples", "token-budget"]
+Allocator = Literal["auto", "glibc", "glibc-tuned", "jemalloc", "tcmalloc"]
+
+RESULT_ONLY_FIELDS = ("world_size",)
+"""Fields the run fills in (recorded in results.json), not flags."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Preset:
-    """A named benchmark configuration; every field can be overridden on the command line."""
+class RunConfig:
+    """What ``padless bench`` runs; every field is a flag (``--batch-size`` for ``batch_size``)."""
 
-    model: str
-    """Model name for :func:`padless.models.build_model`."""
-    data: str
-    """Corpus name (``padless.data.CORPORA``) or a path to the user's data."""
-    steps: int
+    model: str = "gpt2-2layer"
+    """Model name for padless.models.build_model (a GPT-2 size, smollm2-135m, tiny-<family>, a path)."""
+    data: str = "agentic-rag"
+    """Corpus name (padless.data.CORPORA) or a path to the user's data."""
+    steps: int = 120
     """Optimiser steps per strategy."""
-    batch_size: int
+    batch_size: int = 8
     """Examples per micro-batch."""
-    max_length: int
+    max_length: int = 1024
     """Examples are truncated to this many tokens (packing puts a micro-batch into one row)."""
-    warmup_steps: int
+    warmup_steps: int = 5
     """Leading steps excluded from timing (and the learning-rate warm-up)."""
-    lr: float
+    lr: float = 2e-3
     """Peak learning rate of AdamW (linear warm-up, then linear decay to 10%)."""
-    eval_examples: int
+    eval_examples: int = 32
     """Held-out examples evaluated before and after training."""
-    train_on: str = "all"
-    """Which tokens are trained (``all``, ``assistant``, ``completion``; see ``padless.data``)."""
+    train_on: str = "assistant"
+    """Which tokens are trained (all, assistant, completion; see padless.data)."""
     grad_accumulation: int = 1
     """Micro-batches per optimiser step."""
     limit: int | None = None
     """Read at most this many examples of the corpus (quick runs)."""
-
-    def __post_init__(self) -> None:
-        # a run that trains nothing or times nothing is refused, not reported as a result
-        for name in ("steps", "batch_size", "max_length", "grad_accumulation"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if not 0 <= self.warmup_steps < self.steps:
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0 and less than steps={self.steps} "
-                             "(warm-up steps are not timed)")
-        if self.eval_examples < 0 or (self.limit is not None and self.limit < 1):
-            raise ValueError(f"eval_examples={self.eval_examples} must be >= 0 and limit={self.limit} >= 1 (or None)")
-        if not self.lr > 0:
-            raise ValueError(f"lr={self.lr} must be > 0")
-
-
-PRESETS: dict[str, Preset] = {
-    # about 10 minutes for all four strategies on 2 CPU cores: the smallest GPT-2 architecture with
-    # the real 50k vocabulary, assistant-only training on agent traces (tool results are context)
-    "default": Preset("gpt2-2layer", "agentic-rag", steps=120, batch_size=8, max_length=1024,
-                      warmup_steps=5, lr=2e-3, eval_examples=32, train_on="assistant"),
-    # a smoke run of about a minute (used by the tests)
-    "quick": Preset("gpt2-2layer", "agentic-rag", steps=6, batch_size=4, max_length=512,
-                    warmup_steps=2, lr=2e-3, eval_examples=8, train_on="assistant", limit=200),
-    # GPU-sized: the 124M GPT-2 architecture, and a real fine-tune of the pretrained SmolLM2-135M
-    "gpt2": Preset("gpt2", "agentic-rag", steps=200, batch_size=32, max_length=1024,
-                   warmup_steps=10, lr=3e-4, eval_examples=256, train_on="assistant"),
-    "smollm2": Preset("smollm2-135m", "agentic-rag", steps=200, batch_size=32, max_length=2048,
-                      warmup_steps=10, lr=5e-5, eval_examples=256, train_on="assistant"),
-}  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig(Preset):
-    """A resolved benchmark configuration: a preset's fields (overridden by flags) plus the run's."""
-
-    strategies: tuple[str, ...] = tuple(STRATEGIES)
-    """Strategies to run, in order."""
-    mode: str = "same-examples"
-    """``same-examples`` or ``token-budget`` (see the module docstring)."""
+    strategies: tuple[str, ...] = tuple(BENCH_STRATEGIES)
+    """Strategies to run, in order (comma-separated: padding,bucketing,packing,flattening)."""
+    mode: Mode = "same-examples"
+    """same-examples (every strategy trains the same examples per step) or token-budget (a fixed
+    number of tokens per step, padding included)."""
     token_budget: int | None = None
-    """Tokens per step, padding included, in ``token-budget`` mode (default batch size x max length)."""
+    """Tokens per step, padding included, in token-budget mode (default batch size x max length)."""
     seed: int = 0
     """Seed of the model initialisation, the data split and the example order."""
     device: str = "auto"
-    """``auto`` (a GPU when there is one), ``cpu``, ``cuda``, ``cuda:1``, ..."""
+    """auto (a GPU when there is one), cpu, cuda, cuda:1, ..."""
     dtype: str = "auto"
-    """``auto`` (bfloat16 on a GPU, float32 on a CPU), or a torch dtype name."""
+    """auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16. A 16-bit dtype trains
+    fp32 master weights under autocast."""
     tokenizer: str | None = None
     """Tokenizer name or path; default: the model's."""
-    trained_logits_only: bool = True
-    """Compute logits only where a token is trained, for every strategy (the loss is unchanged)."""
+    full_logits: bool = False
+    """Compute logits at every position, as Trainer does (default: only for trained tokens, for every
+    strategy; the loss is the same)."""
+    threads: int | None = None
+    """torch CPU threads (default: torch's choice)."""
+    in_process: bool = False
+    """Run every strategy in this process (default: each in its own process, so one strategy's
+    allocator state and memory peak cannot leak into the next)."""
+    allocator: Allocator = "auto"
+    """Memory allocator of the strategy processes: glibc (untuned), glibc-tuned (glibc with mmap and
+    trim thresholds raised, so large tensors are not returned to the kernel every step), jemalloc,
+    tcmalloc (where installed), or auto (glibc-tuned, see padless/bench/isolate.py)."""
+    world_size: int = 1
+    """Data-parallel processes (torchrun) the run found; per-step figures are summed over them."""
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.strategies if s not in BENCH_STRATEGIES]
+        if unknown or not self.strategies:
+            raise ValueError(f"strategies: unknown strategy {unknown[0] if unknown else '(none given)'!r}; "
+                             f"choose from {', '.join(BENCH_STRATEGIES)}")  # fmt: skip
+        for name, allowed in (("mode", Mode), ("allocator", Allocator)):
+            if getattr(self, name) not in typing.get_args(allowed):
+                raise ValueError(f"{name} {getattr(self, name)!r}: choose one of {', '.join(typing.get_args(allowed))}")
+        for name in ("steps", "batch_size", "max_length", "eval_examples", "grad_accumulation", "world_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be >= 1 (an integer)")
+        # a run that trains nothing or times nothing is refused, not reported as a result
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0 and less than steps={self.steps} "
+                             "(warm-up steps are not timed)")  # fmt: skip
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1 (or None), got {self.limit}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+PRESETS: dict[str, RunConfig] = {
+    # about 10 minutes for all four strategies on 2 CPU cores: the smallest GPT-2 architecture with
+    # the real 50k vocabulary, assistant-only training on agent traces (tool results are context)
+    "default": RunConfig(),
+    # a smoke run of about a minute (used by the tests)
+    "quick": RunConfig(steps=6, batch_size=4, max_length=512, warmup_steps=2, eval_examples=8, limit=200),
+    # a real fine-tune on a CPU: the pretrained SmolLM2-135M, about 20 minutes for all four strategies
+    # on 2 cores (a 2-step trial at max_length 512 took ~50 CPU-seconds per training step)
+    "smollm2-cpu": RunConfig(model="smollm2-135m", steps=12, batch_size=4, max_length=384, warmup_steps=2,
+                             lr=5e-5, eval_examples=12, limit=600),
+    # GPU-sized: the 124M GPT-2 architecture, and a real fine-tune of the pretrained SmolLM2-135M
+    "gpt2": RunConfig(model="gpt2", steps=200, batch_size=32, warmup_steps=10, lr=3e-4, eval_examples=256),
+    "smollm2": RunConfig(model="smollm2-135m", steps=200, batch_size=32, max_length=2048, warmup_steps=10,
+                         lr=5e-5, eval_examples=256),
+}  # fmt: skip
 
 
 def field_docs(cls: type) -> dict[str, str]:

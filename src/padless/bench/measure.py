@@ -258,9 +258,18 @@ class StrategyRecorder:
     """Held-out loss before training."""
     eval_loss_end: float | None = None
     """Held-out loss after training."""
+    trained_tokens: list[int] = field(default_factory=list)
+    """Trained tokens of each step (when recorded)."""
+    model_flops: list[float] = field(default_factory=list)
+    """Model FLOPs each step needed (when recorded)."""
+    executed_flops: list[float] = field(default_factory=list)
+    """FLOPs each step executed, padding included (when recorded)."""
+    cpu_times: CpuTimes | None = None
+    """User and sys CPU time of the training phase (:class:`CpuTimes`)."""
 
     def record_step(self, *, step_time_s: float, loss: float, real_tokens: int, padded_tokens: int,
-                    sequences: int) -> None:
+                    sequences: int, trained_tokens: int | None = None, model_flops: float | None = None,
+                    executed_flops: float | None = None) -> None:
         """Append one optimiser step; ``ValueError`` on an impossible combination."""
         step = len(self.step_time_s)
         if step_time_s < 0:
@@ -276,9 +285,15 @@ class StrategyRecorder:
         self.real_tokens.append(int(real_tokens))
         self.padded_tokens.append(int(padded_tokens))
         self.sequences.append(int(sequences))
+        for name, value in (("trained_tokens", trained_tokens), ("model_flops", model_flops),
+                            ("executed_flops", executed_flops)):  # fmt: skip
+            if value is not None:
+                getattr(self, name).append(value)
 
-    def result(self, peak_memory_bytes: int | None, memory_method: str) -> StrategyRun:
+    def result(self, peak_memory_bytes: int | None, memory_method: str, *, max_rss_bytes: int | None = None,
+               allocator: str | None = None) -> StrategyRun:
         """The measurements so far, frozen."""
+        user, sys_ = self.cpu_times.elapsed() if self.cpu_times is not None else (None, None)
         return StrategyRun(
             step_time_s=tuple(self.step_time_s),
             loss=tuple(self.loss),
@@ -289,7 +304,84 @@ class StrategyRecorder:
             memory_method=memory_method,
             eval_loss_start=self.eval_loss_start,
             eval_loss_end=self.eval_loss_end,
+            trained_tokens=tuple(int(n) for n in self.trained_tokens),
+            model_flops=tuple(float(x) for x in self.model_flops),
+            executed_flops=tuple(float(x) for x in self.executed_flops),
+            cpu_user_s=user,
+            cpu_sys_s=sys_,
+            max_rss_bytes=max_rss_bytes,
+            allocator=allocator,
         )
+
+
+class CpuTimes:
+    """User and kernel CPU time of this process (all threads) since :meth:`start`, until :meth:`stop`
+    (``resource.getrusage``; on a system without it, ``elapsed`` gives ``(None, None)``)."""
+
+    def __init__(self) -> None:
+        self._start: tuple[float, float] | None = None
+        self._stop: tuple[float, float] | None = None
+
+    @staticmethod
+    def _now() -> tuple[float, float] | None:
+        try:
+            import resource
+        except ImportError:  # not POSIX
+            return None
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime, usage.ru_stime
+
+    def start(self) -> None:
+        self._start, self._stop = self._now(), None
+
+    def stop(self) -> None:
+        self._stop = self._now()
+
+    def elapsed(self) -> tuple[float | None, float | None]:
+        """``(user_s, sys_s)`` from start to stop (to now, while running)."""
+        end = self._stop or self._now()
+        if self._start is None or end is None:
+            return None, None
+        return end[0] - self._start[0], end[1] - self._start[1]
+
+
+def max_rss_bytes() -> int | None:
+    """This process's lifetime peak RSS (``ru_maxrss``); ``None`` where ``resource`` is missing."""
+    try:
+        return _ru_maxrss_bytes()
+    except ImportError:
+        return None
+
+
+def measure_peak_flops(shapes: list[tuple[int, int, int]], device: torch.device | str, dtype: torch.dtype,
+                       min_time_s: float = 0.3) -> tuple[float, str]:
+    """The machine's peak for this model: the best FLOP/s of timed GEMMs ``[M, K] @ [K, N]`` of the
+    given shapes (the model's projections, MLP and head), on ``device`` in ``dtype`` (16-bit dtypes
+    are timed as autocast runs them). Each shape is repeated for at least ``min_time_s``; the fastest
+    repetition counts. Returns ``(FLOP/s, "M x K x N dtype")``."""
+    import torch
+
+    device = torch.device(device)
+    sync = synchronizer(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    best, where = 0.0, ""
+    for m, k, n in shapes:
+        a = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
+        b = torch.randn(k, n, generator=gen).to(device=device, dtype=dtype)
+        torch.mm(a, b)  # warm-up: kernel selection, first-touch of the output
+        sync()
+        fastest, spent = float("inf"), 0.0
+        while spent < min_time_s:
+            start = time.perf_counter()
+            torch.mm(a, b)
+            sync()
+            took = time.perf_counter() - start
+            fastest, spent = min(fastest, took), spent + took
+        rate = 2.0 * m * k * n / fastest
+        if rate > best:
+            best, where = rate, f"{m} x {k} x {n} {str(dtype).removeprefix('torch.')}"
+        del a, b
+    return best, where
 
 
 # --- environment --------------------------------------------------------------------------------

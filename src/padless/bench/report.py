@@ -7,6 +7,7 @@ display are involved):
     throughput.png     real tokens/s per strategy, speedup over padding, the ideal speedup marked
     loss_vs_step.png   training loss per optimiser step, all strategies
     loss_vs_tokens.png training loss against real tokens trained so far, all strategies
+    loss_vs_time.png   training loss against training wall-clock time: the same curve, reached sooner
     lengths.png        corpus length histogram, padding fraction of each strategy annotated
     step_times.png     step-time distribution per strategy (warm-up excluded)
 
@@ -22,7 +23,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from padless.bench.results import BenchResults, StrategyFigures, load_results
+from padless.bench.results import SYS_TIME_WARNING, BenchResults, StrategyFigures, load_results
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -112,26 +113,32 @@ def plot_throughput(results: BenchResults, path: Path) -> Path:
     return path
 
 
-LossAxis = Literal["step", "tokens"]
+LossAxis = Literal["step", "tokens", "time"]
+_LOSS_TITLES = {"step": "Training loss per optimiser step", "tokens": "Training loss against real tokens trained",
+                "time": "Training loss against training time"}
 
 
 def plot_loss(results: BenchResults, path: Path, x: LossAxis) -> Path:
-    """Training loss of every strategy on one chart, against the optimiser step (``x="step"``) or
-    against the real tokens trained so far (``x="tokens"``)."""
-    if x not in ("step", "tokens"):
-        raise ValueError(f"x must be 'step' or 'tokens', got {x!r}")
-    title = "Training loss per optimiser step" if x == "step" else "Training loss against real tokens trained"
+    """Training loss of every strategy on one chart, against the optimiser step (``x="step"``), the
+    real tokens trained so far (``x="tokens"``) or the training wall-clock time so far (``x="time"``:
+    the sum of step times, evaluation left out)."""
+    if x not in _LOSS_TITLES:
+        raise ValueError(f"x must be 'step', 'tokens' or 'time', got {x!r}")
+    title = _LOSS_TITLES[x]
     fig, ax = _figure(title)
     colors = _colors(list(results.strategies))
     for name, run in results.strategies.items():
         if not run.loss:
             ax.plot([], [], label=f"{name} (no steps)", color=colors[name])
             continue
-        xs = list(range(1, len(run.loss) + 1)) if x == "step" else list(itertools.accumulate(run.real_tokens))
+        series = {"step": [1] * len(run.loss), "tokens": run.real_tokens, "time": run.step_time_s}[x]
+        xs = list(itertools.accumulate(series))
         marker = "." if len(xs) < 40 else None
         ax.plot(xs, run.loss, label=name, color=colors[name], linewidth=1.4, marker=marker)
     if x == "step":
         ax.set_xlabel("optimiser step")
+    elif x == "time":
+        ax.set_xlabel("training time so far (s, sum of step times)")
     else:
         ax.set_xlabel("real (non-padding) tokens trained so far")
         ax.xaxis.set_major_formatter(lambda v, _: _si(v))
@@ -197,6 +204,7 @@ PLOTS = {
     "throughput": plot_throughput,
     "loss_vs_step": lambda r, p: plot_loss(r, p, "step"),
     "loss_vs_tokens": lambda r, p: plot_loss(r, p, "tokens"),
+    "loss_vs_time": lambda r, p: plot_loss(r, p, "time"),
     "lengths": plot_lengths,
     "step_times": plot_step_times,
 }
@@ -219,7 +227,7 @@ def _bytes(n: int | None) -> str:
 
 
 SUMMARY_COLUMNS = ("strategy", "steps", "median step", "p90 step", "real tok/s", "padded tok/s", "padding",
-                   "seq/s", "peak memory", "eval loss start -> end", "speedup")
+                   "seq/s", "MFU", "sys/CPU", "peak memory", "eval loss start -> end", "speedup", "of ideal")
 
 
 def summary_rows(results: BenchResults) -> list[tuple[str, ...]]:
@@ -239,9 +247,12 @@ def summary_rows(results: BenchResults) -> list[tuple[str, ...]]:
             _num(f.padded_tokens_per_s, "{:,.0f}"),
             _pct(f.padding_fraction),
             _num(f.sequences_per_s, "{:.2f}"),
+            _pct(f.mfu) if f.mfu is None or f.mfu >= 0.001 else f"{100 * f.mfu:.2f}%",
+            _pct(f.cpu_sys_fraction) + (" !" if (f.cpu_sys_fraction or 0) > SYS_TIME_WARNING else ""),
             _bytes(run.peak_memory_bytes),
             evals,
             _num(summary.speedup.get(name), "×{:.2f}"),
+            _pct(summary.fraction_of_ideal.get(name)),
         ))
     return rows
 
@@ -254,11 +265,35 @@ MEMORY_METHOD_NOTES = {
 }
 
 
+def headline(results: BenchResults) -> str | None:
+    """``packing: ×1.85 real tokens/s over bucketing, the strongest baseline`` (``None`` without
+    packing or any other strategy measured)."""
+    summary = results.summary()
+    if summary.speedup_over_strongest is None:
+        return None
+    isolated = all(run.allocator for run in results.strategies.values())
+    return (f"packing: ×{summary.speedup_over_strongest:.2f} real tokens/s over {summary.strongest_baseline}, "
+            f"the strongest baseline (same examples, same LM-head work"
+            f"{', each strategy in its own process' if isolated else ''})")
+
+
 def _notes(results: BenchResults) -> list[str]:
-    """Lines under the table: speedup and ideal speedup, memory method, interruption."""
-    summary, status = results.summary(), results.status
-    notes = [f"speedup: real tokens/s over {summary.baseline}; ideal speedup (padded / real tokens of "
-             f"{summary.baseline}): {_num(summary.ideal_speedup, '×{:.2f}')}"]
+    """Lines under the table: speedups, MFU's peak, CPU time, memory method, allocator, interruption."""
+    summary, status, figs = results.summary(), results.status, results.figures()
+    notes = [line for line in [headline(results)] if line]
+    notes.append(f"speedup: real tokens/s over {summary.baseline}; ideal speedup (padded / real tokens of "
+                 f"{summary.baseline}): {_num(summary.ideal_speedup, '×{:.2f}')}; from FLOPs (executed / needed): "
+                 f"{_num(summary.ideal_speedup_flops, '×{:.2f}')}, 'of ideal' is each speedup over it")
+    if results.peak_flops_per_s:
+        notes.append(f"MFU: model FLOPs/s (padless/bench/flops.py) over the measured peak "
+                     f"{_si(results.peak_flops_per_s)}FLOP/s (GEMM {results.peak_gemm})")
+    heavy = [n for n, f in figs.items() if (f.cpu_sys_fraction or 0) > SYS_TIME_WARNING]
+    if heavy:
+        notes.append(f"WARNING: kernel (sys) time above {SYS_TIME_WARNING:.0%} of CPU time for {', '.join(heavy)}: "
+                     "the run spent its time in page faults or the allocator, not in training")
+    allocators = sorted({run.allocator for run in results.strategies.values() if run.allocator})
+    if allocators:
+        notes.append("each strategy in its own process; allocator: " + ", ".join(allocators))
     methods = sorted({run.memory_method for run in results.strategies.values()})
     if methods:
         notes.append("peak memory: " + "; ".join(MEMORY_METHOD_NOTES.get(m, m) for m in methods))
@@ -275,7 +310,9 @@ def format_summary_table(results: BenchResults) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join([*lines, "", *_notes(results)])
+    head = headline(results)
+    notes = [n for n in _notes(results) if n != head]
+    return "\n".join([*([head, ""] if head else []), *lines, "", *notes])
 
 
 # --- html ---------------------------------------------------------------------------------------
@@ -286,6 +323,7 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom
 table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; } th { background: #f3f3f3; }
 table.summary td { text-align: right; } table.summary td:first-child, table.kv th { text-align: left; }
+.headline { font-size: 1.25em; font-weight: 600; margin: 0.8em 0; }
 .banner { background: #fde2e2; border: 1px solid #d33; padding: 0.6em 1em; }
 .note { color: #555; font-size: 0.9em; } img { max-width: 100%; display: block; margin: 0.8em 0; }
 """
@@ -308,8 +346,11 @@ def render_html(results: BenchResults, images: dict[str, bytes]) -> str:
     head = "".join(f"<th>{esc(c)}</th>" for c in SUMMARY_COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in summary_rows(results))
     notes = _notes(results)
-    banner = "".join(f'<p class="banner">{esc(n)}</p>' for n in notes if n.startswith("INTERRUPTED"))
-    other = ". ".join(esc(n) for n in notes if not n.startswith("INTERRUPTED"))
+    head = headline(results)
+    alarm = ("INTERRUPTED", "WARNING")
+    banner = "".join(f'<p class="banner">{esc(n)}</p>' for n in notes if n.startswith(alarm))
+    banner += f'<p class="headline">{esc(head)}</p>' if head else ""
+    other = ". ".join(esc(n) for n in notes if not n.startswith(alarm) and n != head)
     imgs = "".join(
         f'<img alt="{esc(name)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
         for name, png in images.items()

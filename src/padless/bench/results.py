@@ -8,7 +8,7 @@ recomputed from the raw data. The derived sections are written into the json for
 recomputed (not trusted) when a file is loaded.
 
     results.json
-      config          BenchConfig      what was run
+      config          RunConfig        what was run (device and dtype resolved)
       environment     Environment      where it ran
       strategies      {name: StrategyRun + "figures": StrategyFigures}
       lengths         [int]            corpus token lengths, for the histogram
@@ -28,51 +28,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from padless.bench.config import Mode, RunConfig
 from padless.bench.schema import check, from_plain
 
 SCHEMA_VERSION = 1
 BASELINE = "padding"
 """The strategy every speedup is measured against."""
+PADLESS = "packing"
+"""The strategy that is padless itself (compared with the strongest of the others)."""
+SYS_TIME_WARNING = 0.2
+"""A strategy whose kernel (sys) time exceeds this fraction of its CPU time is flagged in the report."""
 
-Mode = Literal["same-examples", "token-budget"]
+__all__ = ["Mode", "RunConfig"]  # re-exported: the results file's config is a RunConfig
+
+REQUIRED_CONFIG = ("model", "data", "strategies", "steps", "batch_size", "max_length", "mode", "seed", "device",
+                   "dtype", "grad_accumulation", "warmup_steps", "lr")
+"""Config fields a results file must carry (every RunConfig field has a default for the command line,
+but a figure cannot be read without these); the others were added later and may be absent."""
+
 RunState = Literal["complete", "interrupted"]
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """What ``padless bench`` was asked to run."""
-
-    model: str
-    """Model name or path, as given to ``padless.models.build_model``."""
-    data: str
-    """Corpus name or path of the training data."""
-    strategies: tuple[str, ...]
-    """Strategies in the order they ran: padding, bucketing, packing, flattening."""
-    steps: int
-    """Optimiser steps per strategy."""
-    batch_size: int
-    """Sequences per micro-batch (same-examples mode) or per step before packing."""
-    max_length: int
-    """Examples are truncated to this many tokens; packing puts each micro-batch into one padding-free row."""
-    mode: Mode
-    """``same-examples``: the same examples in every optimiser step; ``token-budget``: a fixed
-    number of tokens per optimiser step."""
-    seed: int
-    """Seed of the model initialisation and of the example order."""
-    device: str
-    """torch device string, e.g. ``cpu`` or ``cuda:0``."""
-    dtype: str
-    """Parameter dtype, e.g. ``float32`` or ``bfloat16``."""
-    grad_accumulation: int
-    """Micro-batches per optimiser step."""
-    warmup_steps: int
-    """Leading steps left out of the timing figures (allocator and kernel warm-up)."""
-    lr: float
-    """Learning rate."""
-    token_budget: int | None = None
-    """Tokens per optimiser step in ``token-budget`` mode; ``None`` in ``same-examples`` mode."""
-    world_size: int = 1
-    """Data-parallel processes (``torchrun``); per-step tokens and sequences are summed over them."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +102,21 @@ class StrategyRun:
     """Held-out loss before training (same examples for every strategy); ``None`` if not reached."""
     eval_loss_end: float | None
     """Held-out loss after training; ``None`` if not reached (an interrupted run)."""
+    trained_tokens: tuple[int, ...] = ()
+    """Trained (target) tokens of each step (absent in files written before it existed)."""
+    model_flops: tuple[float, ...] = ()
+    """Model FLOPs each step needed: body over real tokens, attention within each document, LM head
+    over trained tokens, x3 for the backward (padless/bench/flops.py)."""
+    executed_flops: tuple[float, ...] = ()
+    """FLOPs of each step as it was fed: padding included, attention over the blocks computed."""
+    cpu_user_s: float | None = None
+    """User CPU time of the process over the training phase (all threads)."""
+    cpu_sys_s: float | None = None
+    """Kernel CPU time of the process over the training phase (page faults, zeroing, mmap)."""
+    max_rss_bytes: int | None = None
+    """Peak RSS of the strategy's own process over its life (``ru_maxrss``); ``None`` in-process."""
+    allocator: str | None = None
+    """Memory allocator the strategy's process ran with (padless/bench/isolate.py), ``None`` in-process."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +141,18 @@ class StrategyFigures:
     """Padding tokens / all tokens fed, over every step recorded."""
     eval_loss_delta: float | None
     """``eval_loss_end - eval_loss_start`` (negative: the model learned)."""
+    model_flops_per_s: float | None = None
+    """Model FLOPs (needed work) over the measured steps divided by their total time."""
+    mfu: float | None = None
+    """Model FLOPs utilisation: ``model_flops_per_s`` over the machine's measured peak."""
+    flops_per_real_token: float | None = None
+    """Model FLOPs per real token, over every step recorded."""
+    flops_per_trained_token: float | None = None
+    """Model FLOPs per trained token, over every step recorded."""
+    executed_over_model_flops: float | None = None
+    """FLOPs executed / FLOPs needed, over every step (1.0: no work spent on padding)."""
+    cpu_sys_fraction: float | None = None
+    """Kernel time / CPU time (user + sys) of the training phase."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,14 @@ class Summary:
     """Each strategy's ``eval_loss_end - eval_loss_start``."""
     eval_loss_end_vs_baseline: dict[str, float | None]
     """Each strategy's final eval loss minus the baseline's (near 0: same learning)."""
+    strongest_baseline: str | None = None
+    """The fastest strategy other than packing (real tokens/s)."""
+    speedup_over_strongest: float | None = None
+    """Packing's real tokens/s over the strongest baseline's: the headline figure."""
+    ideal_speedup_flops: float | None = None
+    """The baseline's executed FLOPs / the FLOPs its steps needed: the speedup if padded work were free."""
+    fraction_of_ideal: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    """Each strategy's speedup over the baseline divided by ``ideal_speedup_flops``."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +197,7 @@ class RunStatus:
 class BenchResults:
     """One ``padless bench`` run: what is saved as ``results.json``."""
 
-    config: BenchConfig
+    config: RunConfig
     """What was run."""
     environment: Environment
     """Where it ran."""
@@ -202,10 +211,16 @@ class BenchResults:
     """padless version that wrote the file."""
     schema_version: int = SCHEMA_VERSION
     """Version of this schema."""
+    peak_flops_per_s: float | None = None
+    """The machine's measured peak: the fastest of timed GEMMs of the model's shapes on the run's
+    device and dtype, at the start of the run (padless.bench.measure.measure_peak_flops)."""
+    peak_gemm: str | None = None
+    """The GEMM shape that reached ``peak_flops_per_s`` (``M x K x N dtype``)."""
 
     def figures(self) -> dict[str, StrategyFigures]:
         """Derived figures per strategy."""
-        return {n: strategy_figures(r, self.config.warmup_steps) for n, r in self.strategies.items()}
+        return {n: strategy_figures(r, self.config.warmup_steps, self.peak_flops_per_s)
+                for n, r in self.strategies.items()}  # fmt: skip
 
     def summary(self) -> Summary:
         """Speedups and eval-loss comparisons, derived from the per-step data."""
@@ -268,10 +283,10 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def strategy_figures(run: StrategyRun, warmup_steps: int) -> StrategyFigures:
+def strategy_figures(run: StrategyRun, warmup_steps: int, peak_flops_per_s: float | None = None) -> StrategyFigures:
     """Median/p90 step time and rates over the steps after ``warmup_steps``; padding fraction over
     all steps. Rates are totals over totals (not a mean of per-step rates), so a slow step weighs
-    what it cost."""
+    what it cost. MFU needs the measured ``peak_flops_per_s``."""
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
     times = list(run.step_time_s[warmup_steps:])
@@ -290,7 +305,25 @@ def strategy_figures(run: StrategyRun, warmup_steps: int) -> StrategyFigures:
         sequences_per_s=_ratio(sum(run.sequences[warmup_steps:]), total_time),
         padding_fraction=1 - sum(run.real_tokens) / padded_all if padded_all > 0 else None,
         eval_loss_delta=delta,
+        **_flop_figures(run, warmup_steps, total_time, peak_flops_per_s),
     )
+
+
+def _flop_figures(run: StrategyRun, warmup_steps: int, total_time: float, peak: float | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if run.cpu_user_s is not None and run.cpu_sys_s is not None:
+        out["cpu_sys_fraction"] = _ratio(run.cpu_sys_s, run.cpu_user_s + run.cpu_sys_s)
+    if len(run.model_flops) != len(run.step_time_s):  # an older file: no FLOP counts
+        return out
+    rate = _ratio(sum(run.model_flops[warmup_steps:]), total_time)
+    out.update(
+        model_flops_per_s=rate,
+        mfu=rate / peak if rate is not None and peak else None,
+        flops_per_real_token=_ratio(sum(run.model_flops), sum(run.real_tokens)),
+        flops_per_trained_token=_ratio(sum(run.model_flops), sum(run.trained_tokens)),
+        executed_over_model_flops=_ratio(sum(run.executed_flops), sum(run.model_flops)),
+    )
+    return out
 
 
 def summarize(strategies: dict[str, StrategyRun], warmup_steps: int, baseline: str = BASELINE) -> Summary:
@@ -311,12 +344,22 @@ def summarize(strategies: dict[str, StrategyRun], warmup_steps: int, baseline: s
         speedup[name] = f.real_tokens_per_s / base_tps if ok else None
         end = strategies[name].eval_loss_end
         vs_base[name] = end - base_end if end is not None and base_end is not None else None
+    others = {n: f.real_tokens_per_s for n, f in figs.items() if n != PADLESS and f.real_tokens_per_s is not None}
+    strongest = max(others, key=lambda n: others[n]) if others else None
+    ours = figs[PADLESS].real_tokens_per_s if PADLESS in figs else None
+    ideal_flops = None
+    if baseline in strategies and len(strategies[baseline].executed_flops) == len(strategies[baseline].step_time_s):
+        ideal_flops = _ratio(sum(strategies[baseline].executed_flops), sum(strategies[baseline].model_flops))
     return Summary(
         baseline=baseline,
         speedup=speedup,
         ideal_speedup=ideal,
         eval_loss_delta={n: f.eval_loss_delta for n, f in figs.items()},
         eval_loss_end_vs_baseline=vs_base,
+        strongest_baseline=strongest,
+        speedup_over_strongest=ours / others[strongest] if ours is not None and strongest is not None else None,
+        ideal_speedup_flops=ideal_flops,
+        fraction_of_ideal={n: s / ideal_flops if s is not None and ideal_flops else None for n, s in speedup.items()},
     )
 
 
@@ -353,6 +396,8 @@ def validate(data: Any) -> list[str]:
     check(data, BenchResults, "", problems)
     if not isinstance(data, dict):
         return problems
+    if isinstance(data.get("config"), dict):
+        problems += [f"config.{k}: missing" for k in REQUIRED_CONFIG if k not in data["config"]]
     if "summary" not in data:
         problems.append("summary: missing")
     else:
@@ -368,6 +413,9 @@ def validate(data: Any) -> list[str]:
                 check(run["figures"], StrategyFigures, f"strategies.{name}.figures", problems)
             arrays = ("step_time_s", "loss", "real_tokens", "padded_tokens", "sequences")
             sizes = {a: len(run[a]) for a in arrays if isinstance(run.get(a), list)}
+            for a in ("trained_tokens", "model_flops", "executed_flops"):  # optional, but whole when present
+                if isinstance(run.get(a), list) and run[a]:
+                    sizes[a] = len(run[a])
             if len(set(sizes.values())) > 1:
                 problems.append(f"strategies.{name}: per-step arrays differ in length {sizes}")
     version = data.get("schema_version")

@@ -10,27 +10,38 @@ and example order, and trains the same number of optimiser steps. Two modes:
 
 Timing covers a whole optimiser step: collation, forward, backward and the optimiser update. Warm-up
 steps are excluded from the timing figures. Ctrl-C stops the run and still writes what was measured.
+
+Every strategy runs in its own process (padless/bench/isolate.py) unless ``in_process`` is set or
+the run is distributed: the parent measures the machine's peak (a timed GEMM of the model's shapes),
+starts one child per strategy with the chosen allocator, gathers their results and reports them
+side by side. Every strategy gets the same optimisations: the LM head only on trained tokens
+(unless ``full_logits``), fp32 master weights under autocast for a 16-bit ``dtype``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from padless.bench.config import RunConfig
 from padless.bench.steps import same_example_steps, token_budget_steps
-from padless.bench.strategies import STRATEGIES, BatchingOptions
+from padless.bench.strategies import BENCH_STRATEGIES, BatchingOptions
+
+if TYPE_CHECKING:
+    from padless.bench.results import StrategyRun
 
 
 # --------------------------------------------------------------------------- training
 
 
 def evaluate(
-    model: Any, features: Sequence[dict[str, Any]], batch_size: int, pad_token_id: int, trained_logits_only: bool = True
+    model: Any, features: Sequence[dict[str, Any]], batch_size: int, pad_token_id: int, trained_logits_only: bool = True,
+    autocast: Any = None,
 ) -> float:
     """Token-normalised loss over held-out examples, computed the same way for every strategy
     (packed rows on SDPA, each example exactly as if run alone: :func:`padless.packed_eval_loss`),
@@ -41,8 +52,9 @@ def evaluate(
     model.set_attn_implementation("sdpa")
     model.eval()
     try:
-        result = packed_eval_loss(model, features, batch_size=batch_size, pad_token_id=pad_token_id,
-                                  trained_logits_only=trained_logits_only)  # fmt: skip
+        with autocast or contextlib.nullcontext():
+            result = packed_eval_loss(model, features, batch_size=batch_size, pad_token_id=pad_token_id,
+                                      trained_logits_only=trained_logits_only)  # fmt: skip
     finally:
         model.set_attn_implementation(original)
         model.train()
@@ -50,7 +62,7 @@ def evaluate(
 
 
 def _all_reduce_step(counts: list[float], device: Any) -> list[float]:
-    """[time, loss, real, padded, sequences] of this rank -> max time, summed rest over ranks."""
+    """[time, loss, real, padded, sequences, ...] of this rank -> max time, summed rest over ranks."""
     import torch
     import torch.distributed as dist
 
@@ -92,16 +104,23 @@ def train_strategy(
     import torch
     from tqdm.auto import tqdm
 
-    from padless.bench.measure import StepTimer, synchronizer
     from padless.batching.collate import batch_to
-    from padless.loss import model_loss, step_num_items
-    from padless.models import build_model
+    from padless.bench.flops import ModelShape, executed_step_flops, needed_step_flops
+    from padless.bench.measure import CpuTimes, StepTimer, synchronizer
     from padless.bench.strategies import packing_attention
+    from padless.loss import model_loss, step_num_items
+    from padless.models import build_model, is_half_precision
 
-    strategy = STRATEGIES[name]
+    strategy = BENCH_STRATEGIES[name]
     attn = packing_attention(cfg.model, device, dtype) if name == "packing" else strategy.attn_implementation
-    model = build_model(cfg.model, attn_implementation=attn, seed=cfg.seed, dtype=dtype).to(device)
+    # a 16-bit dtype computes under autocast over fp32 master weights: AdamW's small updates would
+    # round away in bf16 weights (at lr 5e-5 most of them do)
+    half = is_half_precision(dtype)
+    model = build_model(cfg.model, attn_implementation=attn, seed=cfg.seed, dtype=torch.float32 if half else dtype)
+    model = model.to(device)
     model.train()
+    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if half else contextlib.nullcontext
+    shape = ModelShape.from_config(model.config)
     opts = BatchingOptions(
         batch_size=cfg.batch_size,
         max_length=None,  # a micro-batch's examples packed into one padding-free row
@@ -117,9 +136,12 @@ def train_strategy(
         trained = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = _schedule(optimizer, cfg.warmup_steps, cfg.steps)
-    recorder.eval_loss_start = evaluate(model, evals, cfg.batch_size, pad_token_id, cfg.trained_logits_only)
+    only = not cfg.full_logits
+    recorder.eval_loss_start = evaluate(model, evals, cfg.batch_size, pad_token_id, only, autocast())
     timer = StepTimer(sync=synchronizer(device))
+    recorder.cpu_times = cpu = CpuTimes()
     memory.start()
+    cpu.start()
     show = progress and rank == 0
     for indices in tqdm(step_indices, desc=f"{name:>10}", unit="step", disable=not show, leave=False):
         feats = [train[i] for i in indices]
@@ -128,7 +150,8 @@ def train_strategy(
             n = step_num_items(micro)
             total = torch.zeros((), device=device)
             for batch in micro:
-                loss = model_loss(trained, batch, n, world_size=world_size, trained_logits_only=cfg.trained_logits_only)
+                with autocast():
+                    loss = model_loss(trained, batch, n, world_size=world_size, trained_logits_only=only)
                 loss.backward()
                 total += loss.detach()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -136,14 +159,20 @@ def train_strategy(
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step_loss = total.item()  # waits for the step on an accelerator
-        counts = [timer.times_s[-1], step_loss / world_size, sum(len(f["input_ids"]) for f in feats),
-                  sum(int(b["input_ids"].numel()) for b in micro), len(feats)]  # fmt: skip
-        if world_size > 1:  # the step of the slowest rank; tokens and loss summed over ranks
+        lengths = [len(f["input_ids"]) for f in feats]
+        # this rank's share of n (all ranks' trained tokens): its own micro-batches' targets
+        mine = int(step_num_items(micro, all_ranks=False))
+        counts = [timer.times_s[-1], step_loss / world_size, sum(lengths),
+                  sum(int(b["input_ids"].numel()) for b in micro), len(feats), mine,
+                  needed_step_flops(shape, lengths, mine), executed_step_flops(shape, micro, mine, cfg.full_logits)]  # fmt: skip
+        if world_size > 1:  # the step of the slowest rank; tokens, FLOPs and loss summed over ranks
             counts = _all_reduce_step(counts, device)
         recorder.record_step(step_time_s=counts[0], loss=counts[1], real_tokens=int(counts[2]),
-                             padded_tokens=int(counts[3]), sequences=int(counts[4]))  # fmt: skip
+                             padded_tokens=int(counts[3]), sequences=int(counts[4]), trained_tokens=int(counts[5]),
+                             model_flops=counts[6], executed_flops=counts[7])  # fmt: skip
+    cpu.stop()
     peak = memory.stop()
-    recorder.eval_loss_end = evaluate(model, evals, cfg.batch_size, pad_token_id, cfg.trained_logits_only)
+    recorder.eval_loss_end = evaluate(model, evals, cfg.batch_size, pad_token_id, only, autocast())
     return peak
 
 
@@ -171,21 +200,12 @@ def _init_distributed(cfg: RunConfig) -> tuple[int, int]:
     return rank, world_size
 
 
-def _resolve_device(cfg: RunConfig, rank: int = 0) -> tuple[Any, Any]:
-    import os
+def resolve_device_dtype(cfg: RunConfig) -> tuple[Any, Any]:
+    """The run's torch device and compute dtype (padless.models.resolve_device / resolve_dtype)."""
+    from padless.models import resolve_device, resolve_dtype
 
-    import torch
-
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
-    if device.type != "cpu" and device.index is None:  # one accelerator per process under torchrun
-        device = torch.device(device.type, int(os.environ.get("LOCAL_RANK", rank)))
-    if cfg.dtype == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    else:
-        dtype = getattr(torch, cfg.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"--dtype {cfg.dtype!r} is not a torch dtype (float32, bfloat16, float16)")
-    return device, dtype
+    device = resolve_device(cfg.device)
+    return device, resolve_dtype(cfg.dtype, device)
 
 
 def _load(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
@@ -199,11 +219,58 @@ def _load(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], i
     features = corpus.features()
     order = np.random.default_rng(cfg.seed).permutation(len(features))
     if len(features) <= cfg.eval_examples:
-        raise ValueError(f"{cfg.data} has {len(features)} examples; --eval-examples {cfg.eval_examples} leaves none to train on")
+        raise ValueError(f"{cfg.data} has {len(features)} examples; eval_examples={cfg.eval_examples} leaves none to train on")
     evals = [features[i] for i in order[: cfg.eval_examples]]
     train = [features[i] for i in order[cfg.eval_examples :]]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return train, evals, int(pad if pad is not None else 0)
+
+
+def strategy_steps(cfg: RunConfig, name: str, lengths: np.ndarray, world: tuple[int, int] = (0, 1)) -> list[np.ndarray]:
+    """This rank's example indices of every step of strategy ``name`` (see the module docstring)."""
+    rank, world_size = world
+    if cfg.mode == "same-examples":  # each rank takes every world_size-th example of a global step
+        per_rank = cfg.batch_size * cfg.grad_accumulation
+        return [s[rank::world_size] for s in same_example_steps(lengths.size, cfg.steps, per_rank * world_size, cfg.seed)]
+    budget = cfg.token_budget or cfg.batch_size * cfg.max_length
+    return token_budget_steps(name, lengths, cfg.steps * world_size, budget, cfg.seed)[rank::world_size]
+
+
+def run_one_strategy(
+    cfg: RunConfig, name: str, data: tuple[list[dict[str, Any]], list[dict[str, Any]], int], *,
+    device: Any, dtype: Any, world: tuple[int, int] = (0, 1), progress: bool = True, allocator: str | None = None,
+    own_process: bool = False,
+) -> tuple[StrategyRun, int | None]:
+    """Train strategy ``name`` and return its measurements and, when interrupted (Ctrl-C), the number
+    of steps it completed (``None``: it finished). ``own_process``: the process exists for this
+    strategy alone, so its lifetime peak RSS is the strategy's."""
+    from padless.bench.measure import PeakMemory, StrategyRecorder, max_rss_bytes
+
+    train, evals, pad_token_id = data
+    lengths = np.array([len(f["input_ids"]) for f in train], dtype=np.int64)
+    steps = strategy_steps(cfg, name, lengths, world)
+    memory, recorder = PeakMemory(device), StrategyRecorder()
+    interrupted = None
+    try:
+        peak = train_strategy(name, cfg, train, evals, steps, device=device, dtype=dtype, pad_token_id=pad_token_id,
+                              recorder=recorder, memory=memory, progress=progress, world=world)  # fmt: skip
+    except KeyboardInterrupt:
+        peak, interrupted = memory.stop(), len(recorder.step_time_s)
+    rss = max_rss_bytes() if own_process else None
+    return recorder.result(peak, memory.method, max_rss_bytes=rss, allocator=allocator), interrupted
+
+
+def _gemm_shapes(cfg: RunConfig) -> list[tuple[int, int, int]]:
+    """The model's GEMMs for the peak measurement: rows of one micro-batch (at most 2048) through the
+    attention projection, the MLP and the LM head."""
+    from padless.bench.flops import ModelShape
+    from padless.models import model_config
+
+    shape = ModelShape.from_config(model_config(cfg.model))
+    rows = min(2048, cfg.batch_size * cfg.max_length)
+    q = shape.heads * shape.head_dim
+    return [(rows, shape.hidden, q), (rows, shape.hidden, shape.intermediate), (rows, shape.intermediate, shape.hidden),
+            (rows, shape.hidden, shape.vocab)]  # fmt: skip
 
 
 def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True) -> Path:
@@ -212,57 +279,55 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
     Returns the results path. Ctrl-C ends the run early; what was measured is still written, with
     ``status.state == "interrupted"``.
     """
-    from padless import __version__
-    from padless.bench.measure import PeakMemory, StrategyRecorder, environment_snapshot
-    from padless.bench.report import format_summary_table, write_report
-    from padless.bench.results import BenchConfig, BenchResults, RunStatus, save_results
+    import dataclasses
 
-    if cfg.mode not in ("same-examples", "token-budget"):
-        raise ValueError(f"unknown --mode {cfg.mode!r}; choose same-examples or token-budget")
+    import torch
+
+    from padless import __version__
+    from padless.bench.measure import environment_snapshot, measure_peak_flops
+    from padless.bench.report import format_summary_table, write_report
+    from padless.bench.results import BenchResults, RunStatus, save_results
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     rank, world_size = _init_distributed(cfg)
-    device, dtype = _resolve_device(cfg, rank)
-    train, evals, pad_token_id = _load(cfg)
-    lengths = np.array([len(f["input_ids"]) for f in train], dtype=np.int64)
-    budget = cfg.token_budget or cfg.batch_size * cfg.max_length
-    if cfg.mode == "same-examples":  # each rank takes every world_size-th example of a global step
-        per_rank = cfg.batch_size * cfg.grad_accumulation
-        shared = [s[rank::world_size] for s in same_example_steps(len(train), cfg.steps, per_rank * world_size, cfg.seed)]
-    memory = PeakMemory(device)
+    device, dtype = resolve_device_dtype(cfg)
+    peak, peak_gemm = measure_peak_flops(_gemm_shapes(cfg), device, dtype)
+    isolated = not cfg.in_process and world_size == 1
     runs: dict[str, Any] = {}
     done: list[str] = []
     status = RunStatus("complete", ())
-    current, recorder = None, None
-    try:
-        for name in cfg.strategies:
-            current, recorder = name, StrategyRecorder()
-            if cfg.mode == "same-examples":
-                steps = shared
-            else:
-                steps = token_budget_steps(name, lengths, cfg.steps * world_size, budget, cfg.seed)[rank::world_size]
-            peak = train_strategy(name, cfg, train, evals, steps, device=device, dtype=dtype, pad_token_id=pad_token_id,
-                                  recorder=recorder, memory=memory, progress=progress, world=(rank, world_size))  # fmt: skip
-            runs[name] = recorder.result(peak, memory.method)
-            done.append(name)
-            current = None
-    except KeyboardInterrupt:
-        if current is not None and recorder is not None:
-            runs[current] = recorder.result(memory.stop(), memory.method)
-        status = RunStatus("interrupted", tuple(done), current, len(recorder.step_time_s) if recorder else 0)
-        print("\ninterrupted: writing what was measured so far", file=sys.stderr)
-    bench_config = BenchConfig(
-        model=cfg.model, data=cfg.data, strategies=tuple(cfg.strategies), steps=cfg.steps,
-        batch_size=cfg.batch_size, max_length=cfg.max_length, mode=cfg.mode, seed=cfg.seed,
-        device=str(device), dtype=str(dtype).removeprefix("torch."), grad_accumulation=cfg.grad_accumulation,
-        warmup_steps=cfg.warmup_steps, lr=cfg.lr, token_budget=budget if cfg.mode == "token-budget" else None,
-        world_size=world_size,
-    )  # fmt: skip
+    lengths: tuple[int, ...] = ()
+    data = None if isolated else _load(cfg)
+    for name in cfg.strategies:
+        if isolated:
+            from padless.bench.isolate import run_in_child
+
+            run, at, child_lengths = run_in_child(cfg, name, progress=progress)
+            lengths = lengths or child_lengths
+        else:
+            assert data is not None
+            run, at = run_one_strategy(cfg, name, data, device=device, dtype=dtype, world=(rank, world_size),
+                                       progress=progress)  # fmt: skip
+            lengths = tuple(len(f["input_ids"]) for f in data[0])
+        runs[name] = run
+        if at is not None:
+            status = RunStatus("interrupted", tuple(done), name, at)
+            print("\ninterrupted: writing what was measured so far", file=sys.stderr)
+            break
+        done.append(name)
+    resolved = dataclasses.replace(cfg, device=str(device), dtype=str(dtype).removeprefix("torch."), world_size=world_size,
+                                   token_budget=(cfg.token_budget or cfg.batch_size * cfg.max_length)
+                                   if cfg.mode == "token-budget" else None)  # fmt: skip
     results = BenchResults(
-        config=bench_config,
+        config=resolved,
         environment=environment_snapshot(device),
         strategies=runs,
-        lengths=tuple(int(n) for n in lengths),
+        lengths=lengths,
         status=status,
         padless_version=__version__,
+        peak_flops_per_s=peak,
+        peak_gemm=peak_gemm,
     )
     out = Path(out_dir)
     path = out / "results.json"

@@ -71,6 +71,7 @@ def check(value: Any, tp: Any, path: str, problems: list[str]) -> None:
             check(item, typing.get_args(tp)[1], f"{path}.{key}", problems)
     else:
         ok = {
+            bool: isinstance(value, bool),
             int: isinstance(value, int) and not isinstance(value, bool),
             float: isinstance(value, (int, float)) and not isinstance(value, bool),
             str: isinstance(value, str),

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-StrategyName = Literal["padding", "bucketing", "packing", "flattening"]
-STRATEGY_NAMES: tuple[str, ...] = ("padding", "bucketing", "packing", "flattening")
+from typing import Any
 
 Feature = Mapping[str, Any]
 Batcher = Callable[[Sequence[Feature]], list[dict[str, Any]]]
@@ -35,7 +32,7 @@ class BatchingOptions:
     batch_size: int
     """Examples per micro-batch for padding and flattening; the budget unit for bucketing."""
     max_length: int | None
-    """Packed row length; ``None`` packs a micro-batch's examples into one padding-free row."""
+    """Packed row length; ``None`` packs each micro-batch's examples into one padding-free row."""
     pad_token_id: int
     """Id written into padding."""
     vocab_size: int
@@ -45,12 +42,16 @@ class BatchingOptions:
 
 
 @dataclass(frozen=True)
-class Strategy:
-    """A batching strategy: the model's attention implementation and a batcher factory."""
+class BatchingStrategy:
+    """A batching strategy of the benchmark: the model's attention implementation and a batcher factory."""
 
     name: str
+    """The strategy's name in results and reports."""
     attn_implementation: str
+    """transformers attention implementation (``padless`` is resolved per model and device by
+    :func:`packing_attention`)."""
     make_batcher: Callable[[BatchingOptions, Any], Batcher]
+    """``(options, model) -> batcher``: a function from a step's features to its micro-batches."""
 
 
 def _chunks(items: Sequence[Feature], size: int) -> list[Sequence[Feature]]:
@@ -70,22 +71,15 @@ def _padding(opts: BatchingOptions, model: Any) -> Batcher:
 
 def bucket_partition(lengths: Sequence[int], overhead_tokens: int) -> list[list[int]]:
     """Split examples into length-sorted micro-batches minimising padded tokens plus a fixed cost of
-    ``overhead_tokens`` per micro-batch (a forward pass is not free). Exact dynamic programme over
-    the sorted order, O(n^2) for the few dozen examples of a step. Returns index lists."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    n = len(order)
-    best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of the j longest examples
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(j):  # micro-batch order[i:j]; its longest member is order[i]
-            cost = best[i] + (j - i) * lengths[order[i]] + overhead_tokens
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups, j = [], n
-    while j > 0:
-        groups.append(order[cut[j] : j])
-        j = cut[j]
-    return groups[::-1]
+    ``overhead_tokens`` per micro-batch (a forward pass is not free): the exact optimum
+    (:func:`padless.planning.partition.optimal_length_partition`). Returns index lists, shortest
+    micro-batch first."""
+    import numpy as np
+
+    from padless.planning.partition import optimal_length_partition
+
+    groups = optimal_length_partition(np.asarray(lengths, dtype=np.int64), lambda n, m: overhead_tokens + n * m)
+    return [g.tolist() for g in groups]
 
 
 def _bucketing(opts: BatchingOptions, model: Any) -> Batcher:
@@ -103,9 +97,7 @@ def _packing(opts: BatchingOptions, model: Any) -> Batcher:
     from padless.batching.collate import PackingCollator
 
     collate = PackingCollator.for_model(model, max_length=opts.max_length, pad_token_id=opts.pad_token_id)
-    if opts.max_length is None:
-        return lambda feats: [collate(c) for c in _chunks(feats, opts.batch_size)]
-    return lambda feats: [collate(feats)]
+    return lambda feats: [collate(c) for c in _chunks(feats, opts.batch_size)]
 
 
 def _flattening(opts: BatchingOptions, model: Any) -> Batcher:
@@ -130,18 +122,19 @@ def packing_attention(model_name: str, device: Any, dtype: Any) -> str:
     return resolve_backend(None, device=device, dtype=dtype, config=model_config(model_name))
 
 
-STRATEGIES: dict[str, Strategy] = {
-    "padding": Strategy("padding", "sdpa", _padding),
-    "bucketing": Strategy("bucketing", "sdpa", _bucketing),
-    "packing": Strategy("packing", "padless", _packing),
-    "flattening": Strategy("flattening", "sdpa", _flattening),
+BENCH_STRATEGIES: dict[str, BatchingStrategy] = {
+    "padding": BatchingStrategy("padding", "sdpa", _padding),
+    "bucketing": BatchingStrategy("bucketing", "sdpa", _bucketing),
+    "packing": BatchingStrategy("packing", "padless", _packing),
+    "flattening": BatchingStrategy("flattening", "sdpa", _flattening),
 }
+"""Benchmark strategy name -> :class:`BatchingStrategy`, in the order a run takes them."""
 
 
 def parse_strategies(text: str) -> list[str]:
     """``"packing,padding"`` -> validated names (in the given order)."""
     names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [n for n in names if n not in STRATEGIES]
+    unknown = [n for n in names if n not in BENCH_STRATEGIES]
     if unknown or not names:
-        raise ValueError(f"unknown strategy {unknown[0] if unknown else text!r}; choose from {', '.join(STRATEGIES)}")
+        raise ValueError(f"unknown strategy {unknown[0] if unknown else text!r}; choose from {', '.join(BENCH_STRATEGIES)}")
     return names

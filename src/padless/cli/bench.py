@@ -1,53 +1,56 @@
-"""``padless bench``: flags from the run configuration's fields, then :func:`padless.bench.run.run_benchmark`."""
+"""``padless bench``: one flag per field of :class:`padless.bench.config.RunConfig` (generated, with
+the field's docstring as help), then :func:`padless.bench.run.run_benchmark`."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import types
+import typing
 
-from padless.bench.config import PRESETS, Preset, RunConfig, field_docs
+from padless.bench.config import PRESETS, RESULT_ONLY_FIELDS, RunConfig, field_docs
 from padless.bench.run import run_benchmark
-from padless.bench.strategies import STRATEGIES, parse_strategies
 from padless.cli import as_flags, plain
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def _flag_kwargs(tp: typing.Any) -> dict[str, typing.Any]:
+    """argparse keywords for a field type: choices for a Literal, a switch for a bool, a comma list
+    for a tuple, the scalar type (of ``X | None``) otherwise."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is typing.Literal:
+        return {"choices": typing.get_args(tp)}
+    if tp is bool:
+        return {"action": "store_true"}
+    if typing.get_origin(tp) is tuple:
+        return {"type": _comma_list, "metavar": "A,B,..."}
+    return {"type": tp}
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="default", choices=sorted(PRESETS),
                         help="a named configuration; the flags below override it")  # fmt: skip
-    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset, e.g. packing,padding")
-    docs = field_docs(Preset)
-    for f in dataclasses.fields(Preset):
-        kind = {"int": int, "float": float, "int | None": int}.get(str(f.type), str)
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, help=plain(docs.get(f.name)))
-    parser.add_argument("--mode", default="same-examples", choices=["same-examples", "token-budget"])
-    parser.add_argument("--token-budget", type=int, default=None, help="tokens per step in token-budget mode (default batch size x max length)")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: the model's)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    docs, hints = field_docs(RunConfig), typing.get_type_hints(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        if f.name not in RESULT_ONLY_FIELDS:  # default None: "not given", the preset's value stands
+            parser.add_argument("--" + f.name.replace("_", "-"), default=None, help=plain(docs.get(f.name)),
+                                **_flag_kwargs(hints[f.name]))  # fmt: skip
     parser.add_argument("--out", default="runs/bench", help="output folder for results.json, the plots and report.html")
-    parser.add_argument("--full-logits", action="store_true",
-                        help="compute logits at every position (default: only where a token is trained, for every strategy)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    preset = PRESETS[args.preset]
-    values = {f.name: getattr(args, f.name) if getattr(args, f.name) is not None else getattr(preset, f.name)
-              for f in dataclasses.fields(Preset)}  # fmt: skip
-    return RunConfig(
-        **values, strategies=tuple(parse_strategies(args.strategies)), mode=args.mode,
-        token_budget=args.token_budget, seed=args.seed, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer,
-        trained_logits_only=not args.full_logits,
-    )  # fmt: skip
+    """The preset, with every flag given on the command line overriding its field."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
+             if f.name not in RESULT_ONLY_FIELDS and getattr(args, f.name) is not None}  # fmt: skip
+    return dataclasses.replace(PRESETS[args.preset], **given)
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
     import torch.distributed as dist
 
     try:

@@ -32,23 +32,6 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def _device(name: str) -> object:
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a device name (auto, cpu, cuda, cuda:1, ...)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: no CUDA device is available here (torch {torch.__version__}); "
-                         "use --device cpu or auto")  # fmt: skip
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return device
-
-
 def _lengths(text: str) -> list[int]:
     try:
         lengths = [int(x) for x in text.split(",") if x.strip()]
@@ -63,14 +46,17 @@ def run_verify(args: argparse.Namespace) -> int:
     import torch
 
     from padless.cli import as_flags
-    from padless.models import build_model
+    from padless.models import build_model, resolve_device
 
     if args.max_length < 0:
         raise ValueError(f"--max-length must be >= 1 (or 0 for one row holding every sequence), got {args.max_length}")
     lengths = _lengths(args.lengths) if args.lengths is not None else None
     if not [b for b in args.backends.split(",") if b.strip()]:
         raise ValueError(f"--backends names no backend; choose from {','.join(DEFAULT_BACKENDS)}")
-    device = _device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        raise ValueError(as_flags(str(exc), ["device"])) from None
     # eager attention builds for every model (some have no SDPA); each backend is switched on in turn
     model = build_model(args.model, dtype=getattr(torch, args.dtype), attn_implementation="eager").to(device)
     sequences = None
