@@ -504,8 +504,11 @@ def wrapped(sizes: np.ndarray, capacity: int, max_per_row: int | None) -> tuple[
             t = min(t + capacity, ends_list[last])
             i = bisect_right(ends_list, t, lo=i)
         bounds = np.asarray(bounds_list, dtype=np.int64)
-    first = np.searchsorted(bounds, starts, side="right") - 1
-    last = np.searchsorted(bounds, ends - 1, side="right") - 1
+    if max_per_row is None:  # rows start every `capacity` tokens: a division finds an item's rows
+        first, last = starts // capacity, (ends - 1) // capacity
+    else:
+        first = np.searchsorted(bounds, starts, side="right") - 1
+        last = np.searchsorted(bounds, ends - 1, side="right") - 1
     pieces = last - first + 1
     item = np.repeat(np.arange(m, dtype=np.int64), pieces)
     row = first[item] + np.arange(item.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
