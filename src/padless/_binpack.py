@@ -324,14 +324,15 @@ def histogram_best_fit(
     per_row = max_per_row or _NO_CAP
     values, counts = histogram(sizes)
     smallest = int(values[0]) if m else 1
-    patterns: list[tuple[int, int, int]] = [(-1, 0, 0)]  # id -> (parent id, size, copies); 0 = empty
+    patterns: list[tuple[int, int, int, int]] = [(-1, 0, 0, 0)]  # id -> (parent, size, copies, width)
     buckets: dict[int, list[list[int]]] = {}  # free capacity -> groups [rows, slots, pattern, serial]
     caps: list[int] = []
     closed: list[list[int]] = []
     serial = 0
 
     def grow(pattern: int, size: int, copies: int) -> int:
-        patterns.append((pattern, size, copies))
+        """A new pattern: ``pattern`` plus ``copies`` slots of ``size`` (0 is the empty pattern)."""
+        patterns.append((pattern, size, copies, patterns[pattern][3] + copies))
         return len(patterns) - 1
 
     for size, k in zip(values[::-1].tolist(), counts[::-1].tolist()):
@@ -387,7 +388,7 @@ _BIG_BAND = 256  # items from which a band is copied as a 2D slice: ~ break-even
 
 def _expand(
     groups: list[list[int]],
-    patterns: list[tuple[int, int, int]],
+    patterns: list[tuple[int, int, int, int]],
     sizes: np.ndarray,
     capacity: int,
     values: np.ndarray,
@@ -413,41 +414,28 @@ def _expand(
     all together by computed positions (a dozen array operations per item). Both are O(m).
     """
     m = sizes.size
-    runs_of: dict[int, list[tuple[int, int]]] = {}  # pattern -> [(size, copies), ...] root first
-    b_size, b_copies, b_col, b_rows, b_width, b_base = [], [], [], [], [], []  # one entry per band
-    row_width, row_count = [], []
-    base = 0
-    for rows, _, pattern, _ in groups:
-        runs = runs_of.get(pattern)
-        if runs is None:
-            runs, p = [], pattern
-            while p:  # walk up to the root (no recursion: chains can be long)
-                p, size, copies = patterns[p]
-                runs.append((size, copies))
-            runs.reverse()
-            runs_of[pattern] = runs
-        width = sum(q for _, q in runs)
-        col = 0
-        for size, q in runs:
-            b_size.append(size)
-            b_copies.append(q)
-            b_col.append(col)
-            b_rows.append(rows)
-            b_width.append(width)
-            b_base.append(base)
-            col += q
-        row_width.append(width)
-        row_count.append(rows)
-        base += rows * width
-    offsets = np.zeros(sum(row_count) + 1, dtype=np.int64)
-    np.cumsum(np.repeat(np.asarray(row_width, dtype=np.int64), row_count), out=offsets[1:])
+    # parent pattern, run size, run copies, slots a row; per pattern id (a tree: a pattern is its
+    # parent plus one run, so a group's bands are the runs on the path from its pattern to the root)
+    parent, run_size, run_copies, run_end = np.array(patterns, dtype=np.int64).reshape(-1, 4).T
+    g_rows, g_pattern = np.array(groups, dtype=np.int64).reshape(-1, 4)[:, [0, 2]].T
+    g_width = run_end[g_pattern]
+    offsets = np.zeros(int(g_rows.sum()) + 1, dtype=np.int64)
+    np.cumsum(np.repeat(g_width, g_rows), out=offsets[1:])
     order = np.empty(m, dtype=np.int64)
     length = np.empty(m, dtype=np.int64)
     if m == 0:
         return order, length, offsets
-    size_arr, copies, col, rows_arr, width, base_arr = (
-        np.asarray(v, dtype=np.int64) for v in (b_size, b_copies, b_col, b_rows, b_width, b_base)
-    )
+    g_base = np.cumsum(g_rows * g_width) - g_rows * g_width  # first slot of each group's block
+    band_group, band_pattern = [], []
+    group, node = np.arange(g_rows.size), g_pattern
+    while group.size:  # one level of every group's pattern path at a time (depth = runs per row)
+        band_group.append(group)
+        band_pattern.append(node)
+        node = parent[node]
+        group, node = group[node > 0], node[node > 0]
+    bg, bp = np.concatenate(band_group), np.concatenate(band_pattern)
+    size_arr, copies, col = run_size[bp], run_copies[bp], run_end[bp] - run_copies[bp]
+    rows_arr, width, base_arr = g_rows[bg], g_width[bg], g_base[bg]
     items = rows_arr * copies  # items per band
     # Bands of one size take consecutive stretches of that size's items, in row order.
     by_size = np.lexsort((base_arr, size_arr))
