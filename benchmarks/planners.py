@@ -2,14 +2,14 @@
 
 For each workload (1M, 10M and 16M lengths from the short-text lognormal distribution, median 60
 capped at 2048, and as many uniform 10..500; or ``--lengths FILE`` for a real corpus) it plans rows of
-``--max-length`` tokens with every padless strategy and prints wall time (best of ``--repeats``),
-rows, efficiency and the gap to the lower bound ceil(tokens / max_length); then times the peers on
-the same lengths (TRL only up to ``--trl-max-num`` lengths: it takes ~1 min at 1M) and prints
-ratios. A summary table at the end puts every size side by side, with the machine's load average
+``--max-length`` tokens with every padless strategy and prints wall time (best of ``--repeats``)
+with that run's user and sys CPU seconds, rows, efficiency and the gap to the lower bound
+ceil(tokens / max_length); then times the peers on the same lengths (TRL only up to
+``--trl-max-num`` lengths: it takes ~1 min at 1M) and prints ratios. A summary table at the end puts every size side by side, with the machine's load average
 (``os.getloadavg()``) before and after each workload: the machine may be shared, and timings are
 only comparable inside one run. Not a test: it asserts nothing, it reports.
 
-    .venv/bin/python benchmarks/planners.py                     # the full run (~5 min, ~3 GiB)
+    .venv/bin/python benchmarks/planners.py                     # the full run (~8 min, ~4.2 GiB)
     .venv/bin/python benchmarks/planners.py --num 100000 --no-trl
     .venv/bin/python benchmarks/planners.py --lengths lengths.npy --only-lengths --overlong truncate
 
@@ -88,12 +88,24 @@ def _glibc_path() -> str:
     raise SystemExit(f"cannot find glibc's libc.so.6 (ctypes says {name!r})")
 
 
+CPU = {"user": 0.0, "sys": 0.0}  # user and system CPU seconds of the last best_time's best run
+
+
 def best_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
+    """Best wall time of ``repeats`` runs (and the last result); the best run's CPU times go in CPU.
+
+    On a shared machine wall time includes waiting for a core; user + sys CPU time does not, and sys
+    time shows what page faults cost (fresh memory for large arrays).
+    """
     best, result = float("inf"), None
     for _ in range(repeats):
-        start = time.perf_counter()
+        result = None  # free the previous result first: peak memory is one result, not two
+        before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         result = fn()
-        best = min(best, time.perf_counter() - start)
+        wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+        if wall < best:
+            best = wall
+            CPU.update(user=after.ru_utime - before.ru_utime, sys=after.ru_stime - before.ru_stime)
     return best, result
 
 
@@ -138,13 +150,13 @@ def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace) -> di
     before = load()
     print(f"\n== {name}: {lengths.size:,} lengths, {int(lengths.sum()):,} tokens, max_length {L}, "
           f"lower bound {bound:,} rows ({before})")  # fmt: skip
-    header = f"{'planner':<32}{'time':>10}{'rows':>12}{'gap':>9}{'gap %':>9}{'efficiency':>12}"
+    header = f"{'planner':<32}{'time':>10}{'user':>8}{'sys':>8}{'rows':>12}{'gap':>9}{'gap %':>9}{'efficiency':>12}"
     print(header + "\n" + "-" * len(header))
 
     def line(label: str, seconds: float, rows: int, tokens: int) -> None:
         gap = rows - bound
         shown = f"{seconds:.3f} s" if seconds >= 0.1 else f"{1000 * seconds:.2f} ms"
-        print(f"{label:<32}{shown:>10}{rows:>12,}{gap:>9,}{100 * gap / bound:>8.3f}%{100 * tokens / (rows * L):>11.3f}%",
+        print(f"{label:<32}{shown:>10}{CPU['user']:>8.2f}{CPU['sys']:>8.2f}{rows:>12,}{gap:>9,}{100 * gap / bound:>8.3f}%{100 * tokens / (rows * L):>11.3f}%",
               flush=True)  # fmt: skip
 
     ours: dict[str, tuple[float, int]] = {}
