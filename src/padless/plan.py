@@ -17,16 +17,18 @@ Strategies (``STRATEGIES``; rows in the order they were opened, pieces in a row 
   SPFHP), whole groups of identical rows at a time, then laid out with counting sorts only: O(n)
   with a small constant. Without ``max_per_row`` it makes as many rows as ``best_fit_decreasing``,
   with the same fills (which sequences share a row may differ where rows tie on free room); rows
-  come grouped by pattern. The fastest planner here from 100k sequences up (see below). The only
-  strategy that uses ``seed``: for each length, it rotates which sequence of that length fills the
-  first slot of that length (so the seed changes which sequences share a row, not the rows' shape).
+  come grouped by pattern. The fastest planner here (see below). The only strategy that uses
+  ``seed``: for each length, it rotates which sequence of that length fills the first slot of that
+  length (so the seed changes which sequences share a row, not the rows' shape).
 * ``wrapped``: concatenates in order and cuts every ``max_length`` tokens; a cut sequence continues
   as a separate document in the next row (``start`` says where each piece begins).
 
-Which to use: ``histogram_best_fit`` for speed at any size, ``best_fit_decreasing`` (the default) for
-textbook BFD rows in opening order, both within 0.01% of the lower bound on the benchmark's lengths.
-Measured in one run (``benchmarks/planners.py``, 2-core shared machine, rows of 2048; lognormal
-lengths, median 60): FIGURES.
+Which to use: ``histogram_best_fit``, the fastest at every size measured, with as many rows as
+``best_fit_decreasing``; ``best_fit_decreasing`` (the default) for textbook BFD rows in the order
+they were opened. Measured in one run (``benchmarks/planners.py``; 2 cores shared with other jobs,
+load average ~4; lognormal lengths, median 60, rows of 2048, 0.002% over the lower bound for both):
+1M lengths in 0.08 s (``best_fit_decreasing`` 0.18 s, seqpacker's Rust ``obfd`` 0.30 s, TRL's
+``bfd`` 26 s), 10M in 0.71 s (1.16 s, 2.9 s), 16M in 0.79 s (1.8 s, 5.0 s).
 
 Sequences longer than ``max_length`` follow ``overlong`` (``OVERLONG_POLICIES``), applied before any
 strategy: ``error`` raises, ``truncate`` keeps the first ``max_length`` tokens, ``split`` cuts into
