@@ -1,15 +1,17 @@
 """Planner benchmark: padless strategies against TRL and seqpacker on the same lengths, in one run.
 
-For each workload (1M lengths from the short-text lognormal distribution, median 60 capped at 2048;
-1M uniform 10..500; or ``--lengths FILE`` for a real corpus) it plans rows of ``--max-length``
-tokens with every padless strategy and prints wall time (best of ``--repeats``), rows, efficiency and
-the gap to the lower bound ceil(tokens / max_length); then times the peers on the same lengths and
-prints ratios (padless best time / peer time, rows vs rows). Timings are only comparable inside one
-run on one machine. Not a test: it asserts nothing, it reports.
+For each workload (1M, 10M and 16M lengths from the short-text lognormal distribution, median 60
+capped at 2048, and as many uniform 10..500; or ``--lengths FILE`` for a real corpus) it plans rows of
+``--max-length`` tokens with every padless strategy and prints wall time (best of ``--repeats``)
+with that run's user and sys CPU seconds, rows, efficiency and the gap to the lower bound
+ceil(tokens / max_length); then times the peers on the same lengths (TRL only up to
+``--trl-max-num`` lengths: it takes ~1 min at 1M) and prints ratios. A summary table at the end puts every size side by side, with the machine's load average
+(``os.getloadavg()``) before and after each workload: the machine may be shared, and timings are
+only comparable inside one run. Not a test: it asserts nothing, it reports.
 
-    .venv/bin/python benchmarks/planners.py                     # the full run (TRL takes ~1 min)
+    .venv/bin/python benchmarks/planners.py                     # the full run (~8 min, ~4.2 GiB)
     .venv/bin/python benchmarks/planners.py --num 100000 --no-trl
-    .venv/bin/python benchmarks/planners.py --lengths lengths.npy --overlong truncate
+    .venv/bin/python benchmarks/planners.py --lengths lengths.npy --only-lengths --overlong truncate
 
 Peers are measurement-only, never dependencies of padless, and imported only here:
 
@@ -38,6 +40,7 @@ import argparse
 import ctypes.util
 import glob
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -85,12 +88,24 @@ def _glibc_path() -> str:
     raise SystemExit(f"cannot find glibc's libc.so.6 (ctypes says {name!r})")
 
 
+CPU = {"user": 0.0, "sys": 0.0}  # user and system CPU seconds of the last best_time's best run
+
+
 def best_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
+    """Best wall time of ``repeats`` runs (and the last result); the best run's CPU times go in CPU.
+
+    On a shared machine wall time includes waiting for a core; user + sys CPU time does not, and sys
+    time shows what page faults cost (fresh memory for large arrays).
+    """
     best, result = float("inf"), None
     for _ in range(repeats):
-        start = time.perf_counter()
+        result = None  # free the previous result first: peak memory is one result, not two
+        before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         result = fn()
-        best = min(best, time.perf_counter() - start)
+        wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+        if wall < best:
+            best = wall
+            CPU.update(user=after.ru_utime - before.ru_utime, sys=after.ru_stime - before.ru_stime)
     return best, result
 
 
@@ -123,19 +138,26 @@ def seqpacker_peer(lengths: np.ndarray, max_length: int) -> list[tuple[str, Call
     ]  # fmt: skip
 
 
-def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace) -> None:
+def load() -> str:
+    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace) -> dict:
+    """Time every padless strategy and the peers on ``lengths``; print a table; return a summary."""
     L = args.max_length
     placed = int(np.minimum(lengths, L).sum()) if args.overlong == "truncate" else int(lengths[lengths <= L].sum())
     bound = -(-placed // L)
+    before = load()
     print(f"\n== {name}: {lengths.size:,} lengths, {int(lengths.sum()):,} tokens, max_length {L}, "
-          f"lower bound {bound:,} rows")  # fmt: skip
-    header = f"{'planner':<32}{'time':>10}{'rows':>12}{'gap':>9}{'gap %':>9}{'efficiency':>12}"
+          f"lower bound {bound:,} rows ({before})")  # fmt: skip
+    header = f"{'planner':<32}{'time':>10}{'user':>8}{'sys':>8}{'rows':>12}{'gap':>9}{'gap %':>9}{'efficiency':>12}"
     print(header + "\n" + "-" * len(header))
 
     def line(label: str, seconds: float, rows: int, tokens: int) -> None:
         gap = rows - bound
         shown = f"{seconds:.3f} s" if seconds >= 0.1 else f"{1000 * seconds:.2f} ms"
-        print(f"{label:<32}{shown:>10}{rows:>12,}{gap:>9,}{100 * gap / bound:>8.3f}%{100 * tokens / (rows * L):>11.3f}%")
+        print(f"{label:<32}{shown:>10}{CPU['user']:>8.2f}{CPU['sys']:>8.2f}{rows:>12,}{gap:>9,}{100 * gap / bound:>8.3f}%{100 * tokens / (rows * L):>11.3f}%",
+              flush=True)  # fmt: skip
 
     ours: dict[str, tuple[float, int]] = {}
     for strategy in args.strategies:
@@ -143,6 +165,7 @@ def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace) -> No
         stats = plan.stats  # type: ignore[attr-defined]
         ours[strategy] = (seconds, stats.num_rows)
         line(f"padless {strategy}", seconds, stats.num_rows, stats.real_tokens)
+        del plan
     # the best packer that keeps sequences whole: fewest rows, then fastest (wrapped cuts sequences)
     whole = {k: v for k, v in ours.items() if k != "wrapped"} or ours
     best = min(whole, key=lambda k: (whole[k][1], whole[k][0]))
@@ -152,7 +175,7 @@ def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace) -> No
     peers = []
     if not args.no_seqpacker:
         peers.append(("seqpacker", seqpacker_peer, args.repeats))
-    if not args.no_trl:
+    if not args.no_trl and lengths.size <= args.trl_max_num:
         peers.append(("trl", trl_peer, args.trl_repeats))
     results = []
     for peer, make, repeats in peers:
@@ -165,16 +188,41 @@ def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace) -> No
             seconds, rows = best_time(fn, repeats)
             line(label, seconds, int(rows), placed)  # type: ignore[arg-type]
             results.append((label, seconds, int(rows)))  # type: ignore[arg-type]
+    after = load()
     print(f"padless best whole-sequence planner: {fastest_best} ({best_s:.3f} s, {best_rows:,} rows, "
-          f"{100 * (best_rows - bound) / bound:.4f}% over the lower bound)")  # fmt: skip
+          f"{100 * (best_rows - bound) / bound:.4f}% over the lower bound); {after}")  # fmt: skip
     for label, seconds, rows in results:
-        print(f"  vs {label:<28} time ratio padless/peer {best_s / seconds:6.3f}   rows {best_rows:,} vs {rows:,} "
+        print(f"  vs {label:<30} padless is {seconds / best_s:6.2f}x as fast;  rows {best_rows:,} vs {rows:,} "
               f"({best_rows - rows:+,})")  # fmt: skip
+    return {"name": name, "n": lengths.size, "bound": bound, "ours": ours, "best": fastest_best,
+            "peers": results, "load": (before, after)}  # fmt: skip
+
+
+def summary(runs: list[dict]) -> None:
+    """A Markdown table: one row per workload; every whole-sequence planner's best time and rows over
+    the lower bound, and each peer's time as a multiple of padless' best time."""
+    labels = list(dict.fromkeys(label for run in runs for label, _, _ in run["peers"]))
+    strategies = [k for k in runs[0]["ours"] if k not in ("next_fit", "wrapped")] if runs else []
+    print("\n== summary: best-of time, rows over the lower bound; peers also as (peer time / padless best time)")
+    print("| lengths | lower bound | " + " | ".join(f"padless `{k}`" for k in strategies) + " | "
+          + " | ".join(labels) + " | load before -> after |")  # fmt: skip
+    print("|---" * (3 + len(strategies) + len(labels)) + "|")
+    for run in runs:
+        bound, ours = run["bound"], run["ours"]
+        best_s = ours[run["best"]][0]
+        cells = [f"{ours[k][0]:.3f} s, +{ours[k][1] - bound:,}" for k in strategies]
+        peers = {label: (s, r) for label, s, r in run["peers"]}
+        cells += [f"{peers[x][0]:.3f} s, +{peers[x][1] - bound:,} ({peers[x][0] / best_s:.1f}x)" if x in peers else "-"
+                  for x in labels]  # fmt: skip
+        print(f"| {run['name']}, {run['n']:,} | {bound:,} | " + " | ".join(cells)
+              + f" | {run['load'][0][5:]} -> {run['load'][1][5:]} |")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num", type=int, default=1_000_000, help="lengths per synthetic workload")
+    parser.add_argument("--num", type=int, nargs="+", default=[1_000_000, 10_000_000, 16_000_000],
+                        help="lengths per synthetic workload (one workload per number and distribution)")
+    parser.add_argument("--dists", nargs="+", default=["lognormal", "uniform"], help="synthetic distributions")
     parser.add_argument("--lengths", metavar="FILE", help="also run on a real corpus's lengths (.npy/.txt/.json)")
     parser.add_argument("--only-lengths", action="store_true", help="skip the synthetic workloads")
     parser.add_argument("--max-length", type=int, default=2048)
@@ -182,6 +230,7 @@ def main() -> None:
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs (padless, seqpacker)")
     parser.add_argument("--trl-repeats", type=int, default=1, help="TRL is slow: runs per TRL variant")
+    parser.add_argument("--trl-max-num", type=int, default=1_000_000, help="time TRL only up to this many lengths")
     parser.add_argument("--no-trl", action="store_true")
     parser.add_argument("--no-seqpacker", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
@@ -192,14 +241,19 @@ def main() -> None:
         return
     if PEERS_DIR.is_dir():
         sys.path.insert(0, str(PEERS_DIR))
-    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} CPUs, {os.uname().machine}")
-    workloads = []
+    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} CPUs, {os.uname().machine}, "
+          f"{load()}")  # fmt: skip
+    workloads: list[tuple[str, Callable[[], np.ndarray]]] = []
     if not args.only_lengths:
-        workloads += [(f"{d} (seed {args.seed})", synthetic_lengths(d, args.num, args.seed)) for d in ("lognormal", "uniform")]
+        for num in args.num:
+            for dist in args.dists:
+                workloads.append((f"{dist} (seed {args.seed})", lambda d=dist, n=num: synthetic_lengths(d, n, args.seed)))
     if args.lengths:
-        workloads.append((f"file {args.lengths}", load_lengths(args.lengths)))
-    for name, lengths in workloads:
-        run_workload(name, lengths, args)
+        workloads.append((f"file {args.lengths}", lambda: load_lengths(args.lengths)))
+    runs = [run_workload(name, make(), args) for name, make in workloads]  # lengths made one at a time
+    summary(runs)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    print(f"peak RSS {peak:.2f} GiB; {load()}")
 
 
 if __name__ == "__main__":

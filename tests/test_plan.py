@@ -65,6 +65,22 @@ def ref_wrapped(sizes: list[int], cap: int, per_row: int | None) -> list[list[tu
     return rows if sizes else []
 
 
+def ref_histogram_items(sizes: list[int], slot_sizes: list[int], seed: int) -> list[int]:
+    """Which item fills each slot of histogram_best_fit's rows (slot sizes in row order): slot by
+    slot, the k-th slot of size s takes the k-th item of size s (in index order) counted cyclically
+    from a seeded start, default_rng(seed).integers(0, count) over the distinct sizes, ascending."""
+    values = sorted(set(sizes))
+    items = {s: [i for i, x in enumerate(sizes) if x == s] for s in values}
+    starts = np.random.default_rng(seed).integers(0, [len(items[s]) for s in values]).tolist() if values else []
+    start = dict(zip(values, starts))
+    taken = dict.fromkeys(values, 0)
+    out = []
+    for s in slot_sizes:
+        out.append(items[s][(start[s] + taken[s]) % len(items[s])])
+        taken[s] += 1
+    return out
+
+
 def optimum(sizes: list[int], cap: int) -> int:
     """Fewest bins, by exhaustive search (items placed longest first into an existing or a new bin)."""
     items = sorted(sizes, reverse=True)
@@ -248,6 +264,63 @@ def test_histogram_makes_the_rows_of_best_fit(lengths, cap, seed):
     # Rows of equal free room are interchangeable in best fit, so the fills match whatever the ties.
     assert hist.num_rows == len(bfd)
     assert sorted(hist.row_lengths.tolist()) == sorted(sum(sizes[i] for i in r) for r in bfd)
+
+
+# Many items of few sizes: runs fill many rows at once (multi-row steps, and in the histogram
+# engine groups of hundreds of identical rows whose bands take the 2D-slice path).
+counted_st = st.lists(st.tuples(st.integers(1, 64), st.integers(1, 700)), min_size=1, max_size=6)
+
+
+def spread(counted: list[tuple[int, int]], order_seed: int) -> list[int]:
+    sizes = np.repeat([s for s, _ in counted], [c for _, c in counted])
+    return np.random.default_rng(order_seed).permutation(sizes).tolist()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 30), st.integers(1, 60)), min_size=1, max_size=5),
+       st.integers(0, 9), st.sampled_from([None, 2, 7]))  # fmt: skip
+def test_decreasing_engines_match_textbook_on_longer_runs(counted, order_seed, per_row):
+    sizes = spread(counted, order_seed)
+    for strategy, best in (("first_fit_decreasing", False), ("best_fit_decreasing", True)):
+        plan = plan_packs(sizes, 64, strategy=strategy, max_per_row=per_row)
+        assert rows_of(plan) == ref_fit_decreasing(sizes, 64, per_row, best=best), strategy
+
+
+@settings(max_examples=40, deadline=None)
+@given(counted_st, st.integers(0, 9), st.sampled_from([None, 1, 3, 40]), st.integers(0, 5))
+def test_histogram_at_scale_against_references(counted, order_seed, per_row, seed):
+    sizes = spread(counted, order_seed)
+    plan = plan_packs(sizes, 64, strategy="histogram_best_fit", max_per_row=per_row, seed=seed)
+    plan.check(sizes)  # every item exactly once, whole; no row over capacity
+    assert sorted(plan.index.tolist()) == list(range(len(sizes)))
+    assert plan.num_rows >= plan.stats.lower_bound
+    assert per_row is None or plan.stats.max_per_row <= per_row
+    assert np.array_equal(plan.length, np.asarray(sizes)[plan.index])
+    for r in range(plan.num_rows):  # placement order: longest first inside a row
+        assert np.all(np.diff(plan.row(r)[2]) <= 0)
+    assert plan.index.tolist() == ref_histogram_items(sizes, plan.length.tolist(), seed)
+    if per_row is None:  # best fit's rows (the textbook engine is held to the reference above)
+        bfd = plan_packs(sizes, 64, strategy="best_fit_decreasing")
+        assert sorted(plan.row_lengths.tolist()) == sorted(bfd.row_lengths.tolist())
+
+
+@pytest.mark.parametrize("big_band", [1, 10**18])
+def test_histogram_band_paths_agree(monkeypatch, big_band):
+    """Bands copied as 2D slices and bands placed by computed positions give the same plan."""
+    sizes = spread([(5, 3000), (17, 1200), (40, 500), (3, 7), (64, 300), (23, 999)], 0)
+    expected = plan_packs(sizes, 64, strategy="histogram_best_fit", seed=4)
+    assert np.unique(np.diff(expected.row_offsets)).size > 1  # several patterns, several bands
+    monkeypatch.setattr(_binpack, "_BIG_BAND", big_band)
+    plan = plan_packs(sizes, 64, strategy="histogram_best_fit", seed=4)
+    for name in ("index", "length", "row_offsets"):
+        assert np.array_equal(getattr(plan, name), getattr(expected, name)), name
+
+
+def test_histogram_seed_picks_among_equal_lengths_only():
+    sizes = spread([(5, 400), (9, 300), (30, 100)], 1)
+    a, b = (plan_packs(sizes, 64, strategy="histogram_best_fit", seed=s) for s in (0, 1))
+    assert np.array_equal(a.row_offsets, b.row_offsets) and np.array_equal(a.length, b.length)
+    assert not np.array_equal(a.index, b.index)
 
 
 @settings(max_examples=150, deadline=None)
