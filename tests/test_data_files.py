@@ -68,10 +68,8 @@ def test_messages_with_assistant_labels(tmp_path: Path) -> None:
 def test_pretokenized_ids_and_labels(tmp_path: Path) -> None:
     rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8, 9]}]
     c = load_corpus(write_jsonl(tmp_path / "d.jsonl", rows), gpt2())
-    assert c.input_ids == [[5, 6, 7, EOS], [8, 9, EOS]]
-    assert c.labels == [[-100, 6, 7, EOS], [8, 9, EOS]]
-    masked_end = write_jsonl(tmp_path / "m.jsonl", [{"input_ids": [5, 6], "labels": [5, -100]}])
-    assert load_corpus(masked_end, gpt2()).labels == [[5, -100, -100]]
+    assert c.input_ids == [[5, 6, 7], [8, 9]]  # pre-tokenized ids are taken as given: no EOS appended
+    assert c.labels == [[-100, 6, 7], [8, 9]]
 
 
 def test_csv_with_text_and_json_messages(tmp_path: Path) -> None:
@@ -102,7 +100,7 @@ def test_parquet_and_json_array_and_saved_dataset(tmp_path: Path) -> None:
 
 def test_field_chooses_between_present_fields(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": "Hello world", "input_ids": [1, 2]}])
-    assert load_corpus(path, gpt2()).input_ids == [[1, 2, EOS]]
+    assert load_corpus(path, gpt2()).input_ids == [[1, 2]]
     assert load_corpus(path, gpt2(), field="text").input_ids == [[15496, 995, EOS]]
 
 
@@ -171,19 +169,20 @@ def test_missing_file_is_not_sent_to_the_hub(tmp_path: Path) -> None:
 
 def test_overlong_policies(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3, 4, 5, 6]}, {"input_ids": [7, 8]}])
-    with pytest.raises(ValueError, match=r"record 0 has length 7, longer than max_length 4; "
+    with pytest.raises(ValueError, match=r"record 0 has length 6, longer than max_length 4; "
                                          r"choose overlong='truncate', 'split' or 'drop'"):
         load_corpus(path, gpt2(), max_length=4)
     dropped = load_corpus(path, gpt2(), max_length=4, overlong="drop")
-    assert dropped.input_ids == [[7, 8, EOS]] and dropped.report.skipped == {"overlong": 1}
+    assert dropped.input_ids == [[7, 8]] and dropped.report.skipped == {"overlong": 1}
     split = load_corpus(path, gpt2(), max_length=4, overlong="split")
-    assert split.input_ids == [[1, 2, 3, 4], [5, 6, EOS], [7, 8, EOS]]  # consecutive pieces, EOS only at the end
+    assert split.input_ids == [[1, 2, 3, 4], [5, 6], [7, 8]]  # consecutive pieces
     assert split.labels == split.input_ids and split.report.split_examples == 1 and split.report.kept == 3
     cut = load_corpus(path, gpt2(), max_length=4, overlong="truncate")
-    assert cut.input_ids == [[1, 2, 3, EOS], [7, 8, EOS]]  # the first tokens, then EOS
-    assert (cut.report.truncated_examples, cut.report.truncated_tokens) == (1, 3)
-    no_eos = load_corpus(path, gpt2(), max_length=4, overlong="truncate", add_eos=False)
-    assert no_eos.input_ids == [[1, 2, 3, 4], [7, 8]]
+    assert cut.input_ids == [[1, 2, 3, 4], [7, 8]]  # the first tokens
+    assert (cut.report.truncated_examples, cut.report.truncated_tokens) == (1, 2)
+    text = write_jsonl(tmp_path / "t.jsonl", [{"text": "one two three four five six"}])
+    ends = load_corpus(text, gpt2(), max_length=4, overlong="truncate").input_ids
+    assert len(ends[0]) == 4 and ends[0][-1] == EOS  # text: the first tokens, then EOS again
 
 
 @pytest.mark.parametrize(
@@ -255,3 +254,27 @@ def test_damaged_cache_entry_is_rebuilt(tmp_path: Path, private_token_cache: Pat
     entry.write_bytes(b"garbage")
     again = load_corpus(path, gpt2())
     assert not again.from_cache and again.input_ids == [[15496, 995, EOS]]
+
+
+def test_pretokenized_ids_are_taken_as_given_in_every_format(tmp_path: Path) -> None:
+    """One rule with `padless pack`: pre-tokenized ids get no EOS, whatever the file type."""
+    import padless
+
+    tok = padless.load_tokenizer("gpt2")
+    rows = [{"input_ids": [10, 11, 12]}, {"input_ids": [5, 6], "labels": [-100, 6]}]
+    paths = {"jsonl": tmp_path / "d.jsonl", "json": tmp_path / "d.json"}
+    paths["jsonl"].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    paths["json"].write_text(json.dumps(rows))
+    for path in paths.values():
+        corpus = padless.load_corpus(str(path), tok, cache=False)
+        feats = corpus.features()
+        assert [list(f["input_ids"]) for f in feats] == [[10, 11, 12], [5, 6]]
+        assert list(feats[1]["labels"]) == [-100, 6]
+    text = padless.load_corpus(str(_write_text(tmp_path)), tok, cache=False).features()
+    assert all(list(f["input_ids"])[-1] == tok.eos_token_id for f in text)  # text still ends with EOS
+
+
+def _write_text(tmp_path: Path) -> Path:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"text": "hello there"}) + "\n")
+    return path

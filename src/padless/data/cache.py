@@ -24,7 +24,7 @@ import numpy as np
 from padless.atomic import atomic_write
 from padless.data.assets import cache_root
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 """Bump when the entry layout or the meaning of a key part changes (2: files keyed by content)."""
 
 

@@ -8,10 +8,12 @@
   for every chat and the differing ones are counted (``boundary_mismatches`` in the report): with
   ChatML the boundaries sit next to special tokens or newlines, where BPE never merges, and the count
   is 0 on every built-in corpus with both the GPT-2 and the SmolLM2 tokenizer.
-- ``input_ids`` records: taken as they are (``labels`` too, if given; else every token a target).
+- ``input_ids`` records: taken as they are (``labels`` too, if given; else every token a target), and
+  no EOS is appended: padless cannot know which tokenizer's conventions made them, so pre-tokenized
+  ids are used as given everywhere (``load_corpus`` and ``padless pack`` alike, whatever the file type).
 
 ``labels`` are aligned with ``input_ids`` (the model shifts them), ``IGNORE_INDEX`` where not trained.
-EOS is appended unless the ids already end with it, by the one separator rule
+Text and chat examples get EOS appended unless the ids already end with it, by the one separator rule
 (:func:`padless.layout.append_separator`): it is a target exactly when the token before it is one (the
 end of a trained reply is learned; the end of a masked tool result is not).
 
@@ -71,7 +73,8 @@ class EncodeOptions:
     train_on: TrainOn = "all"
     """``all`` | ``assistant`` | ``completion`` (see :mod:`padless.data.chat`)."""
     add_eos: bool = True
-    """End every example with EOS so packed rows are EOS-separated."""
+    """End every text and chat example with EOS so packed rows are EOS-separated (pre-tokenized ids are
+    taken as given)."""
     max_length: int | None = None
     """Longest example allowed (tokens, EOS included); ``None`` for no limit."""
     overlong: Overlong = "error"
@@ -115,8 +118,8 @@ def _tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], specials: bo
 
 
 def _encode_chunk(planned: list[tuple[int, str, Any]], tokenizer: PreTrainedTokenizerBase,
-                  counts: EncodeCounts) -> list[tuple[int, list[int], list[int]]]:
-    """Batched tokenization of one chunk of planned records, in order."""
+                  counts: EncodeCounts) -> list[tuple[int, str, list[int], list[int]]]:
+    """Batched tokenization of one chunk of planned records, in order: ``(index, kind, ids, labels)``."""
     texts = [p for _, kind, p in planned if kind == "text"]
     chats = [p for _, kind, p in planned if kind == "chat"]
     text_ids = iter(_tokenize(tokenizer, texts, True))  # plain text gets the tokenizer's BOS, if any
@@ -139,7 +142,7 @@ def _encode_chunk(planned: list[tuple[int, str, Any]], tokenizer: PreTrainedToke
         else:
             ids, given = payload
             labels = list(ids) if given is None else given
-        out.append((idx, ids, labels))
+        out.append((idx, kind, ids, labels))
     return out
 
 
@@ -173,8 +176,9 @@ def encode_records(
                     if opts.on_error == "raise":
                         raise
                     counts.skipped[err.reason] += 1
-            for idx, ids, labels in _encode_chunk(planned, tokenizer, counts):
-                for example_ids, example_labels in _finish(ids, labels, idx, eos, opts, counts):
+            for idx, kind, ids, labels in _encode_chunk(planned, tokenizer, counts):
+                add_eos = opts.add_eos and kind != "tokens"  # pre-tokenized ids are taken as given
+                for example_ids, example_labels in _finish(ids, labels, idx, eos if add_eos else None, opts, counts):
                     out_ids.append(example_ids)
                     out_labels.append(example_labels)
             bar.update(min(_CHUNK, len(records) - start))
@@ -189,14 +193,14 @@ def _with_eos(ids: list[int], labels: list[int], eos: int) -> tuple[list[int], l
 
 def _finish(ids: list[int], labels: list[int], index: int, eos: int | None, opts: EncodeOptions,
             counts: EncodeCounts) -> list[tuple[list[int], list[int]]]:
-    """Append EOS, then apply ``max_length``: the examples this record becomes (none if left out)."""
+    """Append EOS (``eos=None``: none), then apply ``max_length``: the examples this record becomes (none if left out)."""
     if not ids:
         if opts.on_error == "raise":
             raise RecordError("empty", f"record {index} tokenizes to nothing")
         counts.skipped["empty"] += 1
         return []
-    if opts.add_eos:
-        ids, labels = _with_eos(ids, labels, eos)  # type: ignore[arg-type]  # eos checked by the caller
+    if eos is not None:  # None: no EOS for this example
+        ids, labels = _with_eos(ids, labels, eos)
     limit = opts.max_length
     if limit is None or len(ids) <= limit:
         return [(ids, labels)]
@@ -209,8 +213,8 @@ def _finish(ids: list[int], labels: list[int], index: int, eos: int | None, opts
         counts.split_examples += 1
         return [(ids[s : s + limit], labels[s : s + limit]) for s in range(0, len(ids), limit)]
     # truncate; with EOS, end with it again so packed rows stay EOS-separated
-    if opts.add_eos:
-        kept = _with_eos(ids[: limit - 1], labels[: limit - 1], eos)  # type: ignore[arg-type]
+    if eos is not None:
+        kept = _with_eos(ids[: limit - 1], labels[: limit - 1], eos)
     else:
         kept = ids[:limit], labels[:limit]
     counts.truncated_examples += 1
