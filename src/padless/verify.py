@@ -128,6 +128,26 @@ def _loss_grads(model: Any, batch: dict[str, Any]) -> torch.Tensor:
     return grads
 
 
+def _switch_backend(model: Any, backend: str, name: str, *, max_length: int | None, layout: str) -> BackendResult | None:
+    """Switch ``model`` to ``backend`` if the one rule (:func:`padless.check_exact`) accepts it for
+    this layout; else the report row saying why not (refused, or not installed here)."""
+    from padless.attention.backend import register_padless_attention
+    from padless.attention.select import check_exact
+
+    try:
+        check_exact(model, backend, device=next(model.parameters()).device, dtype=model.dtype,
+                    max_length=max_length, layout=layout)  # type: ignore[arg-type]  # fmt: skip
+    except ValueError as exc:
+        return BackendResult(name, "refused", detail=str(exc))
+    if backend == "padless":
+        register_padless_attention()
+    try:
+        model.set_attn_implementation(backend)
+    except (ImportError, ValueError) as exc:
+        return BackendResult(name, "unavailable", detail=str(exc).splitlines()[0])
+    return None
+
+
 def _check_backend(
     model: Any,
     backend: str,
@@ -138,21 +158,12 @@ def _check_backend(
 ) -> BackendResult:
     import torch
 
-    from padless.attention.backend import register_padless_attention
-    from padless.attention.select import check_exact
     from padless.batching.collate import PackingCollator, batch_to
 
     device = next(model.parameters()).device
-    try:
-        check_exact(model, backend, device=device, dtype=model.dtype, max_length=max_length)
-    except ValueError as exc:
-        return BackendResult(backend, "refused", detail=str(exc))
-    if backend == "padless":
-        register_padless_attention()
-    try:
-        model.set_attn_implementation(backend)
-    except (ImportError, ValueError) as exc:
-        return BackendResult(backend, "unavailable", detail=str(exc).splitlines()[0])
+    skipped = _switch_backend(model, backend, backend, max_length=max_length, layout="documents")
+    if skipped is not None:
+        return skipped
 
     collator = PackingCollator.for_model(model, max_length=max_length, pad_to_max_length=max_length is not None)
     batch = batch_to(collator(features), device)
@@ -195,23 +206,14 @@ def _check_shared_prompt(model: Any, backend: str, tol: Tolerance, seed: int) ->
     log-probs have the same parameter gradients packed as alone."""
     import torch
 
-    from padless.attention.backend import register_padless_attention
-    from padless.attention.select import resolve_backend
     from padless.batching.collate import batch_to
     from padless.batching.preference import RolloutCollator
 
     name = f"{backend}+shared_prompt"
     device = next(model.parameters()).device
-    try:
-        resolve_backend(backend, device=device, dtype=model.dtype, config=model.config, layout="shared_prompt")
-    except ValueError as exc:
-        return BackendResult(name, "refused", detail=str(exc))
-    if backend == "padless":
-        register_padless_attention()
-    try:
-        model.set_attn_implementation(backend)
-    except (ImportError, ValueError) as exc:
-        return BackendResult(name, "unavailable", detail=str(exc).splitlines()[0])
+    skipped = _switch_backend(model, backend, name, max_length=None, layout="shared_prompt")
+    if skipped is not None:
+        return skipped
     rng = np.random.default_rng(seed)
     draw = lambda n: rng.integers(0, model.config.vocab_size, n).tolist()  # noqa: E731
     groups = [{"prompt_ids": draw(p), "completion_ids": [draw(c) for c in cs]} for p, cs in SHARED_PROMPT_GROUPS]
