@@ -5,9 +5,9 @@ capped at 2048, and as many uniform 10..500; or ``--lengths FILE`` for a real co
 ``--max-length`` tokens with every padless strategy and prints wall time (best of ``--repeats``)
 with that run's user and sys CPU seconds, rows, efficiency and the gap to the lower bound
 ceil(tokens / max_length); then times the peers on the same lengths (TRL only up to
-``--trl-max-num`` lengths: it takes ~1 min at 1M) and prints ratios. A summary table at the end puts every size side by side, with the machine's load average
-(``os.getloadavg()``) before and after each workload: the machine may be shared, and timings are
-only comparable inside one run. Not a test: it asserts nothing, it reports.
+``--trl-max-num`` lengths: it takes ~1 min at 1M) and prints ratios. A summary table at the end
+puts every size side by side, with the machine's load average (``os.getloadavg()``) before and
+after each workload: the machine may be shared, and timings are only comparable inside one run. Not a test: it asserts nothing, it reports.
 
     .venv/bin/python benchmarks/planners.py                     # the full run (~8 min, ~4.2 GiB)
     .venv/bin/python benchmarks/planners.py --num 100000 --no-trl

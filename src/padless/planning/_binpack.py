@@ -316,9 +316,10 @@ def histogram_best_fit(
     whole groups. Without ``max_per_row`` rows of equal free capacity are interchangeable for best
     fit, so this makes as many rows as :func:`best_fit_decreasing` with the same fills (which sizes
     share a row can differ where rows tie), at a cost of O(D * G) Python steps for D distinct sizes
-    and G groups (a few per size), plus :func:`_expand`, O(m) with a small constant. With ``max_per_row``, ties between groups of equal capacity go to
-    the oldest group. Rows come out grouped by pattern. Returns ``(order, item sizes in that order,
-    row_offsets)``: the sizes come from the patterns, so the caller need not gather them.
+    and G groups (a few per size), plus :func:`_expand`, O(m) with a small constant. With
+    ``max_per_row``, ties between groups of equal capacity go to the oldest group. Rows come out
+    grouped by pattern. Returns ``(order, item sizes in that order, row_offsets)``: the sizes come
+    from the patterns, so the caller need not gather them.
     """
     m = sizes.size
     per_row = max_per_row or _NO_CAP

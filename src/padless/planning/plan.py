@@ -25,10 +25,11 @@ Strategies (``STRATEGIES``; rows in the order they were opened, pieces in a row 
 
 Which to use: ``histogram_best_fit``, the fastest at every size measured, with as many rows as
 ``best_fit_decreasing``; ``best_fit_decreasing`` (the default) for textbook BFD rows in the order
-they were opened. Measured in one run (``benchmarks/planners.py``; 2 cores shared with other jobs,
-load average ~4; lognormal lengths, median 60, rows of 2048, 0.002% over the lower bound for both):
-1M lengths in 0.08 s (``best_fit_decreasing`` 0.18 s, seqpacker's Rust ``obfd`` 0.30 s, TRL's
-``bfd`` 26 s), 10M in 0.71 s (1.16 s, 2.9 s), 16M in 0.79 s (1.8 s, 5.0 s).
+they were opened. Measured in one run (``benchmarks/planners.py``, output in
+``docs/bench/planners.txt``; 2 cores shared with other jobs, load average 2-4; lognormal lengths,
+median 60, rows of 2048, both 0.002% over the lower bound): 1M lengths in 0.049 s
+(``best_fit_decreasing`` 0.118 s, seqpacker's Rust ``obfd`` 0.193 s, TRL's ``bfd`` 24 s), 10M in
+0.42 s (0.66 s, 2.15 s), 16M in 1.05 s (1.73 s, 3.15 s).
 
 Sequences longer than ``max_length`` follow ``overlong`` (``OVERLONG_POLICIES``), applied before any
 strategy: ``error`` raises, ``truncate`` keeps the first ``max_length`` tokens, ``split`` cuts into
