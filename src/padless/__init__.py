@@ -73,6 +73,7 @@ _EXPORTS: dict[str, str] = {
     "StreamOptions": "padless.buffered",
     "compare_stream_to_offline": "padless.buffered",
     "pack_to_parquet": "padless.shards",
+    "pack_dataset": "padless.integrations.datasets",
     # distributed training
     "DistributedPackedBatchSampler": "padless.distributed",
     "PackedRowView": "padless.distributed",
@@ -114,6 +115,7 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.data.load import corpus_lengths, CorpusReport, load_corpus, TokenizedCorpus
     from padless.data.records import RecordError
     from padless.data.tokenizer import load_tokenizer
+    from padless.integrations.datasets import pack_dataset
     from padless.distributed import DistributedPackedBatchSampler, PackedRowView, schedule_epoch, world_info
     from padless.layout import IGNORE_INDEX, cu_seqlens_from_lengths, document_ids_from_lengths, lengths_from_position_ids, position_ids_from_lengths
     from padless.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
