@@ -94,7 +94,8 @@ def test_overlong_sequences_are_refused_unless_asked_for(tmp_path):
     short = max(len(f["input_ids"]) for f in feats) - 1
     args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=short, report_to="none", use_cpu=True,
                          max_steps=1, bf16=False)  # fmt: skip
-    kwargs = dict(model=support.model("sdpa"), train_dataset=support.dataset(feats), processing_class=support.tokenizer())
+    kwargs = dict(model=support.model("sdpa"), train_dataset=support.dataset(feats),
+                  processing_class=support.tokenizer())
     with pytest.raises(ValueError, match=f"longer than max_length {short}; choose overlong="):
         SFTTrainer(args=args, **kwargs)
     trainer = SFTTrainer(args=args, overlong="truncate", **kwargs)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from padless._optional import require
 _BLOCK = 4096  # synthetic sequences drawn per random block
 SYNTHETIC = {"lognormal": ("median", "sigma"), "uniform": ("low", "high")}
 """Synthetic length distributions and their parameters (``--synthetic lognormal:N:median:sigma``)."""
@@ -119,7 +120,7 @@ class ParquetTokens:
     """
 
     def __init__(self, path: Path) -> None:
-        import pyarrow.parquet as pq
+        pq = require("pyarrow.parquet", "reading Parquet")
 
         self.path = path
         meta = pq.ParquetFile(path).metadata
@@ -194,7 +195,7 @@ def open_input(args: Any) -> tuple[Any, int | None, dict[str, Any]]:
         if path.suffix == ".jsonl" and isinstance(rec := _first_record(path), dict) and "input_ids" in rec:
             return JsonlTokens(path), None, key
         if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
+            pq = require("pyarrow.parquet", "reading Parquet")
 
             try:
                 meta = pq.ParquetFile(path).metadata

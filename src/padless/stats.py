@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from padless._optional import require
 from padless.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs, validate_lengths
 
 
@@ -244,7 +245,7 @@ def _describe(source: str, summary: LengthSummary, plan: PackPlan, args: argpars
 
 
 def _histogram(lengths: np.ndarray, max_length: int, path: str, title: str) -> None:
-    from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
+    Figure = require("matplotlib.figure", "a lengths histogram").Figure  # no pyplot: renders with Agg, no global state
 
     fig = Figure(figsize=(7, 3.5))
     ax = fig.add_subplot()

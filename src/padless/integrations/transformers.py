@@ -145,7 +145,9 @@ def packed_batches(
     return sampler, view
 
 
-def exact_collator(model: Any, max_length: int | None, *, device: Any, pad_token_id: int, **kwargs: Any) -> PackingCollator:
+def exact_collator(
+    model: Any, max_length: int | None, *, device: Any, pad_token_id: int, **kwargs: Any
+) -> PackingCollator:
     """A :class:`padless.PackingCollator` for ``model``, after :func:`padless.resolve_backend` has
     accepted the model's attention backend for this device, dtype and row length."""
     from padless.attention import resolve_backend

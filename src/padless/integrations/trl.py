@@ -156,7 +156,9 @@ class PackedSFTTrainer(trl.SFTTrainer):
 
     # ------------------------------------------------------------------ metrics
 
-    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
+    def compute_loss(
+        self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
         """TRL's loss. Only its ``num_tokens`` metric is recounted for padless batches: TRL reads it from a
         2D ``attention_mask`` or from the width of one flattened row; padless rows send a 4D mask or several
         rows. Counted as TRL counts its padding-free rows: every token fed, row-end padding included."""
