@@ -73,3 +73,32 @@ def test_refuses_what_it_cannot_train_exactly(tmp_path):
         PackedTrainer(model=model, args=args, train_dataset=prepacked, max_length=16)
     trainer = PackedTrainer(model=model, args=args, train_dataset=feats, max_length=32, overlong="truncate")
     assert trainer.batch_sampler.schedule().plan.stats.real_tokens == 27
+
+
+@pytest.mark.parametrize("as_dataset", [False, True])
+def test_evaluation_keeps_the_documents_of_rows_packed_beforehand(tmp_path, as_dataset):
+    """Trainer's column removal would strip ``seq_lengths`` from evaluation rows (it is no forward()
+    argument); the collator would then see each packed row as one document."""
+    import math
+
+    from transformers import TrainingArguments
+
+    import padless
+    from padless.integrations.transformers import PackedTrainer
+
+    feats = support.examples()
+    packed = padless.pack_dataset(support.dataset(feats), support.MAX_LENGTH)
+    evaluation = packed if as_dataset else packed.to_list()
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_eval_batch_size=2,
+                             disable_tqdm=True)  # fmt: skip
+    trainer = PackedTrainer(model=support.model("padless"), args=args, train_dataset=feats, eval_dataset=evaluation,
+                            max_length=support.MAX_LENGTH)  # fmt: skip
+    seen, collate = [], trainer.data_collator
+
+    def record(features):
+        seen.extend("seq_lengths" in f for f in features)
+        return collate(features)
+
+    trainer.data_collator = record
+    assert math.isfinite(trainer.evaluate()["eval_loss"])
+    assert len(seen) == packed.num_rows and all(seen)

@@ -247,3 +247,10 @@ class PackedTrainer(Trainer):
             raise ValueError("PackedTrainer: training requires a train_dataset")
         sampler, view = self._packed_rows()
         return loader_for(self, view, sampler)
+
+    def _set_signature_columns_if_needed(self) -> None:
+        """Keep ``seq_lengths`` through Trainer's column removal (evaluation loaders): without it a row
+        packed beforehand would reach the collator as one document."""
+        super()._set_signature_columns_if_needed()
+        if "seq_lengths" not in self._signature_columns:
+            self._signature_columns = [*self._signature_columns, "seq_lengths"]
