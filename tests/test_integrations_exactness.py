@@ -174,5 +174,19 @@ def test_the_measure_tells_exact_from_contaminated():
     assert measure("padless", "sdpa", "tiny-mistral-window") == "refused"
 
 
+def test_a_target_across_a_boundary_is_counted_even_when_attention_is_isolated():
+    from padless.collate import PackingCollator
+    from padless.integrations.audit import audit_batch
+
+    model = _model("tiny-gpt2", "sdpa")
+    batch = PackingCollator.for_model(model)([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9, 10, 11]}])
+    spans = [(0, 0, 3), (0, 3, 4)]
+    assert audit_batch(model, batch, spans).isolated
+    batch["labels"][0, 3] = 8  # token 7 (end of the first document) now learns to predict 8
+    audit = audit_batch(model, batch, spans)
+    assert audit.cross_document_targets == 1 and audit.max_logit_diff <= audit.logit_tolerance
+    assert not audit.isolated
+
+
 if __name__ == "__main__":
     print(table())

@@ -12,8 +12,8 @@ For each document span ``(row, offset, length)``:
    ignored when ``offset > 0`` (a *cross-document target*).
 
 A span is a true document (an example of the dataset, or a piece of one cut into its own document),
-so the caller says where they are; :func:`spans_by_separator` finds them in a corpus whose examples
-end with a separator token (EOS).
+so the caller says where they are: tests/test_integrations_exactness.py packs a document-id column
+along with the tokens, benchmarks/integrations.py splits its examples at their EOS.
 """
 
 from __future__ import annotations
@@ -52,23 +52,6 @@ class BatchAudit:
         return BatchAudit(self.documents + other.documents, max(self.max_logit_diff, other.max_logit_diff),
                           min(self.logit_tolerance, other.logit_tolerance),
                           self.cross_document_targets + other.cross_document_targets)  # fmt: skip
-
-
-def spans_by_separator(input_ids: Any, separator_id: int, *, rows_lengths: Sequence[int] | None = None) -> list[Span]:
-    """Document spans of a ``[B, T]`` batch whose documents each end with ``separator_id``: a document
-    runs from a row start or the token after a separator up to and including the next separator.
-    Tokens after a row's last separator (padding, or a document cut at the row's end) are not a
-    span. ``rows_lengths``: real tokens per row (default: the whole row)."""
-    spans: list[Span] = []
-    rows = input_ids.tolist() if hasattr(input_ids, "tolist") else [list(r) for r in input_ids]
-    for r, row in enumerate(rows):
-        end = len(row) if rows_lengths is None else int(rows_lengths[r])
-        start = 0
-        for t in range(end):
-            if row[t] == separator_id:
-                spans.append((r, start, t + 1 - start))
-                start = t + 1
-    return spans
 
 
 def audit_batch(
