@@ -227,7 +227,11 @@ def _pack_split(dataset: Any, seq_length: int, strategy: str, overlong: str | No
     out = pa.Table.from_arrays([*packed, docs], names=[*table.column_names, "seq_lengths"])
     features = datasets.Features({**dataset.features, "seq_lengths": datasets.List(datasets.Value("int32"))})
     info = datasets.DatasetInfo(features=features)
-    result = datasets.Dataset(datasets.table.InMemoryTable(out), info=info, split=dataset.split)
+    # A fingerprint from the input's and the arguments: left to datasets, it would pickle every token to hash it.
+    fingerprint = datasets.fingerprint.Hasher.hash(("padless.pack_dataset", dataset._fingerprint, seq_length,
+                                                    strategy, overlong, batch_size))  # fmt: skip
+    result = datasets.Dataset(datasets.table.InMemoryTable(out), info=info, split=dataset.split,
+                              fingerprint=fingerprint)  # fmt: skip
     _log(plan)
     return _restore_format(result, dataset.format), plan
 
@@ -253,6 +257,7 @@ def _log(plan: PackPlan) -> None:
 def _datasets() -> Any:
     datasets = _require("datasets")
     _require("datasets.table")
+    _require("datasets.fingerprint")
     return datasets
 
 
