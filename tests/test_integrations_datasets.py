@@ -180,3 +180,12 @@ def test_bad_input_is_refused_with_a_clear_message(make, kwargs, match):
     kwargs = {"seq_length": 4, **kwargs}
     with pytest.raises(ValueError, match=match):
         padless.pack_dataset(make(), **kwargs)
+
+
+def test_the_fingerprint_follows_the_input_and_the_arguments():
+    ds = _dataset([3, 5, 2, 7])
+    fingerprint = padless.pack_dataset(ds, 8)._fingerprint
+    assert padless.pack_dataset(ds, 8)._fingerprint == fingerprint
+    assert padless.pack_dataset(ds, 9)._fingerprint != fingerprint
+    assert padless.pack_dataset(ds, 8, "wrapped")._fingerprint != fingerprint
+    assert padless.pack_dataset(ds.select([0, 1, 2]), 8)._fingerprint != fingerprint

@@ -228,8 +228,10 @@ def _pack_split(dataset: Any, seq_length: int, strategy: str, overlong: str | No
     features = datasets.Features({**dataset.features, "seq_lengths": datasets.List(datasets.Value("int32"))})
     info = datasets.DatasetInfo(features=features)
     # A fingerprint from the input's and the arguments: left to datasets, it would pickle every token to hash it.
-    fingerprint = datasets.fingerprint.Hasher.hash(("padless.pack_dataset", dataset._fingerprint, seq_length,
-                                                    strategy, overlong, batch_size))  # fmt: skip
+    from padless import __version__
+
+    fingerprint = datasets.fingerprint.Hasher.hash(("padless.pack_dataset", __version__, dataset._fingerprint,
+                                                    seq_length, strategy, overlong, batch_size))  # fmt: skip
     result = datasets.Dataset(datasets.table.InMemoryTable(out), info=info, split=dataset.split,
                               fingerprint=fingerprint)  # fmt: skip
     _log(plan)
