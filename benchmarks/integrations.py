@@ -1,8 +1,8 @@
 """padless in TRL's world, side by side in one run (a benchmark, not a test).
 
-    python benchmarks/integrations.py                       # both parts, a few minutes on 2 CPU cores
+    python benchmarks/integrations.py                       # both parts, ~10 minutes on 2 quiet CPU cores
     python benchmarks/integrations.py --part pack --rows 1000000
-    python benchmarks/integrations.py --part sft --limit 400 --json out.json
+    python benchmarks/integrations.py --part sft --limit 240 --repeats 2 --json out.json
 
 (a) ``pack``: ``padless.pack_dataset`` against ``trl.pack_dataset`` on the same tokenized dataset (lengths
     uniform in [10, 500], rows of 2048): time, rows, and the lower bound ceil(tokens / 2048).
@@ -12,7 +12,8 @@
     TRL's defaults otherwise, except fp32 and no gradient checkpointing (SFTConfig turns both on).
     For each: real (non-padding) tokens per second, the final loss, and whether the batches it fed were
     isolated, checked on the trained model by ``padless.integrations.audit`` (each example's logits in
-    the batch == alone; no target across examples). Every run trains the same examples for one epoch.
+    the batch == alone; no target across examples). Every run trains the same examples for one epoch;
+    each kind runs ``--repeats`` times in mirrored order (A B C C B A) and its tokens/s is the mean.
 
 Timings are only comparable within one run of this script; the machine is reported with them.
 """
@@ -166,7 +167,7 @@ def sft_run(kind: str, examples: Any, tokenizer: Any, *, max_length: int, padded
 
 
 def sft_benchmark(limit: int, max_length: int, padded_batch: int, packed_rows: int, model_name: str,
-                  out_dir: str) -> list[dict[str, Any]]:  # fmt: skip
+                  out_dir: str, repeats: int) -> list[dict[str, Any]]:  # fmt: skip
     from datasets import Dataset
 
     import padless
@@ -177,9 +178,20 @@ def sft_benchmark(limit: int, max_length: int, padded_batch: int, packed_rows: i
     assert all(ids.count(EOS) == 1 and ids[-1] == EOS for ids in corpus.input_ids), "an example has an inner EOS"
     examples = Dataset.from_dict({"input_ids": corpus.input_ids, "labels": corpus.labels})
     print(f"agentic-rag: {corpus.report}", flush=True)
-    return [sft_run(kind, examples, tokenizer, max_length=max_length, padded_batch=padded_batch,
-                    packed_rows=packed_rows, out_dir=os.path.join(out_dir, kind), model_name=model_name)
-            for kind in ("trl-packing", "trl-padding", "padless")]  # fmt: skip
+    kinds = ["trl-packing", "trl-padding", "padless"]
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    for r in range(repeats):  # A B C, then C B A, ...: a load that drifts during the run hits every kind alike
+        for kind in kinds if r % 2 == 0 else kinds[::-1]:
+            runs[kind].append(sft_run(kind, examples, tokenizer, max_length=max_length, padded_batch=padded_batch,
+                                      packed_rows=packed_rows, out_dir=os.path.join(out_dir, kind),
+                                      model_name=model_name))  # fmt: skip
+            print(f"  {kind}: {runs[kind][-1]['real_tokens_per_s']:.0f} real tokens/s", flush=True)
+    out = []
+    for kind in kinds:
+        rates = [run["real_tokens_per_s"] for run in runs[kind]]
+        out.append({**runs[kind][0], "real_tokens_per_s": float(np.mean(rates)), "real_tokens_per_s_runs": rates,
+                    "seconds": float(np.mean([run["seconds"] for run in runs[kind]]))})  # fmt: skip
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -190,11 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", choices=["pack", "sft", "all"], default="all")
     p.add_argument("--rows", type=int, default=1_000_000, help="(a) sequences to pack")
     p.add_argument("--seq-length", type=int, default=2048, help="(a) row length")
-    p.add_argument("--limit", type=int, default=400, help="(b) agentic-rag examples (one epoch)")
+    p.add_argument("--limit", type=int, default=160, help="(b) agentic-rag examples (one epoch)")
     p.add_argument("--max-length", type=int, default=1024, help="(b) SFTConfig.max_length (longer examples skipped)")
     p.add_argument("--padded-batch", type=int, default=4, help="(b) examples per padded micro-batch")
     p.add_argument("--packed-rows", type=int, default=2, help="(b) packed rows per micro-batch")
     p.add_argument("--model", default="gpt2-tiny", help="(b) a padless model name with GPT-2's vocabulary")
+    p.add_argument("--repeats", type=int, default=2, help="(b) runs of each kind, in mirrored order")
     p.add_argument("--out-dir", default="runs/bench-integrations")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
@@ -209,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['rows'] / r['lower_bound']:>8.4f}")  # fmt: skip
     if args.part in ("sft", "all"):
         report["sft"] = sft_benchmark(args.limit, args.max_length, args.padded_batch, args.packed_rows, args.model,
-                                      args.out_dir)  # fmt: skip
-        print(f"\n(b) SFTTrainer, agentic-rag, {args.model}, max_length {args.max_length}, one epoch")
+                                      args.out_dir, args.repeats)  # fmt: skip
+        print(f"\n(b) SFTTrainer, agentic-rag, {args.model}, max_length {args.max_length}, one epoch; "
+              f"mean of {args.repeats} runs each")
         print(f"{'run':<12} {'attention':<9} {'steps':>5} {'seconds':>8} {'real tok/s':>10} {'final loss':>10} "
               f"{'isolated':>8} {'max |dlogit|':>12} {'x-doc targets':>13}")  # fmt: skip
         for r in report["sft"]:
