@@ -4,28 +4,10 @@
     python examples/trainer.py --mode padded            # the same examples padded, for comparison
     torchrun --nproc-per-node 2 examples/trainer.py     # data-parallel: each rank trains its planned rows
 
-Three things connect padless to Trainer (transformers 5.24, read from its sources):
-
-1. Rows. Trainer builds its DataLoader from a *sampler* and ``per_device_train_batch_size``; the only
-   batch sampler it accepts is its own ``BatchRebalanceSampler``. :class:`PackedTrainer` therefore
-   overrides ``get_train_dataloader`` (the hook Trainer documents for custom loading) and returns
-   ``DataLoader(PackedRowView(train_dataset), batch_sampler=DistributedPackedBatchSampler(...),
-   collate_fn=PackingCollator.for_model(model))``. The loader is not passed through accelerate's
-   ``prepare``, which would deal the already rank-aware batches out across processes a second time,
-   and it bypasses Trainer's column removal, which would strip ``seq_lengths`` (not a ``forward()``
-   argument) and let the collator re-plan the rows. Trainer calls ``set_epoch`` on the loader each
-   epoch; the loader passes it to the sampler, which re-plans.
-2. Attention. ``register_padless_attention()`` then ``attn_implementation="padless"``;
-   ``PackingCollator.for_model`` sends what the backend needs (``cu_seq_lens_q/k`` for padless, a 4D
-   block-causal mask for sdpa/eager).
-3. Loss. Trainer sums the trained tokens over the micro-batches of an optimiser step
-   (``num_items_in_batch``), gathers the sum over ranks (``average_tokens_across_devices``, on by
-   default) and multiplies each rank's loss by the world size: padless' ``step_num_items`` and
-   ``causal_lm_loss(world_size=W)``. It counts the shifted labels ``labels[..., 1:]`` only when the
-   model's ``loss_type`` maps to ``ForCausalLMLoss``; ``GPT2LMHeadModel`` has ``loss_type=None``, so
-   Trainer also counts ``labels[..., 0]``: one token too many per padded sequence whose first token is
-   trained, while packed rows already mask each document's first label, and the two losses differ.
-   :func:`count_shifted_labels` sets ``loss_type="ForCausalLM"``, the loss GPT-2 falls back to anyway.
+The packing is library code: :class:`padless.integrations.transformers.PackedTrainer` replaces
+``Trainer`` (planned rows, the collator for the model's attention backend, re-planning every epoch,
+the GPT-2 ``loss_type`` fix); docs/integrations/trainer.md explains each piece. This file only loads
+data, builds a tiny model and compares packed with padded training.
 """
 
 from __future__ import annotations
@@ -35,54 +17,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 
 from padless.attention.backend import register_padless_attention
-from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
-from padless.batching.samplers import DistributedPackedBatchSampler, world_info
-from padless.batching.rows import PackedRowView
+from padless.batching.collate import FeatureSpec, PaddingCollator
+from padless.batching.samplers import world_info
+from padless.integrations.transformers import PackedTrainer, count_shifted_labels
 from padless.models import build_model
-
-
-class EpochDataLoader(DataLoader):
-    """A DataLoader that passes ``set_epoch`` (called by Trainer every epoch) to its batch sampler."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batch_sampler.set_epoch(epoch)
-
-
-class PackedTrainer(Trainer):
-    """``Trainer`` whose training batches are the packed rows of ``batch_sampler`` on this rank."""
-
-    def __init__(self, *args: Any, batch_sampler: DistributedPackedBatchSampler, pad_token_id: int = 0,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.batch_sampler = batch_sampler
-        self.pad_token_id = pad_token_id
-
-    def get_train_dataloader(self) -> DataLoader:
-        return EpochDataLoader(
-            PackedRowView(self.train_dataset, pad_token_id=self.pad_token_id),
-            batch_sampler=self.batch_sampler,
-            collate_fn=self.data_collator,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
-        )
-
-
-def count_shifted_labels(model: Any) -> Any:
-    """Make Trainer count ``labels[..., 1:] != -100`` for a decoder-only causal LM whose class name
-    transformers does not map to a loss (e.g. ``GPT2LMHeadModel``); the model's loss is unchanged."""
-    from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
-
-    before = getattr(model, "loss_type", None)
-    if before not in LOSS_MAPPING and not model.config.is_encoder_decoder:
-        model.loss_type = "ForCausalLM"
-        if model.loss_function is not ForCausalLMLoss:  # a custom loss function was set on the model
-            model.loss_type = before
-            raise ValueError(f"{type(model).__name__} does not use ForCausalLMLoss; set its loss_type yourself")
-    return model
 
 
 def load_examples(
@@ -131,11 +72,8 @@ def make_trainer(
                        callbacks=callbacks)
     if mode != "packed":
         raise ValueError(f"unknown mode {mode!r}; choose packed or padded")
-    lengths = [len(e["input_ids"]) for e in examples]
-    sampler = DistributedPackedBatchSampler(lengths, max_length, rows_per_batch, seed=seed)
-    collator = PackingCollator.for_model(model, max_length=max_length, pad_token_id=pad_token_id)
-    return PackedTrainer(model=model, args=args, train_dataset=list(examples), data_collator=collator,
-                         batch_sampler=sampler, pad_token_id=pad_token_id, callbacks=callbacks)
+    return PackedTrainer(model=model, args=args, train_dataset=list(examples), max_length=max_length,
+                         rows_per_batch=rows_per_batch, pad_token_id=pad_token_id, callbacks=callbacks)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -117,10 +117,11 @@ def test_without_the_count_fix_trainer_counts_gpt2_first_labels(example, example
 def test_trainer_replans_packed_rows_every_epoch(example, examples, tmp_path):
     """Trainer calls set_epoch on the loader each epoch; the sampler then trains a new plan of the same
     tokens."""
+    from padless.batching.samplers import DistributedPackedBatchSampler
     from padless.models import build_model
 
     model = build_model("gpt2-2layer", attn_implementation="sdpa", seed=0)
-    rows = len(example.DistributedPackedBatchSampler([len(e["input_ids"]) for e in examples], MAX_LENGTH, 1))
+    rows = len(DistributedPackedBatchSampler([len(e["input_ids"]) for e in examples], MAX_LENGTH, 1))
     trainer = example.make_trainer(model, examples, mode="packed", output_dir=str(tmp_path), max_length=MAX_LENGTH,
                                    rows_per_batch=1, steps=2 * rows)  # one row per step, two epochs
     seen = []

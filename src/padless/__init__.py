@@ -86,6 +86,7 @@ _EXPORTS: dict[str, str] = {
     "StreamOptions": "padless.planning.buffered",
     "compare_stream_to_offline": "padless.planning.buffered",
     "pack_to_parquet": "padless.export.parquet",
+    "pack_dataset": "padless.integrations.datasets",
     # distributed training
     "DistributedPackedBatchSampler": "padless.batching.samplers",
     "PackedRowView": "padless.batching.rows",
@@ -140,6 +141,7 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.evaluation import EvalLoss, packed_eval_loss
     from padless.guard import IsolationError, IsolationGuard
     from padless.logprobs import sequence_logprobs
+    from padless.integrations.datasets import pack_dataset
     from padless.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
     from padless.models import build_model, load_tokenizer_for, tokenizer_name_for
     from padless.planning.buffered import compare_stream_to_offline, StreamOptions

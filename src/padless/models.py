@@ -187,10 +187,12 @@ def _write_smollm2(target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from padless._optional import require
     from padless.atomic import write_folder_atomically
     from padless.data.assets import smollm2_gguf
     from padless.data.tokenizer import load_tokenizer
 
+    require("gguf", "loading the packaged SmolLM2 (a GGUF file)")
     gguf = smollm2_gguf()
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     config = copy.deepcopy(loaded.config)

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from padless._optional import require
 from padless.bench.results import SYS_TIME_WARNING, BenchResults, StrategyFigures, load_results
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def _si(x: float) -> str:
 
 
 def _figure(title: str) -> tuple[Figure, Axes]:
-    from matplotlib.figure import Figure
+    Figure = require("matplotlib.figure", "the benchmark plots").Figure
 
     fig = Figure(figsize=(7.5, 4.5), dpi=110, layout="constrained")
     ax = fig.subplots()

@@ -98,7 +98,9 @@ def _hist_path(name: str) -> Path:
 
 
 def _histogram(lengths: np.ndarray, max_length: int, path: Path, title: str) -> None:
-    from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
+    from padless._optional import require
+
+    Figure = require("matplotlib.figure", "a lengths histogram").Figure  # no pyplot: renders with Agg, no global state
 
     fig = Figure(figsize=(7, 3.5))
     ax = fig.add_subplot()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from padless.data.records import RecordError
+from padless._optional import require
 
 JSON_FIELDS = ("messages", "input_ids", "labels")
 """Fields that a CSV cell (or any string value) may carry as JSON."""
@@ -70,7 +71,7 @@ def _read_json_lines(path: Path, on_error: str, skipped: Counter[str]) -> list[A
 
 
 def _read_arrow(path: Path) -> list[dict[str, Any]]:
-    import pyarrow as pa
+    pa = require("pyarrow", "reading Parquet and CSV files")
 
     try:
         if path.suffix == ".parquet":
@@ -90,7 +91,7 @@ def _read_arrow(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_datasets(name: str, split: str) -> tuple[list[dict[str, Any]], str]:
-    import datasets
+    datasets = require("datasets", "reading a datasets folder or hub name")
 
     folder = Path(name).expanduser()
     saved = folder.is_dir() and ((folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file())

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from padless._optional import require
 from padless.atomic import atomic_write
 from padless.batching.stream import PackedStream
 
@@ -92,7 +93,7 @@ class ShardRows:
 
     def write(self, path: Path) -> None:
         """Write the rows as one Parquet file (``list<int32>`` columns), atomically."""
-        import pyarrow as pa
+        pa = require("pyarrow", "writing Parquet shards")
         import pyarrow.parquet as pq
 
         tok, doc = (pa.array(np.asarray(o, dtype=np.int32)) for o in (self.token_offsets, self.doc_offsets))

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from padless._optional import require
 from padless.planning.lengths import LENGTH_PARAMETERS, draw_lengths
 
 _BLOCK = 4096  # synthetic sequences drawn per random block
@@ -123,7 +124,7 @@ class ParquetTokens:
     """
 
     def __init__(self, path: Path) -> None:
-        import pyarrow.parquet as pq
+        pq = require("pyarrow.parquet", "reading Parquet")
 
         self.path = path
         meta = pq.ParquetFile(path).metadata
@@ -133,7 +134,7 @@ class ParquetTokens:
         self._row, self._start = 0, 0
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        import pyarrow.parquet as pq
+        pq = require("pyarrow.parquet", "reading Parquet")
 
         start, self._start = self._start, 0
         first = np.cumsum([0, *self.group_rows])
@@ -259,7 +260,7 @@ def open_input(
         if path.suffix == ".jsonl" and isinstance(rec := _first_record(path), dict) and "input_ids" in rec:
             source = JsonlTokens(path)
         elif path.suffix == ".parquet":
-            import pyarrow.parquet as pq
+            pq = require("pyarrow.parquet", "reading Parquet")
 
             try:
                 meta = pq.ParquetFile(path).metadata

@@ -1,0 +1,322 @@
+"""``pack_dataset``: a drop-in for ``trl.pack_dataset``, planned by padless over the whole dataset.
+
+Same arguments and the same output as TRL 1.16's ``pack_dataset(dataset, seq_length, strategy,
+map_kwargs)``: a ``Dataset`` (or ``DatasetDict``) whose rows are packed rows of at most
+``seq_length`` tokens, every column packed alike, plus ``seq_lengths`` (the documents of each row)::
+
+    dataset   input_ids [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]]     seq_length 4, overlong="truncate"
+    packed    input_ids [[1, 2, 3, 4], [8, 9, 10, 11], [6, 7]]
+              seq_lengths [[4], [3, 1], [2]]
+
+What differs, on purpose:
+
+* The plan covers the whole dataset (TRL plans inside ``datasets.map`` batches of 1,000 rows by
+  default, so rows from different batches never share a row), with padless' best fit decreasing.
+* Nothing is lost silently. TRL's ``"bfd"`` cuts every sequence longer than ``seq_length`` and drops
+  the overflow; here an overlong sequence raises unless ``overlong`` says what to do (``"truncate"``,
+  TRL's choice, ``"split"`` or ``"drop"``), and whatever is cut or dropped is counted in the plan
+  (:func:`plan_dataset`) and logged as a warning. ``"bfd_split"`` means ``overlong="split"``.
+* ``"wrapped"`` keeps document boundaries: a sequence cut at a row's end continues in the next row as
+  its own document, and every row has ``seq_lengths``. (TRL's wrapped rows have none: the sequences of
+  a row attend to each other.)
+
+Every token of every column lands in exactly one row, in order within its sequence; empty sequences
+have no tokens and appear in no row. The rows train exactly with :class:`padless.PackingCollator`
+on any backend padless accepts, and with TRL's own ``SFTTrainer(padding_free=True)`` where that path
+is isolated (docs/integrations/exactness.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs
+
+logger = logging.getLogger(__name__)
+
+TRL_STRATEGIES: dict[str, tuple[str, str | None]] = {
+    "bfd": ("best_fit_decreasing", None),
+    "bfd_split": ("best_fit_decreasing", "split"),
+    "wrapped": ("wrapped", "split"),
+}
+"""TRL's strategy name -> (padless planner, the overlong policy the name implies; None: ``overlong``)."""
+
+MAP_KWARGS = ("batch_size", "num_proc", "desc", "keep_in_memory", "load_from_cache_file")
+"""``map_kwargs`` keys accepted for TRL compatibility (the packing is not a ``datasets.map``):
+``batch_size`` plans each batch of that many rows on its own, as TRL does; ``num_proc`` must be
+None or 1; the rest change nothing (the result is built in memory)."""
+
+
+def resolve_strategy(strategy: str, overlong: str | None) -> tuple[str, str]:
+    """``(padless strategy, overlong policy)`` for a TRL or padless ``strategy`` name.
+
+    ``overlong=None`` means ``"error"`` unless the strategy implies a policy (``bfd_split`` and
+    ``wrapped`` split); an ``overlong`` that contradicts the strategy is refused.
+    """
+    if strategy in TRL_STRATEGIES:
+        planner, implied = TRL_STRATEGIES[strategy]
+    elif strategy in STRATEGIES:
+        planner, implied = strategy, ("split" if strategy == "wrapped" else None)
+    else:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join([*TRL_STRATEGIES, *STRATEGIES])}")
+    if overlong is not None and overlong not in OVERLONG_POLICIES:
+        raise ValueError(f"unknown overlong policy {overlong!r}; choose one of {', '.join(OVERLONG_POLICIES)}")
+    if implied is not None and overlong not in (None, implied):
+        raise ValueError(f"strategy={strategy!r} splits overlong sequences; it cannot be combined with "
+                         f"overlong={overlong!r} (use strategy='bfd' for that)")
+    return planner, overlong or implied or "error"
+
+
+def plan_lengths(
+    lengths: Sequence[int] | np.ndarray,
+    seq_length: int,
+    strategy: str = "bfd",
+    *,
+    overlong: str | None = None,
+    batch_size: int | None = None,
+) -> PackPlan:
+    """The plan :func:`pack_dataset` uses for sequences of ``lengths`` (zeros allowed: an empty
+    sequence appears in no row). ``batch_size`` plans each run of that many sequences on its own."""
+    planner, policy = resolve_strategy(strategy, overlong)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.ndim != 1:
+        raise ValueError(f"lengths must be one-dimensional, got shape {lengths.shape}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"map_kwargs['batch_size'] must be a positive integer or None, got {batch_size!r}")
+    step = batch_size or max(1, lengths.size)
+    plans = []
+    for begin in range(0, lengths.size, step):
+        chunk = lengths[begin : begin + step]
+        keep = np.flatnonzero(chunk > 0)
+        try:
+            plan = plan_packs(chunk[keep], seq_length, strategy=planner, overlong=policy)  # type: ignore[arg-type]
+        except ValueError as exc:
+            if policy == "error" and "longer than max_length" in str(exc):
+                raise ValueError(_overlong_message(lengths, seq_length)) from None
+            raise
+        plans.append((begin + keep, plan))
+    return _concatenate(plans, seq_length, lengths.size)
+
+
+def _overlong_message(lengths: np.ndarray, seq_length: int) -> str:
+    long = lengths > seq_length
+    first = int(np.flatnonzero(long)[0])
+    lost = int((lengths[long] - seq_length).sum())
+    return (f"sequences longer than seq_length={seq_length}: {int(long.sum())} (the first is row {first}, "
+            f"{int(lengths[first])} tokens); trl.pack_dataset's 'bfd' would silently cut {lost} of their tokens. "
+            "Choose overlong='truncate' (the same cut, counted), 'split' (keep every token, as separate "
+            "documents) or 'drop'")
+
+
+def _concatenate(plans: list[tuple[np.ndarray, PackPlan]], seq_length: int, num_sequences: int) -> PackPlan:
+    """One plan over the whole dataset from plans of subsets (``rows[i]`` of a subset plan is dataset
+    row ``rows[i]``), rows in subset order."""
+    if not plans:
+        return PackPlan(max_length=seq_length, num_sequences=num_sequences, index=[], start=[], length=[],
+                        row_offsets=[0])  # fmt: skip
+    offsets, pieces = [np.zeros(1, dtype=np.int64)], 0
+    for _, plan in plans:
+        offsets.append(plan.row_offsets[1:] + pieces)
+        pieces += plan.index.size
+    return PackPlan(
+        max_length=seq_length,
+        num_sequences=num_sequences,
+        index=np.concatenate([rows[p.index] for rows, p in plans]),
+        start=np.concatenate([p.start for _, p in plans]),
+        length=np.concatenate([p.length for _, p in plans]),
+        row_offsets=np.concatenate(offsets),
+        dropped=np.concatenate([rows[p.dropped] for rows, p in plans]),
+        truncated=np.concatenate([rows[p.truncated] for rows, p in plans]),
+        truncated_tokens=sum(p.truncated_tokens for _, p in plans),
+        dropped_tokens=sum(p.dropped_tokens for _, p in plans),
+    )
+
+
+def sequence_lengths(dataset: Any, column: str = "input_ids") -> np.ndarray:
+    """int64 ``[n]``: tokens of ``column`` in every row of a ``datasets.Dataset`` (read from the Arrow
+    offsets, without decoding rows) or of a sequence of mappings."""
+    if hasattr(dataset, "with_format") and hasattr(dataset, "column_names"):
+        if column not in dataset.column_names:
+            raise ValueError(f"the dataset has no {column!r} column (columns: {dataset.column_names})")
+        pc = _require("pyarrow.compute")
+        values = dataset.with_format("arrow")[:][column]
+        return pc.list_value_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.fromiter((len(row[column]) for row in dataset), dtype=np.int64, count=len(dataset))
+
+
+def _require(module: str) -> Any:
+    from padless._optional import require
+
+    return require(module, "padless.integrations.datasets")
+
+
+def _check_map_kwargs(map_kwargs: Mapping[str, Any] | None) -> int | None:
+    """The ``batch_size`` to plan with (None: the whole dataset); refuses what cannot be honoured."""
+    map_kwargs = dict(map_kwargs or {})
+    unknown = sorted(set(map_kwargs) - set(MAP_KWARGS))
+    if unknown:
+        raise ValueError(f"map_kwargs {unknown} are not supported (padless packs without datasets.map); "
+                         f"accepted: {', '.join(MAP_KWARGS)}")
+    if map_kwargs.get("num_proc") not in (None, 1):
+        raise ValueError(f"map_kwargs['num_proc']={map_kwargs['num_proc']!r}: padless plans the whole dataset in "
+                         "one process (a million sequences in well under a second); leave num_proc unset")
+    return map_kwargs.get("batch_size")
+
+
+def _list_columns(table: Any) -> tuple[list[Any], np.ndarray]:
+    """The table's columns as single list arrays, and the per-row lengths they share."""
+    pa = _require("pyarrow")
+    columns, lengths = [], None
+    for name, column in zip(table.column_names, table.columns):
+        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
+            raise ValueError(f"column {name!r} is {array.type}, not a list per row; pack_dataset packs token columns "
+                             "only (select them first: dataset.select_columns([...]))")
+        if array.null_count:
+            raise ValueError(f"column {name!r} has {array.null_count} missing rows")
+        own = np.diff(np.asarray(array.offsets, dtype=np.int64))
+        if lengths is None:
+            lengths = own
+        elif not np.array_equal(own, lengths):
+            row = int(np.flatnonzero(own != lengths)[0])
+            raise ValueError(f"column {name!r} has {int(own[row])} values in row {row} but {table.column_names[0]!r} "
+                             f"has {int(lengths[row])}; every column must match the first, row by row")
+        columns.append(array)
+    return columns, (np.zeros(0, dtype=np.int64) if lengths is None else lengths)
+
+
+def _pack_column(array: Any, plan: PackPlan, row_offsets: np.ndarray) -> Any:
+    """``array`` (a list column) rearranged into the plan's rows: each piece is a list view into the
+    original values, flattened once in row order."""
+    import pyarrow as pa
+
+    large = pa.types.is_large_list(array.type)
+    offset_type = np.int64 if large else np.int32
+    starts = np.asarray(array.offsets, dtype=np.int64)[:-1][plan.index] + plan.start
+    view_cls = pa.LargeListViewArray if large else pa.ListViewArray
+    pieces = view_cls.from_arrays(pa.array(starts.astype(offset_type)), pa.array(plan.length.astype(offset_type)),
+                                  array.values)
+    list_cls = pa.LargeListArray if large else pa.ListArray
+    return list_cls.from_arrays(pa.array(row_offsets.astype(offset_type)), pieces.flatten(), type=array.type)
+
+
+def _pack_split(dataset: Any, seq_length: int, strategy: str, overlong: str | None,
+                batch_size: int | None) -> tuple[Any, PackPlan]:
+    import pyarrow as pa
+
+    datasets = _datasets()
+    if "seq_lengths" in dataset.column_names:
+        raise ValueError("the dataset already has a 'seq_lengths' column: it is packed already")
+    table = dataset.with_format("arrow")[:]
+    columns, lengths = _list_columns(table)
+    if not columns:
+        raise ValueError("the dataset has no columns to pack")
+    plan = plan_lengths(lengths, seq_length, strategy, overlong=overlong, batch_size=batch_size)
+    cum = np.concatenate(([0], np.cumsum(plan.length)))
+    row_offsets = cum[plan.row_offsets]  # token offset of every row
+    if row_offsets[-1] >= 2**31 and any(pa.types.is_list(c.type) for c in columns):
+        raise ValueError(f"{int(row_offsets[-1])} tokens do not fit list<> offsets (int32); cast the columns to "
+                         "large_list first")
+    packed = [_pack_column(c, plan, row_offsets) for c in columns]
+    docs = pa.ListArray.from_arrays(pa.array(plan.row_offsets.astype(np.int32)),
+                                    pa.array(plan.length.astype(np.int32)))
+    out = pa.Table.from_arrays([*packed, docs], names=[*table.column_names, "seq_lengths"])
+    features = datasets.Features({**dataset.features, "seq_lengths": datasets.List(datasets.Value("int32"))})
+    info = datasets.DatasetInfo(features=features)
+    # A fingerprint from the input's and the arguments: left to datasets, it would pickle every token to hash it.
+    from padless import __version__
+
+    fingerprint = datasets.fingerprint.Hasher.hash(("padless.pack_dataset", __version__, dataset._fingerprint,
+                                                    seq_length, strategy, overlong, batch_size))  # fmt: skip
+    result = datasets.Dataset(datasets.table.InMemoryTable(out), info=info, split=dataset.split,
+                              fingerprint=fingerprint)  # fmt: skip
+    _log(plan)
+    return _restore_format(result, dataset.format), plan
+
+
+def _restore_format(packed: Any, fmt: Mapping[str, Any]) -> Any:
+    fmt = dict(fmt)
+    fmt.update(fmt.pop("format_kwargs", {}) or {})
+    if fmt.get("columns") is not None:
+        fmt["columns"] = [*fmt["columns"], "seq_lengths"]
+    return packed.with_format(**fmt)
+
+
+def _log(plan: PackPlan) -> None:
+    s = plan.stats
+    logger.info("pack_dataset: %d sequences -> %d rows (lower bound %d), efficiency %.4f",
+                s.num_sequences, s.num_rows, s.lower_bound, s.efficiency)
+    if s.truncated_tokens or s.dropped_tokens:
+        logger.warning("pack_dataset: sequences longer than seq_length=%d: truncated %d (%d tokens lost), "
+                       "dropped %d (%d tokens)", plan.max_length, s.truncated_sequences, s.truncated_tokens,
+                       s.dropped_sequences, s.dropped_tokens)
+
+
+def _datasets() -> Any:
+    datasets = _require("datasets")
+    _require("datasets.table")
+    _require("datasets.fingerprint")
+    return datasets
+
+
+def _each_split(dataset: Any, fn: Any) -> Any:
+    datasets = _datasets()
+    if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
+        raise ValueError("pack_dataset plans over a whole dataset and cannot take an IterableDataset; "
+                         "pack a stream with padless.PackedStream")
+    if isinstance(dataset, datasets.DatasetDict):
+        return {name: fn(split) for name, split in dataset.items()}
+    if not isinstance(dataset, datasets.Dataset):
+        raise ValueError(f"dataset must be a datasets.Dataset or DatasetDict, got {type(dataset).__name__}")
+    return fn(dataset)
+
+
+def plan_dataset(
+    dataset: Any,
+    seq_length: int,
+    strategy: str = "bfd",
+    map_kwargs: Mapping[str, Any] | None = None,
+    *,
+    overlong: str | None = None,
+) -> PackPlan | dict[str, PackPlan]:
+    """The plan :func:`pack_dataset` would make (a :class:`padless.PackPlan` whose ``stats`` count rows,
+    the lower bound, truncated and dropped tokens), without moving any token; a dict per split for a
+    ``DatasetDict``."""
+    batch_size = _check_map_kwargs(map_kwargs)
+
+    def plan(split: Any) -> PackPlan:
+        _, lengths = _list_columns(split.with_format("arrow")[:])
+        return plan_lengths(lengths, seq_length, strategy, overlong=overlong, batch_size=batch_size)
+
+    return _each_split(dataset, plan)
+
+
+def pack_dataset(
+    dataset: Any,
+    seq_length: int,
+    strategy: str = "bfd",
+    map_kwargs: Mapping[str, Any] | None = None,
+    *,
+    overlong: str | None = None,
+) -> Any:
+    """Pack the sequences of ``dataset`` into rows of at most ``seq_length`` tokens (see the module
+    docstring): a ``Dataset`` (or ``DatasetDict``) with the same columns, packed, plus ``seq_lengths``.
+
+    ``strategy``: TRL's ``"bfd"``, ``"bfd_split"``, ``"wrapped"`` or a padless planner name
+    (:data:`padless.STRATEGIES`). ``overlong``: what a sequence longer than ``seq_length`` does
+    (``"error"`` by default, or ``"truncate"``, ``"split"``, ``"drop"``). ``map_kwargs``: see
+    :data:`MAP_KWARGS`. The dataset's format is kept (``seq_lengths`` joins a column selection).
+    """
+    batch_size = _check_map_kwargs(map_kwargs)
+    if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
+        raise ValueError(f"seq_length must be a positive integer, got {seq_length!r}")
+    resolve_strategy(strategy, overlong)  # a bad name fails before any work
+    result = _each_split(dataset, lambda split: _pack_split(split, int(seq_length), strategy, overlong,
+                                                            batch_size)[0])
+    if isinstance(result, dict):
+        return _datasets().DatasetDict(result)
+    return result

@@ -1,0 +1,185 @@
+"""Shared by tests/test_integrations_*.py: the tiny model and data, one optimiser step under Trainer /
+SFTTrainer / an accelerate loop with its loss and gradients, and a torchrun worker running those steps
+on every rank (``python -m torch.distributed.run --nproc-per-node 2 tests/integrations_support.py OUT``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY_MODEL = "gpt2-tiny"
+"""The one model name these tests use: GPT-2's real vocabulary (so tokenizer ids and pad id fit) at a
+tiny size. A GPT-2 also exercises Trainer's loss_type counting quirk."""
+CORPUS, NUM_EXAMPLES, MAX_LENGTH = "dialogues", 8, 160
+
+
+def offline_hub() -> None:
+    """No telemetry or hub calls from TRL / transformers (TRL's trainers send a telemetry ping)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    import huggingface_hub.constants as hub
+
+    hub.HF_HUB_DISABLE_TELEMETRY = True
+
+
+def examples(limit: int = NUM_EXAMPLES) -> list[dict[str, list[int]]]:
+    """``limit`` dialogues tokenized with GPT-2's tokenizer, every token trained (so each first label
+    is a target, where Trainer's count for GPT-2 goes wrong without the loss_type fix)."""
+    from padless import load_corpus
+
+    return load_corpus(CORPUS, "gpt2", train_on="all", limit=limit, seed=0, max_length=MAX_LENGTH,
+                       overlong="skip").features()  # fmt: skip
+
+
+def dataset(features: list[dict[str, Any]]) -> Any:
+    from datasets import Dataset
+
+    return Dataset.from_dict({k: [f[k] for f in features] for k in features[0]})
+
+
+def tokenizer() -> Any:
+    from padless import load_tokenizer
+
+    return load_tokenizer("gpt2")
+
+
+def model(attn: str = "sdpa", name: str = TINY_MODEL) -> Any:
+    from padless import build_model, register_padless_attention
+
+    if attn == "padless":
+        register_padless_attention()
+    return build_model(name, attn_implementation=attn, seed=0)
+
+
+def num_rows(features: list[dict[str, Any]], max_length: int = MAX_LENGTH) -> int:
+    """Packed rows of the (epoch 0, seed 0) plan of ``features``."""
+    from padless.planning.schedule import schedule_epoch
+
+    lengths = [len(f["input_ids"]) for f in features]
+    return schedule_epoch(lengths, max_length, world_size=1, rows_per_batch=1).plan.num_rows
+
+
+def grads(model: Any) -> dict[str, Any]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, batch_size: int = NUM_EXAMPLES,
+               grad_accum: int = 1, features: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Loss (summed over this rank's micro-batches), gradients and ``num_items_in_batch`` of the first
+    optimiser step. ``kind``: ``trainer-padded``, ``trainer-packed``, ``sft-padded``, ``sft-packed``,
+    ``sft-padding-free`` or ``trl-padded`` (TRL's own SFTTrainer, no fix)."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from padless.batching.collate import FeatureSpec, PaddingCollator
+    from padless.integrations.transformers import PackedTrainer, count_shifted_labels
+
+    class Capture(TrainerCallback):
+        grads = None
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            if self.grads is None:
+                self.grads = grads(model)
+
+    features = features if features is not None else examples()
+    net, capture = model(attn), Capture()
+    common = dict(output_dir=out_dir, max_steps=1, per_device_train_batch_size=batch_size, learning_rate=1e-3,
+                  gradient_accumulation_steps=grad_accum, report_to="none", save_strategy="no", use_cpu=True,
+                  dataloader_pin_memory=False, disable_tqdm=True, seed=0, max_grad_norm=0.0, logging_steps=1,
+                  ddp_find_unused_parameters=False)  # fmt: skip
+    if kind.startswith("trainer"):
+        args = TrainingArguments(**common)
+        if kind == "trainer-padded":
+            count_shifted_labels(net)
+            collator = PaddingCollator(pad_token_id=50256, features=FeatureSpec(vocab_size=net.config.vocab_size))
+            trainer = Trainer(model=net, args=args, train_dataset=features, data_collator=collator, callbacks=[capture])
+        else:
+            common["per_device_train_batch_size"] = rows_per_batch
+            args = TrainingArguments(**common)
+            trainer = PackedTrainer(model=net, args=args, train_dataset=features, max_length=MAX_LENGTH,
+                                    callbacks=[capture])  # fmt: skip
+    else:
+        offline_hub()
+        import trl
+        from trl import SFTConfig
+
+        from padless.integrations.trl import SFTTrainer
+
+        packing, padding_free = kind == "sft-packed", kind == "sft-padding-free"
+        if packing:
+            common["per_device_train_batch_size"] = rows_per_batch
+        # bf16=False: SFTConfig turns bf16 autocast on by default (on a CPU too); these are fp32 comparisons
+        args = SFTConfig(**common, packing=packing, padding_free=padding_free, bf16=False,
+                         max_length=None if padding_free else MAX_LENGTH)  # fmt: skip
+        cls = trl.SFTTrainer if kind == "trl-padded" else SFTTrainer
+        trainer = cls(model=net, args=args, train_dataset=dataset(features), processing_class=tokenizer(),
+                      callbacks=[capture])  # fmt: skip
+    losses, counts = [], []
+    training_step = trainer.training_step
+
+    def record(model, inputs, num_items_in_batch=None):
+        counts.append(int(num_items_in_batch))
+        loss = training_step(model, inputs, num_items_in_batch)
+        losses.append(loss.item())
+        return loss
+
+    trainer.training_step = record
+    trainer.train()
+    return {"loss": sum(losses), "grads": capture.grads, "num_items": counts[0], "micro_batches": len(losses),
+            "rank": trainer.args.process_index, "world": trainer.args.world_size}
+
+
+def _load_example(name: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"padless_example_{name}", ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def accelerate_first_step(attn: str, *, rows_per_batch: int, grad_accum: int) -> dict[str, Any]:
+    """The first step of examples/accelerate_loop.py's ``train``: its loss and gradients on this rank."""
+    from accelerate import Accelerator
+
+    loop = _load_example("accelerate_loop")
+    accelerator = Accelerator(cpu=True)
+    net, seen = model(attn), {}
+
+    def before_step(step, wrapped, num_items):
+        if step == 0:
+            seen.update(grads=grads(getattr(wrapped, "module", wrapped)), num_items=int(num_items))
+
+    losses = loop.train(net, examples(), accelerator=accelerator, max_length=MAX_LENGTH, rows_per_batch=rows_per_batch,
+                        grad_accum=grad_accum, steps=1, pad_token_id=50256, before_step=before_step)  # fmt: skip
+    return {"loss": losses[0], **seen, "rank": accelerator.process_index, "world": accelerator.num_processes}
+
+
+def main(out_dir: str) -> None:
+    """torchrun worker: the packed first step of each integration on this rank, saved to ``out_dir``."""
+    import faulthandler
+
+    import torch
+
+    faulthandler.dump_traceback_later(int(os.environ.get("PADLESS_WORKER_TIMEOUT", "400")), exit=True)  # no hang
+    torch.set_num_threads(1)
+    rows = num_rows(examples())
+    per_rank = -(-rows // 2)  # one optimiser step holds every row
+    results = {
+        "trainer": first_step("trainer-packed", "padless", os.path.join(out_dir, "t"), rows_per_batch=per_rank),
+        "sft": first_step("sft-packed", "sdpa", os.path.join(out_dir, "s"), rows_per_batch=per_rank),
+        "accelerate": accelerate_first_step("padless", rows_per_batch=1, grad_accum=2),
+    }
+    rank = results["trainer"]["rank"]
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    # and the example script's own entry point, as `torchrun examples/accelerate_loop.py` runs it
+    _load_example("accelerate_loop").main(["--cpu", "--steps", "2", "--limit", "24", "--max-length", "192"])
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "tests"))
+    main(sys.argv[1])
