@@ -174,7 +174,7 @@ def sft_benchmark(limit: int, max_length: int, padded_batch: int, packed_rows: i
 
     tokenizer = padless.load_tokenizer("gpt2")
     corpus = padless.load_corpus("agentic-rag", tokenizer, train_on="assistant", limit=limit, seed=0,
-                                 max_length=max_length, overlong="skip")  # fmt: skip
+                                 max_length=max_length, overlong="drop")  # fmt: skip
     assert all(ids.count(EOS) == 1 and ids[-1] == EOS for ids in corpus.input_ids), "an example has an inner EOS"
     examples = Dataset.from_dict({"input_ids": corpus.input_ids, "labels": corpus.labels})
     print(f"agentic-rag: {corpus.report}", flush=True)

@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.attn == "padless":
         register_padless_attention()
     corpus = load_corpus(args.corpus, "gpt2", train_on="assistant", limit=args.limit, seed=args.seed,
-                         max_length=args.max_length, overlong="skip")
+                         max_length=args.max_length, overlong="drop")
     model = build_model(args.model, attn_implementation=args.attn, seed=args.seed)
     losses = train(model, corpus.features(), accelerator=accelerator, max_length=args.max_length,
                    rows_per_batch=args.rows_per_batch, grad_accum=args.grad_accum, steps=args.steps, lr=args.lr,

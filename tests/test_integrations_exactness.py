@@ -172,7 +172,7 @@ def test_the_measure_tells_exact_from_contaminated():
     """The two ends of the scale on GPT-2/sdpa: TRL's wrapped rows (documents see each other) and padless'."""
     assert measure("trl-wrapped", "sdpa", "tiny-gpt2") == "contaminated"
     assert measure("padless", "sdpa", "tiny-gpt2") == "exact"
-    assert measure("padless", "sdpa", "tiny-mistral-window") == "refused"
+    assert measure("padless", "sdpa", "tiny-mistral-window") == "exact"  # the 4D mask carries the window
 
 
 def test_a_target_across_a_boundary_is_counted_even_when_attention_is_isolated():

@@ -59,7 +59,7 @@ for name in {blocked!r}:
 import padless
 skipped = {{"padless.integrations.transformers", "padless.integrations.trl"}}  # they need their extra
 for info in pkgutil.walk_packages(padless.__path__, "padless."):
-    if info.name not in skipped:
+    if info.name not in skipped and not info.name.endswith("__main__"):  # __main__ runs the CLI
         importlib.import_module(info.name)
 for name in skipped:
     try:
