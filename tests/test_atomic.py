@@ -43,3 +43,14 @@ def test_plan_save_appends_npz_like_numpy(tmp_path: Path) -> None:
     again = PackPlan.load(str(tmp_path / "plan.npz"))
     assert np.array_equal(again.index, plan.index) and again.stats == plan.stats
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.npz"]
+
+
+def test_an_atomic_file_gets_the_permissions_of_a_plain_open(tmp_path):
+    import os
+
+    from padless.atomic import atomic_write_text
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    written = atomic_write_text(tmp_path / "atomic.txt", "x")
+    assert os.stat(written).st_mode & 0o777 == os.stat(plain).st_mode & 0o777

@@ -30,6 +30,12 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write(f)`` on a binary file that becomes ``path`` only once it is complete and on disk.
 
@@ -43,6 +49,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
+            os.chmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; a plain open() obeys the umask
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
