@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from padless.attention.select import ATTENTION_INPUTS, AttentionInputs
-from padless.batching.collate import FeatureSpec, PackedBatch, Placements, _round_up
+from padless.batching.collate import FeatureSpec, PackedBatch, Placements, _device_of, _round_up
 from padless.layout import IGNORE_INDEX, append_separator, check_tokens, cu_seqlens_from_lengths
 
 if TYPE_CHECKING:
@@ -165,8 +165,7 @@ class _GroupCollator:
 
         backend = model.config._attn_implementation
         layout = "shared_prompt" if kwargs.get("share_prompt", True) else "documents"
-        device = next(iter(model.parameters())).device if hasattr(model, "parameters") else "cpu"
-        check_exact(model, backend, device=device, dtype=model.dtype, max_length=kwargs.get("max_length"),
+        check_exact(model, backend, device=_device_of(model), dtype=model.dtype, max_length=kwargs.get("max_length"),
                     layout=layout)  # fmt: skip
         kwargs.setdefault("attention", backend_inputs(backend))
         kwargs.setdefault("mask_dtype", model.dtype)
