@@ -43,7 +43,8 @@ class CompileStats:
     recompiles: int
     """Of ``frames``, compilations of a frame that was compiled before (a guard failed: a new shape)."""
     backward_compiles: int
-    """Backward graphs compiled at their first backward (AOTAutograd compiles them lazily)."""
+    """Backward graphs compiled lazily, at their first backward (inductor on a CPU compiles them with
+    the forward, inside ``frames``: then 0)."""
     graphs: int
     """Graphs handed to the backend (torch._dynamo's ``unique_graphs`` counter)."""
     compile_s: float

@@ -106,8 +106,8 @@ class RunConfig:
         if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
             raise ValueError(f"pad_to_multiple_of={multiple!r} must be >= 1 (an integer) or None")
         if self.compile == "static" and multiple is None:
-            raise ValueError("compile='static' compiles a graph per row shape: set pad_to_multiple_of (e.g. 64) "
-                             "so rows take a few shapes, or use compile='dynamic'")  # fmt: skip
+            raise ValueError("compile='static' compiles a graph per row shape, so pad_to_multiple_of must be set "
+                             "(e.g. 64: rows then take a few shapes); or use compile='dynamic'")  # fmt: skip
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1 (or None), got {self.limit}")
         if not self.lr > 0:
