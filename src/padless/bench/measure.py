@@ -34,12 +34,14 @@ import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from padless.bench.results import CompileRecord, Environment, StrategyRun
 
 if TYPE_CHECKING:
     import torch
+
+    from padless.compile import CompileStats
 
 MemoryMethod = Literal["accelerator-max-allocated", "vmhwm", "statm-sampler", "ru_maxrss"]
 CPU_MEMORY_METHODS: tuple[MemoryMethod, ...] = ("vmhwm", "statm-sampler", "ru_maxrss")
@@ -268,14 +270,14 @@ class StrategyRecorder:
     """User and sys CPU time of the training phase (:class:`CpuTimes`)."""
     step_compile_s: list[float] = field(default_factory=list)
     """Seconds torch spent compiling within each step (compiled runs)."""
-    compile_stats: Any = None
+    compile_stats: CompileStats | None = None
     """The latest :class:`padless.compile.CompileStats` (compiled runs)."""
     compile_mode: tuple[str, str] | None = None
     """``(mode, backend)`` of a compiled run."""
 
     def record_step(self, *, step_time_s: float, loss: float, real_tokens: int, padded_tokens: int,
                     sequences: int, trained_tokens: int | None = None, model_flops: float | None = None,
-                    executed_flops: float | None = None, compile_stats: Any = None) -> None:
+                    executed_flops: float | None = None, compile_stats: CompileStats | None = None) -> None:
         """Append one optimiser step; ``ValueError`` on an impossible combination."""
         step = len(self.step_time_s)
         if step_time_s < 0:
