@@ -100,6 +100,8 @@ _EXPORTS: dict[str, str] = {
     "BenchResults": "padless.bench.results",
     "load_results": "padless.bench.results",
     "write_report": "padless.bench.report",
+    # torch.compile
+    "compile_layers": "padless.compile",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -132,6 +134,7 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.batching.stream import PackedIterableDataset, PackedStream
     from padless.bench.report import write_report
     from padless.bench.results import BenchResults, load_results
+    from padless.compile import compile_layers
     from padless.data.corpora import CORPORA
     from padless.data.load import corpus_lengths, CorpusReport, load_corpus, TokenizedCorpus
     from padless.data.records import RecordError

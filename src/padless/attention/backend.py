@@ -40,6 +40,8 @@ _CHECKED = _LastValue()  # cu_seq_lens_q checked against position_ids, once per 
 _SAME_KV = _LastValue()  # cu_seq_lens_k checked equal to cu_seq_lens_q, once per forward
 # kwargs some models send that change what attention computes; padless cannot honour them.
 _REFUSED_KWARGS = {"s_aux": "attention sinks (s_aux)", "position_bias": "an additive position bias"}
+# padless_attention's body wrapped in torch.compiler.disable (set on registration): what compiled code calls
+_UNTRACED: list[Callable[..., Any]] = []
 
 
 @contextmanager
@@ -49,7 +51,9 @@ def packed_documents(
     """Document boundaries for a forward whose attention layers receive neither ``position_ids`` nor
     ``cu_seq_lens_q`` (a model without ``_supports_attention_backend``). Give ``position_ids``
     ``[B, L]`` restarting at 0 per document, or ``cu_seqlens`` ``[N + 1]`` over the flat ``B * L``
-    tokens. Kwargs that do reach the attention layers take precedence."""
+    tokens. Kwargs that do reach the attention layers take precedence: ``cu_seqlens`` given here
+    are checked against ``position_ids`` that reach them (how :func:`padless.compile_layers` keeps
+    the boundaries out of compiled graphs)."""
     if (position_ids is None) == (cu_seqlens is None):
         raise ValueError("packed_documents needs exactly one of position_ids or cu_seqlens")
     token = _CONTEXT.set((position_ids, cu_seqlens, max_seqlen))
@@ -84,14 +88,15 @@ def _document_boundaries(kwargs: dict[str, Any], batch: int, length: int) -> tup
         raise ValueError("padless attention needs both cu_seq_lens_q and cu_seq_lens_k, or neither")
     if cu is not None and cu_k is not cu:
         _SAME_KV.get(cu_k, id(cu), lambda: _check_same_kv(cu, cu_k))
-    if cu is None and pos is None:
-        context = _CONTEXT.get()
-        if context is None:
-            raise ValueError(
-                "padless attention received neither position_ids nor cu_seq_lens_q, so it cannot tell where "
-                "documents start; wrap the forward in padless.packed_documents(position_ids=...)"
-            )
-        pos, cu, max_len = context
+    context = _CONTEXT.get() if cu is None else None
+    if context is not None:  # kwargs that reached the layer take precedence; the rest from the context
+        ctx_pos, cu, max_len = context
+        pos = ctx_pos if pos is None else pos
+    elif cu is None and pos is None:
+        raise ValueError(
+            "padless attention received neither position_ids nor cu_seq_lens_q, so it cannot tell where "
+            "documents start; wrap the forward in padless.packed_documents(position_ids=...)"
+        )
     if pos is not None:
         if pos.shape[-1] != length:
             raise ValueError(f"position_ids cover {pos.shape[-1]} tokens but the attention input has {length}")
@@ -132,7 +137,20 @@ def padless_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: ``query`` ``[B, Hq, L, D]``, ``key``/``value`` ``[B, Hk, L, D]``
-    -> (``[B, L, Hq, D]``, no weights). Exact causal attention inside each packed document."""
+    -> (``[B, L, Hq, D]``, no weights). Exact causal attention inside each packed document.
+
+    Under ``torch.compile`` it runs untraced (a graph break): its kernels plan buckets from the
+    document lengths, which traced would become guards and recompile the graph for every batch."""
+    import torch
+
+    if _UNTRACED and torch.compiler.is_compiling():
+        return _UNTRACED[0](module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    return _attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+
+
+def _attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs) -> tuple[torch.Tensor, None]:
+    import torch
+
     batch, heads, length, dim = query.shape
     if key.shape[2] != length:
         raise ValueError(
@@ -155,8 +173,6 @@ def padless_attention(
 
         return padless_tree_attention(query, key, value, scaling, dropout, kwargs), None
     cu, max_len = _document_boundaries(kwargs, batch, length)
-    import torch
-
     if query.dtype == torch.float32 and torch.is_autocast_enabled(query.device.type):
         # under autocast, RoPE models hand over fp32 queries: compute in the autocast dtype, as
         # transformers' flash-attention integration does (and as the fast varlen kernels need)
@@ -219,6 +235,10 @@ def register_padless_attention(name: str = BACKEND_NAME) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    if not _UNTRACED:
+        import torch
+
+        _UNTRACED.append(torch.compiler.disable(_attention, recursive=True))
     AttentionInterface.register(name, padless_attention)
     AttentionMaskInterface.register(name, padless_mask)
     return name

@@ -15,6 +15,7 @@ from padless.bench.strategies import BENCH_STRATEGIES
 
 Mode = Literal["same-examples", "token-budget"]
 Allocator = Literal["auto", "glibc", "glibc-tuned", "jemalloc", "tcmalloc"]
+Compile = Literal["off", "static", "dynamic"]
 
 RESULT_ONLY_FIELDS = ("world_size",)
 """Fields the run fills in (recorded in results.json), not flags."""
@@ -74,6 +75,14 @@ class RunConfig:
     """Memory allocator of the strategy processes: glibc (untuned), glibc-tuned (glibc with mmap and
     trim thresholds raised, so large tensors are not returned to the kernel every step), jemalloc,
     tcmalloc (where installed), or auto (glibc-tuned, see padless/bench/isolate.py)."""
+    compile: Compile = "off"
+    """torch.compile every strategy's decoder layers the same way (padless.compile_layers, inductor):
+    off, static (dynamic=False: one graph per row shape; needs pad_to_multiple_of) or dynamic
+    (dynamic=True: symbolic shapes). Compile time is reported apart, and a steady-state tok/s
+    leaves out the steps that compiled."""
+    pad_to_multiple_of: int | None = None
+    """Round every strategy's row length up to a multiple of this (padded, bucketed, packed and
+    flattened rows alike): fewer distinct shapes for compile, more padding."""
     world_size: int = 1
     """Data-parallel processes (torchrun) the run found; per-step figures are summed over them."""
 
@@ -82,7 +91,7 @@ class RunConfig:
         if unknown or not self.strategies:
             raise ValueError(f"strategies: unknown strategy {unknown[0] if unknown else '(none given)'!r}; "
                              f"choose from {', '.join(BENCH_STRATEGIES)}")  # fmt: skip
-        for name, allowed in (("mode", Mode), ("allocator", Allocator)):
+        for name, allowed in (("mode", Mode), ("allocator", Allocator), ("compile", Compile)):
             if getattr(self, name) not in typing.get_args(allowed):
                 raise ValueError(f"{name} {getattr(self, name)!r}: choose one of {', '.join(typing.get_args(allowed))}")
         for name in ("steps", "batch_size", "max_length", "eval_examples", "grad_accumulation", "world_size"):
@@ -93,6 +102,12 @@ class RunConfig:
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0 and less than steps={self.steps} "
                              "(warm-up steps are not timed)")  # fmt: skip
+        multiple = self.pad_to_multiple_of
+        if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
+            raise ValueError(f"pad_to_multiple_of={multiple!r} must be >= 1 (an integer) or None")
+        if self.compile == "static" and multiple is None:
+            raise ValueError("compile='static' compiles a graph per row shape, so pad_to_multiple_of must be set "
+                             "(e.g. 64: rows then take a few shapes); or use compile='dynamic'")  # fmt: skip
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1 (or None), got {self.limit}")
         if not self.lr > 0:

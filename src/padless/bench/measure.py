@@ -36,10 +36,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Literal
 
-from padless.bench.results import Environment, StrategyRun
+from padless.bench.results import CompileRecord, Environment, StrategyRun
 
 if TYPE_CHECKING:
     import torch
+
+    from padless.compile import CompileStats
 
 MemoryMethod = Literal["accelerator-max-allocated", "vmhwm", "statm-sampler", "ru_maxrss"]
 CPU_MEMORY_METHODS: tuple[MemoryMethod, ...] = ("vmhwm", "statm-sampler", "ru_maxrss")
@@ -266,10 +268,16 @@ class StrategyRecorder:
     """FLOPs each step executed, padding included (when recorded)."""
     cpu_times: CpuTimes | None = None
     """User and sys CPU time of the training phase (:class:`CpuTimes`)."""
+    step_compile_s: list[float] = field(default_factory=list)
+    """Seconds torch spent compiling within each step (compiled runs)."""
+    compile_stats: CompileStats | None = None
+    """The latest :class:`padless.compile.CompileStats` (compiled runs)."""
+    compile_mode: tuple[str, str] | None = None
+    """``(mode, backend)`` of a compiled run."""
 
     def record_step(self, *, step_time_s: float, loss: float, real_tokens: int, padded_tokens: int,
                     sequences: int, trained_tokens: int | None = None, model_flops: float | None = None,
-                    executed_flops: float | None = None) -> None:
+                    executed_flops: float | None = None, compile_stats: CompileStats | None = None) -> None:
         """Append one optimiser step; ``ValueError`` on an impossible combination."""
         step = len(self.step_time_s)
         if step_time_s < 0:
@@ -289,6 +297,10 @@ class StrategyRecorder:
                             ("executed_flops", executed_flops)):  # fmt: skip
             if value is not None:
                 getattr(self, name).append(value)
+        if compile_stats is not None:  # seconds compiled during this step: the counter's growth
+            before = self.compile_stats.compile_s if self.compile_stats is not None else 0.0
+            self.step_compile_s.append(compile_stats.compile_s - before)
+            self.compile_stats = compile_stats
 
     def result(self, peak_memory_bytes: int | None, memory_method: str, *, max_rss_bytes: int | None = None,
                allocator: str | None = None) -> StrategyRun:
@@ -311,7 +323,17 @@ class StrategyRecorder:
             cpu_sys_s=sys_,
             max_rss_bytes=max_rss_bytes,
             allocator=allocator,
+            compiled=self._compile_record(),
+            step_compile_s=tuple(self.step_compile_s),
         )
+
+    def _compile_record(self) -> CompileRecord | None:
+        if self.compile_mode is None:
+            return None
+        s = self.compile_stats
+        counts = (0, 0, 0, 0, 0.0) if s is None else (s.frames, s.recompiles, s.backward_compiles, s.graphs,
+                                                       s.compile_s)
+        return CompileRecord(*self.compile_mode, *counts)
 
 
 class CpuTimes:

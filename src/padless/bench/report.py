@@ -231,8 +231,23 @@ SUMMARY_COLUMNS = ("strategy", "steps", "median step", "p90 step", "real tok/s",
                    "seq/s", "MFU", "sys/CPU", "peak memory", "eval loss start -> end", "speedup", "of ideal")
 
 
+COMPILE_COLUMNS = ("steady tok/s", "compiled")
+"""Columns added when the run compiled its layers (``--compile``)."""
+
+
+def summary_columns(results: BenchResults) -> tuple[str, ...]:
+    """:data:`SUMMARY_COLUMNS`, plus :data:`COMPILE_COLUMNS` for a compiled run."""
+    return SUMMARY_COLUMNS + (COMPILE_COLUMNS if _compiled(results) else ())
+
+
+def _compiled(results: BenchResults) -> bool:
+    return any(run.compiled is not None for run in results.strategies.values())
+
+
 def summary_rows(results: BenchResults) -> list[tuple[str, ...]]:
-    """One row of :data:`SUMMARY_COLUMNS` per strategy, as display strings."""
+    """One row of :data:`SUMMARY_COLUMNS` per strategy, as display strings (and
+    :data:`COMPILE_COLUMNS` for a compiled run)."""
+    extra = _compiled(results)
     figs, summary = results.figures(), results.summary()
     rows = []
     for name, run in results.strategies.items():
@@ -254,8 +269,17 @@ def summary_rows(results: BenchResults) -> list[tuple[str, ...]]:
             evals,
             _num(summary.speedup.get(name), "×{:.2f}"),
             _pct(summary.fraction_of_ideal.get(name)),
-        ))
+        ) + (_compile_cells(f, run) if extra else ()))
     return rows
+
+
+def _compile_cells(f: StrategyFigures, run: Any) -> tuple[str, str]:
+    """steady tok/s and ``frames (recompiles), seconds`` of a compiled strategy (n/a if eager)."""
+    c = run.compiled
+    if c is None:
+        return "n/a", "eager"
+    return (_num(f.steady_real_tokens_per_s, "{:,.0f}"),
+            f"{c.mode}: {c.frames} frames ({c.recompiles} recompiles), {c.compile_s:.1f} s")
 
 
 MEMORY_METHOD_NOTES = {
@@ -292,6 +316,10 @@ def _notes(results: BenchResults) -> list[str]:
     if heavy:
         notes.append(f"WARNING: kernel (sys) time above {SYS_TIME_WARNING:.0%} of CPU time for {', '.join(heavy)}: "
                      "the run spent its time in page faults or the allocator, not in training")
+    if _compiled(results):
+        notes.append("compiled: decoder layers under torch.compile (padless.compile_layers); 'real tok/s' includes "
+                     "the steps after the warm-up that compiled, 'steady tok/s' leaves out every step that compiled; "
+                     "'compiled' gives dynamo frames compiled (of them recompiles) and seconds spent compiling")
     allocators = sorted({run.allocator for run in results.strategies.values() if run.allocator})
     if allocators:
         notes.append("each strategy in its own process; allocator: " + ", ".join(allocators))
@@ -306,8 +334,9 @@ def _notes(results: BenchResults) -> list[str]:
 
 def format_summary_table(results: BenchResults) -> str:
     """The summary as a plain-text table (for the terminal), followed by the notes."""
-    rows = [SUMMARY_COLUMNS, *summary_rows(results)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(SUMMARY_COLUMNS))]
+    columns = summary_columns(results)
+    rows = [columns, *summary_rows(results)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -344,7 +373,7 @@ def render_html(results: BenchResults, images: dict[str, bytes]) -> str:
     import dataclasses
 
     esc = html.escape
-    head = "".join(f"<th>{esc(c)}</th>" for c in SUMMARY_COLUMNS)
+    columns = "".join(f"<th>{esc(c)}</th>" for c in summary_columns(results))
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in summary_rows(results))
     notes = _notes(results)
     head = headline(results)
@@ -364,7 +393,7 @@ def render_html(results: BenchResults, images: dict[str, bytes]) -> str:
 ({esc(cfg.mode)}, {esc(results.environment.device_name)})</h1>
 {banner}
 <h2>Summary</h2>
-<table class="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+<table class="summary"><thead><tr>{columns}</tr></thead><tbody>{body}</tbody></table>
 <p class="note">{other}. Timing figures leave out {cfg.warmup_steps} warm-up step(s); padding is the
 fraction of fed tokens that were padding. Measured side by side in one run on the machine below.</p>
 <h2>Plots</h2>

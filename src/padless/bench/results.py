@@ -80,6 +80,26 @@ class Environment:
 
 
 @dataclass(frozen=True)
+class CompileRecord:
+    """torch.compile of a strategy's decoder layers (padless.compile_layers) over its training phase."""
+
+    mode: str
+    """``static`` (``dynamic=False``: a graph per row shape) or ``dynamic`` (``dynamic=True``)."""
+    backend: str
+    """torch.compile backend (``inductor``)."""
+    frames: int
+    """Dynamo frame compilations, first compiles and recompiles (padless.compile.CompileStats)."""
+    recompiles: int
+    """Of ``frames``, recompilations of a frame compiled before (a new shape failed its guards)."""
+    backward_compiles: int
+    """Backward graphs compiled at their first backward."""
+    graphs: int
+    """Graphs handed to the backend."""
+    compile_s: float
+    """Wall time spent compiling during training (also in ``step_time_s`` of the steps it fell in)."""
+
+
+@dataclass(frozen=True)
 class StrategyRun:
     """What was measured for one strategy; arrays hold one entry per optimiser step done."""
 
@@ -117,6 +137,11 @@ class StrategyRun:
     """Peak RSS of the strategy's own process over its life (``ru_maxrss``); ``None`` in-process."""
     allocator: str | None = None
     """Memory allocator the strategy's process ran with (padless/bench/isolate.py), ``None`` in-process."""
+    compiled: CompileRecord | None = None
+    """How its decoder layers were compiled and what compiling cost (``None``: eager, or a file from
+    before ``--compile`` existed)."""
+    step_compile_s: tuple[float, ...] = ()
+    """Seconds torch spent compiling within each step (compiled runs only; 0.0: nothing compiled)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +178,12 @@ class StrategyFigures:
     """FLOPs executed / FLOPs needed, over every step (1.0: no work spent on padding)."""
     cpu_sys_fraction: float | None = None
     """Kernel time / CPU time (user + sys) of the training phase."""
+    compile_steps: int | None = None
+    """Steps (warm-up included) during which torch compiled something; ``None``: not compiled."""
+    steady_real_tokens_per_s: float | None = None
+    """Compiled runs: real tokens/s over the measured steps during which nothing compiled (the
+    steady state; compile time reported apart, in ``compiled.compile_s``). ``real_tokens_per_s``
+    keeps every measured step, compilations included."""
 
 
 @dataclass(frozen=True)
@@ -306,7 +337,19 @@ def strategy_figures(run: StrategyRun, warmup_steps: int, peak_flops_per_s: floa
         padding_fraction=1 - sum(run.real_tokens) / padded_all if padded_all > 0 else None,
         eval_loss_delta=delta,
         **_flop_figures(run, warmup_steps, total_time, peak_flops_per_s),
+        **_compile_figures(run, warmup_steps),
     )
+
+
+def _compile_figures(run: StrategyRun, warmup_steps: int) -> dict[str, Any]:
+    if run.compiled is None or len(run.step_compile_s) != len(run.step_time_s):
+        return {}
+    quiet = [i for i in range(warmup_steps, len(run.step_time_s)) if run.step_compile_s[i] == 0.0]
+    return {
+        "compile_steps": sum(1 for s in run.step_compile_s if s > 0.0),
+        "steady_real_tokens_per_s": _ratio(sum(run.real_tokens[i] for i in quiet),
+                                           sum(run.step_time_s[i] for i in quiet)),
+    }
 
 
 def _flop_figures(run: StrategyRun, warmup_steps: int, total_time: float, peak: float | None) -> dict[str, Any]:
@@ -413,7 +456,8 @@ def validate(data: Any) -> list[str]:
                 check(run["figures"], StrategyFigures, f"strategies.{name}.figures", problems)
             arrays = ("step_time_s", "loss", "real_tokens", "padded_tokens", "sequences")
             sizes = {a: len(run[a]) for a in arrays if isinstance(run.get(a), list)}
-            for a in ("trained_tokens", "model_flops", "executed_flops"):  # optional, but whole when present
+            # optional, but whole when present
+            for a in ("trained_tokens", "model_flops", "executed_flops", "step_compile_s"):
                 if isinstance(run.get(a), list) and run[a]:
                     sizes[a] = len(run[a])
             if len(set(sizes.values())) > 1:

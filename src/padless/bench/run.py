@@ -15,7 +15,10 @@ Every strategy runs in its own process (padless/bench/isolate.py) unless ``in_pr
 the run is distributed: the parent measures the machine's peak (a timed GEMM of the model's shapes),
 starts one child per strategy with the chosen allocator, gathers their results and reports them
 side by side. Every strategy gets the same optimisations: the LM head only on trained tokens
-(unless ``full_logits``), fp32 master weights under autocast for a 16-bit ``dtype``.
+(unless ``full_logits``), fp32 master weights under autocast for a 16-bit ``dtype``; with
+``compile``, the same :func:`padless.compile_layers` of the decoder layers (after the first
+held-out evaluation; the last one runs eager), and with ``pad_to_multiple_of`` the same rounding
+of every row length.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ import numpy as np
 from padless.bench.config import RunConfig
 from padless.bench.steps import same_example_steps, token_budget_steps
 from padless.bench.strategies import BENCH_STRATEGIES, BatchingOptions
+
+COMPILE_BACKEND = "inductor"
+"""torch.compile backend of ``--compile`` (what results.json records per strategy)."""
 
 if TYPE_CHECKING:
     from padless.bench.results import StrategyRun
@@ -71,6 +77,22 @@ def _all_reduce_step(counts: list[float], device: Any) -> list[float]:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     dist.all_reduce(rest)
     return [t.item(), *rest.tolist()]
+
+
+def _compile(model: Any, mode: str) -> Any:
+    """``padless.compile_layers`` with inductor for ``mode`` static or dynamic; ``None`` for off."""
+    if mode == "off":
+        return None
+    from padless.compile import compile_layers
+
+    return compile_layers(model, backend=COMPILE_BACKEND, dynamic=mode == "dynamic")
+
+
+def _eager_if(on: bool) -> Any:
+    """A context that runs compiled code eagerly (``torch.compiler.set_stance``), when ``on``."""
+    import torch
+
+    return torch.compiler.set_stance("force_eager") if on else contextlib.nullcontext()
 
 
 def _schedule(optimizer: Any, warmup: int, steps: int) -> Any:
@@ -126,6 +148,7 @@ def train_strategy(
         max_length=None,  # a micro-batch's examples packed into one padding-free row
         pad_token_id=pad_token_id,
         vocab_size=model.config.vocab_size,
+        pad_to_multiple_of=cfg.pad_to_multiple_of,
     )
     batcher = strategy.make_batcher(opts, model)
     rank, world_size = world
@@ -138,6 +161,9 @@ def train_strategy(
     scheduler = _schedule(optimizer, cfg.warmup_steps, cfg.steps)
     only = not cfg.full_logits
     recorder.eval_loss_start = evaluate(model, evals, cfg.batch_size, pad_token_id, only, autocast())
+    counter = _compile(model, cfg.compile)  # after the first evaluation, which runs eager
+    if counter is not None:
+        recorder.compile_mode = (cfg.compile, COMPILE_BACKEND)
     timer = StepTimer(sync=synchronizer(device))
     recorder.cpu_times = cpu = CpuTimes()
     memory.start()
@@ -169,10 +195,14 @@ def train_strategy(
             counts = _all_reduce_step(counts, device)
         recorder.record_step(step_time_s=counts[0], loss=counts[1], real_tokens=int(counts[2]),
                              padded_tokens=int(counts[3]), sequences=int(counts[4]), trained_tokens=int(counts[5]),
-                             model_flops=counts[6], executed_flops=counts[7])  # fmt: skip
+                             model_flops=counts[6], executed_flops=counts[7],
+                             compile_stats=None if counter is None else counter.stats())  # fmt: skip
     cpu.stop()
     peak = memory.stop()
-    recorder.eval_loss_end = evaluate(model, evals, cfg.batch_size, pad_token_id, only, autocast())
+    with _eager_if(counter is not None):  # the held-out loss is not what compile is measured on
+        recorder.eval_loss_end = evaluate(model, evals, cfg.batch_size, pad_token_id, only, autocast())
+    if counter is not None:
+        counter.close()
     return peak
 
 

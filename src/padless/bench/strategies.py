@@ -39,6 +39,9 @@ class BatchingOptions:
     """Token ids are checked against it."""
     bucket_overhead_tokens: int = 256
     """Bucketing's price of one more micro-batch, in padded tokens (a forward pass has a fixed cost)."""
+    pad_to_multiple_of: int | None = None
+    """Round every row length up to a multiple of this, the same way for every strategy (stable shapes
+    for torch.compile)."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,8 @@ def _chunks(items: Sequence[Feature], size: int) -> list[Sequence[Feature]]:
 def _padding_collator(opts: BatchingOptions) -> Any:
     from padless.batching.collate import FeatureSpec, PaddingCollator
 
-    return PaddingCollator(pad_token_id=opts.pad_token_id, features=FeatureSpec(vocab_size=opts.vocab_size))
+    return PaddingCollator(pad_token_id=opts.pad_token_id, pad_to_multiple_of=opts.pad_to_multiple_of,
+                           features=FeatureSpec(vocab_size=opts.vocab_size))
 
 
 def _padding(opts: BatchingOptions, model: Any) -> Batcher:
@@ -96,7 +100,8 @@ def _bucketing(opts: BatchingOptions, model: Any) -> Batcher:
 def _packing(opts: BatchingOptions, model: Any) -> Batcher:
     from padless.batching.collate import PackingCollator
 
-    collate = PackingCollator.for_model(model, max_length=opts.max_length, pad_token_id=opts.pad_token_id)
+    collate = PackingCollator.for_model(model, max_length=opts.max_length, pad_token_id=opts.pad_token_id,
+                                        pad_to_multiple_of=opts.pad_to_multiple_of)
     return lambda feats: [collate(c) for c in _chunks(feats, opts.batch_size)]
 
 
@@ -107,9 +112,26 @@ def _flattening(opts: BatchingOptions, model: Any) -> Batcher:
 
     def batcher(feats: Sequence[Feature]) -> list[dict[str, Any]]:
         plain = [{"input_ids": list(f["input_ids"]), "labels": list(f["labels"])} for f in feats]
-        return [{**collate(c), "use_cache": False} for c in _chunks(plain, opts.batch_size)]
+        rows = [collate(c) for c in _chunks(plain, opts.batch_size)]
+        return [{**_round_row(r, opts.pad_to_multiple_of, opts.pad_token_id), "use_cache": False} for r in rows]
 
     return batcher
+
+
+def _round_row(batch: dict[str, Any], multiple: int | None, pad_token_id: int) -> dict[str, Any]:
+    """A flattened ``[1, T]`` row padded at the end to a multiple of ``multiple``: the pad restarts
+    its positions at 0, so transformers reads it as a document of its own, and is never trained."""
+    import torch
+
+    from padless.layout import IGNORE_INDEX
+
+    width = batch["input_ids"].shape[1]
+    extra = -width % multiple if multiple else 0
+    if not extra:
+        return batch
+    fill = {"input_ids": torch.full((1, extra), pad_token_id), "labels": torch.full((1, extra), IGNORE_INDEX),
+            "position_ids": torch.arange(extra)[None]}  # fmt: skip
+    return {k: torch.cat([v, fill[k].to(v.dtype)], dim=1) if k in fill else v for k, v in batch.items()}
 
 
 def packing_attention(model_name: str, device: Any, dtype: Any) -> str:
