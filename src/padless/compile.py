@@ -157,20 +157,15 @@ def _boundaries_out_of_graph(compiled: Callable[..., Any], config: Any) -> Calla
     """Call ``compiled`` without the packed batch's boundary kwargs; the padless attention reads them
     from a :func:`padless.packed_documents` context instead. Other backends (flash-attn reads them
     itself) get them unchanged."""
-    from padless.attention.backend import BACKEND_NAME, packed_documents
+    from padless.attention.backend import BACKEND_NAME, packed_documents, sent_boundaries
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if config._attn_implementation != BACKEND_NAME or "cu_seq_lens_q" not in kwargs:
             return compiled(*args, **kwargs)
-        cu, cu_k = kwargs.pop("cu_seq_lens_q"), kwargs.pop("cu_seq_lens_k", None)
-        max_len = kwargs.pop("max_length_q", None)
-        kwargs.pop("max_length_k", None)
-        if cu_k is None:
-            raise ValueError("padless attention needs both cu_seq_lens_q and cu_seq_lens_k, or neither")
-        if cu_k is not cu:
-            from padless.attention.backend import _SAME_KV, _check_same_kv
-
-            _SAME_KV.get(cu_k, id(cu), lambda: _check_same_kv(cu, cu_k))
+        cu = sent_boundaries(kwargs)
+        max_len = kwargs.get("max_length_q")
+        for name in BOUNDARY_KWARGS:
+            kwargs.pop(name, None)
         with packed_documents(cu_seqlens=cu, max_seqlen=max_len):
             return compiled(*args, **kwargs)
 

@@ -80,14 +80,21 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor, batch: int) -> torc
     return torch.cat([first, first.new_tensor([pos.numel()])]).to(torch.int32)
 
 
-def _document_boundaries(kwargs: dict[str, Any], batch: int, length: int) -> tuple[torch.Tensor, int | None]:
+def sent_boundaries(kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``cu_seq_lens_q`` of a layer's kwargs, checked to come with an equal ``cu_seq_lens_k`` (``None``
+    when neither was sent)."""
     cu, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    max_len = kwargs.get("max_length_q")
-    pos = kwargs.get("position_ids")
     if (cu is None) != (cu_k is None):
         raise ValueError("padless attention needs both cu_seq_lens_q and cu_seq_lens_k, or neither")
     if cu is not None and cu_k is not cu:
         _SAME_KV.get(cu_k, id(cu), lambda: _check_same_kv(cu, cu_k))
+    return cu
+
+
+def _document_boundaries(kwargs: dict[str, Any], batch: int, length: int) -> tuple[torch.Tensor, int | None]:
+    cu = sent_boundaries(kwargs)
+    max_len = kwargs.get("max_length_q")
+    pos = kwargs.get("position_ids")
     context = _CONTEXT.get() if cu is None else None
     if context is not None:  # kwargs that reached the layer take precedence; the rest from the context
         ctx_pos, cu, max_len = context
