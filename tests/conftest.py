@@ -37,3 +37,14 @@ def make_features(lengths, vocab_size=512, seed=0, with_labels=False):
             feature["labels"] = [-100] * cut + ids[cut:]
         feats.append(feature)
     return feats
+
+
+def row_documents(rows):
+    """The documents of packed rows (dicts with ``input_ids`` and ``seq_lengths``), in row order."""
+    docs = []
+    for row in rows:
+        at = 0
+        for n in row["seq_lengths"]:
+            docs.append(row["input_ids"][at : at + n])
+            at += n
+    return docs

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import row_documents
 
 from padless.cli import COMMANDS, main, plain
 
@@ -162,13 +163,7 @@ def test_pretokenized_formats_pack_alike_without_eos(tmp_path):
         assert main(["pack", str(tmp_path / f"d.{fmt}"), "--out", str(out), "--max-length", "64", "--no-progress"]) == 0
         shards[fmt] = (out / "shard-00000.parquet").read_bytes()
         rows = pq.read_table(out / "shard-00000.parquet").to_pylist()
-        docs = []
-        for row in rows:
-            at = 0
-            for n in row["seq_lengths"]:
-                docs.append(row["input_ids"][at : at + n])
-                at += n
-        assert sorted(docs) == sorted(seqs)  # nothing appended, nothing lost
+        assert sorted(row_documents(rows)) == sorted(seqs)  # nothing appended, nothing lost
     assert len(set(shards.values())) == 1, "the file format changed the packed rows"
     # a bigger vocabulary, given explicitly, lets ids past GPT-2's through
     (tmp_path / "big.jsonl").write_text(json.dumps({"input_ids": [1, 99999999]}) + "\n")

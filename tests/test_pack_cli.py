@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import row_documents
 
 from padless.cli import main
 from padless.batching.collate import PackingCollator
@@ -123,12 +124,7 @@ def test_pack_text_is_tokenized_by_padless_data(tmp_path, monkeypatch):
 
     corpus = load_corpus(str(tmp_path / "t.jsonl"), "gpt2")
     rows = read_rows(out)
-    docs = []
-    for row in rows:
-        at = 0
-        for n in row["seq_lengths"]:
-            docs.append(row["input_ids"][at : at + n])
-            at += n
+    docs = row_documents(rows)
     assert sorted(docs) == sorted(corpus.input_ids)
     assert all(d[-1] == 50256 for d in docs)  # padless.data ends every example with EOS
 
