@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from padless.bench.config import PRESETS
+    from padless.bench.report import text_table
     from padless.bench.results import StrategyRun, load_results
     from padless.bench.run import run_benchmark
 
@@ -127,21 +128,19 @@ def main(argv: list[str] | None = None) -> int:
             c = run.compiled
             measured = list(range(warm, len(run.step_time_s)))
             quiet = [i for i in measured if c is None or run.step_compile_s[i] == 0.0]  # steps that compiled nothing
-            rate = lambda r, steps: _rate(r, steps)  # noqa: E731
             ratio = lambda x, y: "n/a" if x is None or not y else f"x{x / y:.2f}"  # noqa: E731
             step_ratio = "n/a"
             if eager is not None and quiet:  # the same examples per step in every way: compare step by step
                 step_ratio = f"x{statistics.median(eager.step_time_s[i] / run.step_time_s[i] for i in quiet):.2f}"
-            rows.append((name, way, _fmt(rate(run, measured)), ratio(rate(run, measured), eager and rate(eager, measured)),
-                         _fmt(rate(run, quiet)), ratio(rate(run, quiet), eager and rate(eager, quiet)), step_ratio,
+            (all_rate, all_eager), (quiet_rate, quiet_eager) = (
+                (_rate(run, steps), eager and _rate(eager, steps)) for steps in (measured, quiet))
+            rows.append((name, way, _fmt(all_rate), ratio(all_rate, all_eager), _fmt(quiet_rate),
+                         ratio(quiet_rate, quiet_eager), step_ratio,
                          f"{100 * (1 - sum(run.real_tokens) / sum(run.padded_tokens)):.1f}%",
                          *(("-",) * 4 if c is None else (str(c.frames), str(c.recompiles), str(c.backward_compiles),
                                                          f"{c.compile_s:.1f}"))))  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for k, r in enumerate(rows):
-        say("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-        if k == 0:
-            say("  ".join("-" * w for w in widths))
+    for line in text_table(rows, left_columns=2):
+        say(line)
     say()
     say("real tok/s: real (non-padding) tokens / time over the steps after the warm-up, compilations in them "
         "included; steady tok/s: the same over the steps after the warm-up during which torch compiled nothing; "

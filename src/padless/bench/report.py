@@ -20,6 +20,7 @@ import base64
 import html
 import itertools
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -332,14 +333,19 @@ def _notes(results: BenchResults) -> list[str]:
     return notes
 
 
-def format_summary_table(results: BenchResults) -> str:
-    """The summary as a plain-text table (for the terminal), followed by the notes."""
-    columns = summary_columns(results)
-    rows = [columns, *summary_rows(results)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+def text_table(rows: Sequence[Sequence[str]], left_columns: int = 1) -> list[str]:
+    """Rows of cells (the first is the header) as aligned plain-text lines, a dashed rule under the
+    header; the first ``left_columns`` columns left-aligned, the rest right-aligned (numbers)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i < left_columns else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def format_summary_table(results: BenchResults) -> str:
+    """The summary as a plain-text table (for the terminal), followed by the notes."""
+    lines = text_table([summary_columns(results), *summary_rows(results)])
     head = headline(results)
     notes = [n for n in _notes(results) if n != head]
     return "\n".join([*([head, ""] if head else []), *lines, "", *notes])
