@@ -128,7 +128,7 @@ def training_benchmark(
 ) -> list[dict]:
     """Best time of one optimiser step on a fixed set of sequences, for each strategy (interleaved)."""
     from padless.attention.backend import register_padless_attention
-    from padless.models import build_model
+    from padless.models.factory import build_model
 
     register_padless_attention()
     rng = np.random.default_rng(seed)
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows-per-step", type=int, default=1, help="packed rows per training step")
     parser.add_argument("--row-length", type=int, default=1024, help="packed row length (part 2)")
     parser.add_argument("--padded-tokens", type=int, default=4096, help="max tokens in a padded micro-batch")
-    parser.add_argument("--model", default="gpt2-small-cpu", help="model of part 2 (padless.models.build_model)")
+    parser.add_argument("--model", default="gpt2-small-cpu", help="model of part 2 (padless.models.factory.build_model)")
     parser.add_argument("--skip-training", action="store_true", help="run part 1 only")
     args = parser.parse_args(argv)
     torch.manual_seed(0)

@@ -11,7 +11,7 @@
     sdpa), TRL padding, and padless inside SFTTrainer (``padless.integrations.trl``, padless attention);
     TRL's defaults otherwise, except fp32 and no gradient checkpointing (SFTConfig turns both on).
     For each: real (non-padding) tokens per second, the final loss, and whether the batches it fed were
-    isolated, checked on the trained model by ``padless.integrations.audit`` (each example's logits in
+    isolated, checked on the trained model by ``padless.isolation.audit`` (each example's logits in
     the batch == alone; no target across examples). Every run trains the same examples for one epoch;
     each kind runs ``--repeats`` times in mirrored order (A B C C B A) and its tokens/s is the mean.
 
@@ -131,7 +131,7 @@ def sft_run(kind: str, examples: Any, tokenizer: Any, *, max_length: int, padded
     import trl
 
     import padless
-    from padless.integrations.audit import audit_batch
+    from padless.isolation.audit import audit_batch
     from padless.integrations.trl import SFTTrainer as PadlessSFTTrainer
 
     attn = "padless" if kind == "padless" else "sdpa"

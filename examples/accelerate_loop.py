@@ -42,7 +42,7 @@ from padless import (
     register_padless_attention,
     step_num_items,
 )
-from padless.batching.collate import batch_to
+from padless.batching.batch import batch_to
 
 
 def train(

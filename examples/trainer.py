@@ -23,7 +23,7 @@ from padless.attention.backend import register_padless_attention
 from padless.batching.collate import FeatureSpec, PaddingCollator
 from padless.batching.samplers import world_info
 from padless.integrations.transformers import PackedTrainer, count_shifted_labels
-from padless.models import build_model
+from padless.models.factory import build_model
 
 
 def load_examples(

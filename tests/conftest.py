@@ -48,3 +48,73 @@ def row_documents(rows):
             docs.append(row["input_ids"][at : at + n])
             at += n
     return docs
+
+
+def make_results(
+    strategies=("padding", "bucketing", "packing"), steps=6, batch=4, seed=0, interrupted_at=None, sys_s=0.5
+):
+    """A synthetic but valid results object: per-step token counts follow from real batches of a
+    random length sample (pad to longest for padding, sorted batches for bucketing, rows of
+    ``max_length`` for packing); step times are proportional to tokens fed. Not a measurement."""
+    import math
+
+    from padless.bench.results import BenchResults, Environment, RunConfig, RunStatus, StrategyRun
+
+    rng = np.random.default_rng(seed)
+    max_length = 64
+    lengths = rng.integers(4, max_length + 1, steps * batch).tolist()
+    batches = [lengths[i * batch:(i + 1) * batch] for i in range(steps)]
+    by_len = sorted(lengths)
+    padded = {
+        "padding": [batch * max(b) for b in batches],
+        "bucketing": [batch * by_len[(i + 1) * batch - 1] for i in range(steps)],
+        "packing": [max_length * math.ceil(sum(b) / max_length) for b in batches],
+        "flattening": [sum(b) for b in batches],
+    }
+    runs = {}
+    done = []
+    for k, name in enumerate(strategies):
+        n = steps
+        if interrupted_at is not None and k == len(strategies) - 1:
+            n = interrupted_at
+        real = [sum(b) for b in batches][:n] if name != "bucketing" else [
+            sum(by_len[i * batch:(i + 1) * batch]) for i in range(n)
+        ]
+        runs[name] = StrategyRun(
+            step_time_s=tuple(1e-3 * p * (1.5 if i == 0 else 1.0) for i, p in enumerate(padded[name][:n])),
+            loss=tuple(2.0 + 4.0 * math.exp(-i / 8) + 0.02 * k for i in range(n)),
+            real_tokens=tuple(real),
+            padded_tokens=tuple(padded[name][:n]),
+            sequences=(batch,) * n,
+            peak_memory_bytes=(200 + 10 * k) * 2**20,
+            memory_method="vmhwm",
+            eval_loss_start=6.1,
+            eval_loss_end=None if n < steps else 4.5 + 0.01 * k,
+            trained_tokens=tuple(r // 2 for r in real),
+            model_flops=tuple(1e6 * r for r in real),
+            executed_flops=tuple(1e6 * p for p in padded[name][:n]),
+            cpu_user_s=10.0,
+            cpu_sys_s=sys_s if name == "padding" else 0.5,
+            max_rss_bytes=(300 + 10 * k) * 2**20,
+            allocator="glibc-tuned",
+        )
+        if n == steps:
+            done.append(name)
+    status = RunStatus("complete", tuple(done))
+    if interrupted_at is not None:
+        status = RunStatus("interrupted", tuple(done), strategies[-1], interrupted_at)
+    config = RunConfig(
+        model="tiny-gpt2", data="synthetic", strategies=tuple(strategies), steps=steps, batch_size=batch,
+        max_length=max_length, mode="same-examples", seed=seed, device="cpu", dtype="float32",
+        grad_accumulation=1, warmup_steps=1, lr=1e-3,
+    )
+    env = Environment(
+        python="3.11.7", torch="2.13.0+cpu", transformers="5.24.0", padless="0.1.0", os="Linux", device="cpu",
+        device_name="Test CPU <x86>", cpu_model="Test CPU <x86>", cpu_count=2, cpu_available=2,
+        torch_threads=2, date="2026-01-01T00:00:00+00:00",
+    )
+    return BenchResults(config, env, runs, tuple(lengths), status, padless_version="0.1.0", peak_flops_per_s=1e9,
+                        peak_gemm="2048 x 64 x 256 float32")
+
+
+# --- schema -------------------------------------------------------------------------------------

@@ -172,3 +172,126 @@ def test_the_package_has_no_import_cycle() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+FLOOR = {"padless.layout", "padless.devices", "padless.atomic", "padless._optional", "padless.hub"}
+"""Top-level modules every stage may import: they import nothing of padless but each other."""
+
+MAY_IMPORT: dict[str, set[str]] = {
+    # stage -> the stages (besides the floor and itself) it may import; a stage is a folder of padless
+    "planning": set(),
+    "data": {"planning"},
+    "attention": {"planning"},
+    "batching": {"planning", "attention"},
+    "models": {"attention", "data"},
+    "objectives": {"planning", "attention", "batching", "models"},
+    "isolation": {"planning", "attention", "batching", "objectives", "models", "data"},
+    "export": {"planning", "data", "batching"},
+    "integrations": {"planning", "data", "attention", "batching", "objectives", "isolation", "models", "export"},
+    "bench": {"planning", "data", "attention", "batching", "objectives", "isolation", "models", "export", "integrations"},
+}
+"""The data flow of DESIGN.md: data and planning at the bottom, the model-facing stages above them,
+bench and cli (which may import anything) on top. Nothing imports a stage above it."""
+
+MAX_TOP_LEVEL_MODULES = 8
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    return module if len(parts) == 2 and f"{module}" in MODULES and not MODULES[module].name == "__init__.py" else ".".join(parts[:2])
+
+
+def test_the_top_level_holds_few_modules() -> None:
+    top = sorted(p.stem for p in SRC.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at the top of src/padless: {top}"
+
+
+def test_no_stage_imports_a_stage_above_it() -> None:
+    graph = {name: _edges(name) for name in MODULES}
+    wrong = []
+    for name, targets in graph.items():
+        src = _stage(name)
+        for target in targets:
+            dst = _stage(target)
+            if src == dst or dst in FLOOR or target == PACKAGE:  # the package itself: __version__, lazy names
+                continue
+            if src in FLOOR:
+                wrong.append(f"{name} (floor) imports {target}")
+                continue
+            stage, other = src.removeprefix("padless."), dst.removeprefix("padless.")
+            if stage in MAY_IMPORT and other not in MAY_IMPORT[stage]:
+                wrong.append(f"{name} imports {target}")
+    assert set(MAY_IMPORT) | {"cli"} >= {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert wrong == [], "imports against the data flow:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_module_imports_another_folders_private_names() -> None:
+    wrong = []
+    for name, tree in TREES.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _resolve(node.module or "", node.level, name)
+            if base.split(".")[0] != PACKAGE or _stage(base) == _stage(name):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private or any(p.startswith("_") and not p.startswith("__") for p in base.split(".")[1:]):
+                    if not (base == "padless._optional"):
+                        wrong.append(f"{name}:{node.lineno} imports {base}.{alias.name}")
+    assert wrong == [], "private names imported across folders:\n" + "\n".join(wrong)
+
+
+TEST_HOMES: dict[str, str] = {
+    # module -> the test file that covers it, where the mirrored name (tests/<folder>/test_<module>.py) is not it
+    "padless._optional": "integrations/test_packaging.py",
+    "padless.devices": "models/test_factory.py",
+    "padless.hub": "cli/test_bad_input.py",
+    "padless.attention.backend": "attention/test_varlen.py",
+    "padless.attention.rules": "attention/test_windows.py",
+    "padless.attention.select": "attention/test_windows.py",
+    "padless.attention.tree": "batching/test_preference.py",
+    "padless.batching.batch": "batching/test_collate.py",
+    "padless.batching.rows": "batching/test_distributed.py",
+    "padless.batching.weights": "objectives/test_loss_weighting.py",
+    "padless.bench.child": "bench/test_bench.py",
+    "padless.bench.config": "bench/test_bench.py",
+    "padless.bench.flops": "bench/test_bench.py",
+    "padless.bench.isolate": "bench/test_bench.py",
+    "padless.bench.results": "bench/test_report.py",
+    "padless.bench.run": "bench/test_bench.py",
+    "padless.bench.schema": "bench/test_report.py",
+    "padless.bench.steps": "bench/test_bench.py",
+    "padless.bench.strategies": "bench/test_bench.py",
+    "padless.data.agentic": "data/test_corpora.py",
+    "padless.data.bfcl": "data/test_corpora.py",
+    "padless.data.cache": "data/test_files.py",
+    "padless.data.encode": "data/test_chat.py",
+    "padless.data.load": "data/test_corpora.py",
+    "padless.data.raw": "data/test_corpora.py",
+    "padless.data.records": "data/test_files.py",
+    "padless.export.parquet": "cli/test_pack.py",
+    "padless.export.sources": "cli/test_pack.py",
+    "padless.isolation.audit": "integrations/test_exactness.py",
+    "padless.objectives.dpo": "batching/test_preference.py",
+    "padless.planning._binpack": "planning/test_plan.py",
+    "padless.planning.buffered": "batching/test_stream.py",
+    "padless.planning.checks": "planning/test_plan.py",
+    "padless.planning.schedule": "batching/test_distributed.py",
+}
+
+
+def test_every_module_has_a_test_home() -> None:
+    tests = SRC.parents[1] / "tests"
+    if not tests.is_dir():
+        pytest.skip("the tests folder is not beside src (an installed package)")
+    assert set(TEST_HOMES) <= set(MODULES), f"TEST_HOMES names modules that are gone: {set(TEST_HOMES) - set(MODULES)}"
+    missing = []
+    for name, path in MODULES.items():
+        if path.name in ("__init__.py", "__main__.py") or name.startswith("padless.cli"):
+            continue
+        rel = path.relative_to(SRC)
+        home = TEST_HOMES.get(name) or str(Path(*rel.parts[:-1], f"test_{rel.stem.lstrip('_')}.py"))
+        if not (tests / home).is_file():
+            missing.append(f"{name}: no {home}")
+    assert missing == [], "modules without a test home (add the test file or a TEST_HOMES entry):\n" + "\n".join(missing)

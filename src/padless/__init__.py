@@ -45,23 +45,23 @@ _EXPORTS: dict[str, str] = {
     "RolloutCollator": "padless.batching.preference",
     "share_prompt": "padless.batching.preference",
     "shared_prompt_refusal": "padless.attention.tree",
-    "dpo_loss": "padless.dpo",
+    "dpo_loss": "padless.objectives.dpo",
     "tree_attention": "padless.attention.tree",
     "additive_tree_mask": "padless.attention.tree",
     # loss
-    "causal_lm_loss": "padless.loss",
-    "model_loss": "padless.loss",
-    "step_num_items": "padless.loss",
-    "trained_tokens": "padless.loss",
-    "sequence_logprobs": "padless.logprobs",
-    "packed_eval_loss": "padless.evaluation",
-    "IsolationGuard": "padless.guard",
-    "IsolationError": "padless.guard",
-    "EvalLoss": "padless.evaluation",
+    "causal_lm_loss": "padless.objectives.loss",
+    "model_loss": "padless.objectives.loss",
+    "step_num_items": "padless.objectives.loss",
+    "trained_tokens": "padless.objectives.loss",
+    "sequence_logprobs": "padless.objectives.logprobs",
+    "packed_eval_loss": "padless.objectives.evaluation",
+    "IsolationGuard": "padless.isolation.guard",
+    "IsolationError": "padless.isolation.guard",
+    "EvalLoss": "padless.objectives.evaluation",
     # verification
-    "verify_isolation": "padless.verify",
-    "VerifyReport": "padless.verify",
-    "TOLERANCES": "padless.verify",
+    "verify_isolation": "padless.isolation.verify",
+    "VerifyReport": "padless.isolation.verify",
+    "TOLERANCES": "padless.isolation.verify",
     # attention backends
     "register_padless_attention": "padless.attention.backend",
     "resolve_backend": "padless.attention.select",
@@ -93,15 +93,15 @@ _EXPORTS: dict[str, str] = {
     "schedule_epoch": "padless.planning.schedule",
     "world_info": "padless.batching.samplers",
     # models
-    "build_model": "padless.models",
-    "load_tokenizer_for": "padless.models",
-    "tokenizer_name_for": "padless.models",
+    "build_model": "padless.models.factory",
+    "load_tokenizer_for": "padless.models.factory",
+    "tokenizer_name_for": "padless.models.factory",
     # benchmark results
     "BenchResults": "padless.bench.results",
     "load_results": "padless.bench.results",
     "write_report": "padless.bench.report",
     # torch.compile
-    "compile_layers": "padless.compile",
+    "compile_layers": "padless.models.compile",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -128,27 +128,27 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
     from padless.batching.preference import PreferenceCollator, RolloutCollator, share_prompt
     from padless.attention.tree import additive_tree_mask, shared_prompt_refusal, tree_attention
-    from padless.dpo import dpo_loss
+    from padless.objectives.dpo import dpo_loss
     from padless.batching.rows import PackedRows, PackedRowView
     from padless.batching.samplers import DistributedPackedBatchSampler, LengthGroupedBatchSampler, world_info
     from padless.batching.stream import PackedIterableDataset, PackedStream
     from padless.bench.report import write_report
     from padless.bench.results import BenchResults, load_results
-    from padless.compile import compile_layers
+    from padless.models.compile import compile_layers
     from padless.data.corpora import CORPORA
     from padless.data.load import corpus_lengths, CorpusReport, load_corpus, TokenizedCorpus
     from padless.data.records import RecordError
     from padless.data.tokenizer import load_tokenizer
     from padless.export.parquet import pack_to_parquet
     from padless.layout import cu_seqlens_from_lengths, document_ids_from_lengths, IGNORE_INDEX, lengths_from_position_ids, position_ids_from_lengths
-    from padless.evaluation import EvalLoss, packed_eval_loss
-    from padless.guard import IsolationError, IsolationGuard
-    from padless.logprobs import sequence_logprobs
+    from padless.objectives.evaluation import EvalLoss, packed_eval_loss
+    from padless.isolation.guard import IsolationError, IsolationGuard
+    from padless.objectives.logprobs import sequence_logprobs
     from padless.integrations.datasets import pack_dataset
-    from padless.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
-    from padless.models import build_model, load_tokenizer_for, tokenizer_name_for
+    from padless.objectives.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
+    from padless.models.factory import build_model, load_tokenizer_for, tokenizer_name_for
     from padless.planning.buffered import compare_stream_to_offline, StreamOptions
     from padless.planning.lengths import LengthSummary, padding_fraction_bucketed, padding_fraction_pad_to_longest, summarize_lengths, synthetic_lengths
     from padless.planning.plan import OVERLONG_POLICIES, PackPlan, plan_packs, PlanStats, STRATEGIES, validate_lengths
     from padless.planning.schedule import schedule_epoch
-    from padless.verify import TOLERANCES, verify_isolation, VerifyReport
+    from padless.isolation.verify import TOLERANCES, verify_isolation, VerifyReport

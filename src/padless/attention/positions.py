@@ -6,7 +6,7 @@ models (BLOOM, MPT, Falcon with ``alibi=True``) take no ``position_ids``: they a
 to the attention scores. That bias is relative, so a block mask alone would keep them exact in exact
 arithmetic (inside a document the absolute offset adds a constant per query, which softmax ignores);
 whether transformers 5.24 lets a packed batch reach that is per model, as measured here
-(tests/test_positions.py holds each verdict):
+(tests/attention/test_positions.py holds each verdict):
 
 - **MPT** (eager, its only attention implementation) takes the 4D block mask and is exact. Its bias
   is measured from the row's last key, so a document early in a long row adds a large per-query

@@ -61,7 +61,7 @@ class BackendSpec:
 
 
 def _half(t: _Target) -> bool:
-    from padless.models import is_half_precision
+    from padless.devices import is_half_precision
 
     return is_half_precision(t.dtype)
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from padless.models import is_half_precision
+from padless.devices import is_half_precision
 from padless.planning.partition import optimal_length_partition
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ those). Both are counted in ``totals``.
 
 Read the batch with ``padless.sequence_logprobs(model, batch)``: its features are the completions, in
 order (pair ``i``'s chosen is feature ``2i``, its rejected ``2i + 1``; a rollout group's completions
-follow each other), and :class:`padless.batching.collate.Placements` gives each completion's
+follow each other), and :class:`padless.batching.batch.Placements` gives each completion's
 ``prev_offset`` (the prompt's last token). In the shared layout ``labels`` are not next-token labels
 for a plain ``model(**batch, labels=...)`` loss: the token before a later completion's first token is
 the previous completion's last, so read log-probs through the placements, never by shifting.
@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from padless.attention.select import ATTENTION_INPUTS, AttentionInputs
-from padless.batching.collate import FeatureSpec, PackedBatch, Placements, _device_of, _round_up
+from padless.batching.collate import FeatureSpec, _round_up
+from padless.batching.batch import PackedBatch, Placements, device_of
 from padless.layout import IGNORE_INDEX, append_separator, check_tokens, cu_seqlens_from_lengths
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class _GroupCollator:
 
         backend = model.config._attn_implementation
         layout = "shared_prompt" if kwargs.get("share_prompt", True) else "documents"
-        check_exact(model, backend, device=_device_of(model), dtype=model.dtype, max_length=kwargs.get("max_length"),
+        check_exact(model, backend, device=device_of(model), dtype=model.dtype, max_length=kwargs.get("max_length"),
                     layout=layout)  # fmt: skip
         kwargs.setdefault("attention", backend_inputs(backend))
         kwargs.setdefault("mask_dtype", model.dtype)

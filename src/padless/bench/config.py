@@ -26,7 +26,7 @@ class RunConfig:
     """What ``padless bench`` runs; every field is a flag (``--batch-size`` for ``batch_size``)."""
 
     model: str = "gpt2-2layer"
-    """Model name for padless.models.build_model (a GPT-2 size, smollm2-135m, tiny-<family>, a path)."""
+    """Model name for padless.models.factory.build_model (a GPT-2 size, smollm2-135m, tiny-<family>, a path)."""
     data: str = "agentic-rag"
     """Corpus name (padless.data.CORPORA) or a path to the user's data."""
     steps: int = 120

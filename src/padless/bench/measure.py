@@ -41,7 +41,7 @@ from padless.bench.results import CompileRecord, Environment, StrategyRun
 if TYPE_CHECKING:
     import torch
 
-    from padless.compile import CompileStats
+    from padless.models.compile import CompileStats
 
 MemoryMethod = Literal["accelerator-max-allocated", "vmhwm", "statm-sampler", "ru_maxrss"]
 CPU_MEMORY_METHODS: tuple[MemoryMethod, ...] = ("vmhwm", "statm-sampler", "ru_maxrss")
@@ -271,7 +271,7 @@ class StrategyRecorder:
     step_compile_s: list[float] = field(default_factory=list)
     """Seconds torch spent compiling within each step (compiled runs)."""
     compile_stats: CompileStats | None = None
-    """The latest :class:`padless.compile.CompileStats` (compiled runs)."""
+    """The latest :class:`padless.models.compile.CompileStats` (compiled runs)."""
     compile_mode: tuple[str, str] | None = None
     """``(mode, backend)`` of a compiled run."""
 

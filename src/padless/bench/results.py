@@ -88,7 +88,7 @@ class CompileRecord:
     backend: str
     """torch.compile backend (``inductor``)."""
     frames: int
-    """Dynamo frame compilations, first compiles and recompiles (padless.compile.CompileStats)."""
+    """Dynamo frame compilations, first compiles and recompiles (padless.models.compile.CompileStats)."""
     recompiles: int
     """Of ``frames``, recompilations of a frame compiled before (a new shape failed its guards)."""
     backward_compiles: int

@@ -52,7 +52,7 @@ def evaluate(
     """Token-normalised loss over held-out examples, computed the same way for every strategy
     (packed rows on SDPA, each example exactly as if run alone: :func:`padless.packed_eval_loss`),
     so the figures are comparable."""
-    from padless.evaluation import packed_eval_loss
+    from padless.objectives.evaluation import packed_eval_loss
 
     original = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
@@ -83,7 +83,7 @@ def _compile(model: Any, mode: str) -> Any:
     """``padless.compile_layers`` with inductor for ``mode`` static or dynamic; ``None`` for off."""
     if mode == "off":
         return None
-    from padless.compile import compile_layers
+    from padless.models.compile import compile_layers
 
     return compile_layers(model, backend=COMPILE_BACKEND, dynamic=mode == "dynamic")
 
@@ -126,12 +126,13 @@ def train_strategy(
     import torch
     from tqdm.auto import tqdm
 
-    from padless.batching.collate import batch_to
+    from padless.batching.batch import batch_to
     from padless.bench.flops import ModelShape, executed_step_flops, needed_step_flops
     from padless.bench.measure import CpuTimes, StepTimer, synchronizer
     from padless.bench.strategies import packing_attention
-    from padless.loss import model_loss, step_num_items
-    from padless.models import build_model, is_half_precision
+    from padless.objectives.loss import model_loss, step_num_items
+    from padless.models.factory import build_model
+    from padless.devices import is_half_precision
 
     strategy = BENCH_STRATEGIES[name]
     attn = packing_attention(cfg.model, device, dtype) if name == "packing" else strategy.attn_implementation
@@ -231,8 +232,8 @@ def _init_distributed(cfg: RunConfig) -> tuple[int, int]:
 
 
 def resolve_device_dtype(cfg: RunConfig) -> tuple[Any, Any]:
-    """The run's torch device and compute dtype (padless.models.resolve_device / resolve_dtype)."""
-    from padless.models import resolve_device, resolve_dtype
+    """The run's torch device and compute dtype (padless.devices.resolve_device / resolve_dtype)."""
+    from padless.devices import resolve_device, resolve_dtype
 
     device = resolve_device(cfg.device)
     return device, resolve_dtype(cfg.dtype, device)
@@ -241,7 +242,7 @@ def resolve_device_dtype(cfg: RunConfig) -> tuple[Any, Any]:
 def _load(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     """Tokenized train and eval features (a seeded split) and the pad token id."""
     from padless.data import load_corpus, load_tokenizer
-    from padless.models import tokenizer_name_for
+    from padless.models.factory import tokenizer_name_for
 
     tokenizer = load_tokenizer(cfg.tokenizer or tokenizer_name_for(cfg.model))
     corpus = load_corpus(cfg.data, tokenizer, train_on=cfg.train_on, max_length=cfg.max_length,
@@ -294,7 +295,7 @@ def _gemm_shapes(cfg: RunConfig) -> list[tuple[int, int, int]]:
     """The model's GEMMs for the peak measurement: rows of one micro-batch (at most 2048) through the
     attention projection, the MLP and the LM head."""
     from padless.bench.flops import ModelShape
-    from padless.models import model_config
+    from padless.models.factory import model_config
 
     shape = ModelShape.from_config(model_config(cfg.model))
     rows = min(2048, cfg.batch_size * cfg.max_length)

@@ -2,7 +2,7 @@
 micro-batches, and which attention implementation the model runs with.
 
 Every strategy receives the same examples for a step (``same-examples`` mode) and must train on all
-of them; the loss is normalised by the step's trained tokens (:mod:`padless.loss`), so the strategies
+of them; the loss is normalised by the step's trained tokens (:mod:`padless.objectives.loss`), so the strategies
 differ in speed, not in what the step learns:
 
 - ``padding``: micro-batches of ``batch_size`` examples in order, padded to the longest (SDPA).
@@ -139,7 +139,7 @@ def packing_attention(model_name: str, device: Any, dtype: Any) -> str:
     for this model, device and dtype (:func:`padless.resolve_backend`; padless varlen on a
     CPU, flash-attn varlen on CUDA where installed)."""
     from padless.attention.select import resolve_backend
-    from padless.models import model_config
+    from padless.models.factory import model_config
 
     return resolve_backend(None, device=device, dtype=dtype, config=model_config(model_name))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from padless.verify import DEFAULT_BACKENDS, TOLERANCES, _random_sequences, verify_isolation
+from padless.isolation.verify import DEFAULT_BACKENDS, TOLERANCES, random_sequences, verify_isolation
 
 EXIT_PASS, EXIT_CONTAMINATED, EXIT_NOTHING_RAN = 0, 1, 3
 """Exit statuses of ``padless verify`` (2 is a bad input, as for every subcommand)."""
@@ -46,7 +46,8 @@ def run_verify(args: argparse.Namespace) -> int:
     import torch
 
     from padless.cli import as_flags
-    from padless.models import build_model, resolve_device
+    from padless.models.factory import build_model
+    from padless.devices import resolve_device
 
     if args.max_length < 0:
         raise ValueError(f"--max-length must be >= 1 (or 0 for one row holding every sequence), got {args.max_length}")
@@ -61,7 +62,7 @@ def run_verify(args: argparse.Namespace) -> int:
     model = build_model(args.model, dtype=getattr(torch, args.dtype), attn_implementation="eager").to(device)
     sequences = None
     if lengths:
-        sequences = [f["input_ids"] for f in _random_sequences(lengths, model.config.vocab_size, args.seed)]
+        sequences = [f["input_ids"] for f in random_sequences(lengths, model.config.vocab_size, args.seed)]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     try:
         report = verify_isolation(model, sequences, backends=backends, max_length=args.max_length or None,

@@ -6,6 +6,6 @@
   planned packed rows (``padless[trainer]``).
 - :mod:`padless.integrations.trl`: ``SFTTrainer`` with padless packing, configured through TRL's
   ``SFTConfig`` (``padless[trl]``).
-- :mod:`padless.integrations.audit`: whether a batch another library built keeps its documents
+- :mod:`padless.isolation.audit`: whether a batch another library built keeps its documents
   isolated, checked on the model it feeds.
 """

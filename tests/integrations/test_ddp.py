@@ -1,0 +1,91 @@
+"""Two ranks under ``torchrun --nproc-per-node 2`` (gloo, CPU): the packed first optimiser step of
+``PackedTrainer``, padless' ``SFTTrainer`` and examples/accelerate_loop.py equals the padded step of one
+process over the same examples (fp32). The workers live in tests/integrations_support.py."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import integrations_support as support  # noqa: E402
+from test_transformers import assert_same_step  # noqa: E402
+
+pytest.importorskip("trl")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Each rank's results of one ``torchrun`` launch running all three integrations."""
+    import torch
+
+    out = tmp_path_factory.mktemp("ddp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+           "PYTHONPATH": os.pathsep.join([str(support.ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    if "GLOO_SOCKET_IFNAME" not in env and sys.platform == "linux":
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on the loopback interface
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(support.ROOT / "tests" / "integrations_support.py"), str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=support.ROOT)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("accelerate:")]
+    assert len(lines) == 1, done.stdout[-2000:]  # printed by the main process only
+    return [{**r, "script": lines[0]} for r in results]
+
+
+def _one_step_over_both_ranks(ranks, key, want):
+    """DDP leaves the same averaged gradient on both ranks; the ranks' losses average to the step's."""
+    got = [r[key] for r in ranks]
+    assert [(g["rank"], g["world"]) for g in got] == [(0, 2), (1, 2)]
+    assert got[0]["num_items"] == got[1]["num_items"]  # the count is all-reduced over the ranks
+    for g in got:
+        assert_same_step({**g, "loss": sum(x["loss"] for x in got) / 2}, want)
+
+
+def test_packed_trainer_on_two_ranks_equals_one_padded_process(ranks, tmp_path):
+    padded = support.first_step("trainer-padded", "sdpa", str(tmp_path))
+    _one_step_over_both_ranks(ranks, "trainer", padded)
+
+
+def test_padless_sft_trainer_on_two_ranks_equals_one_padded_process(ranks, tmp_path):
+    support.offline_hub()
+    padded = support.first_step("sft-padded", "sdpa", str(tmp_path))
+    _one_step_over_both_ranks(ranks, "sft", padded)
+
+
+def test_accelerate_example_on_two_ranks_equals_one_padded_process(ranks):
+    """Step 1 of the example: 2 micro-batches x 1 row on each of 2 ranks; the reference pads exactly the
+    examples of those 4 rows into one batch."""
+
+    from padless.batching.collate import PaddingCollator
+    from padless.planning.schedule import schedule_epoch
+    from padless.objectives.loss import model_loss, trained_tokens
+
+    feats = support.examples()
+    sched = schedule_epoch([len(f["input_ids"]) for f in feats], support.MAX_LENGTH, world_size=2, rows_per_batch=1)
+    rows = [row for step in sched.batches[:2] for rank_rows in step for row in rank_rows if row >= 0]
+    chosen = sorted(i for row in rows for i in sched.plan.row(row)[0].tolist())
+    model = support.model("sdpa")
+    batch = PaddingCollator(pad_token_id=50256)([feats[i] for i in chosen])
+    total = trained_tokens(batch["labels"])
+    loss = model_loss(model, batch, total)
+    loss.backward()
+    want = {"loss": loss.item(), "grads": support.grads(model), "num_items": int(total)}
+    got = [r["accelerate"] for r in ranks]
+    assert len(chosen) < len(feats) or len(rows) == sched.plan.num_rows
+    assert got[0]["loss"] == got[1]["loss"]  # reduced over the ranks
+    for g in got:
+        assert_same_step(g, want)
+    assert math.isfinite(got[0]["loss"])
+
+
+def test_accelerate_example_script_runs_on_two_processes(ranks):
+    """The worker ends with the example's own ``main`` (argument parsing, Accelerator, data, 2 steps)."""
+    assert all(r["script"] == "accelerate: 2 optimiser steps on 2 process(es)" for r in ranks)

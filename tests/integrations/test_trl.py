@@ -1,0 +1,123 @@
+"""padless inside TRL's SFTTrainer (padless.integrations.trl), and padless' rows under TRL's own trainer.
+
+Every run is one optimiser step on the same 8 dialogues (GPT-2 tokenizer, every token trained), fp32:
+the padded step under Trainer with the GPT-2 count fix is the reference."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import integrations_support as support  # noqa: E402
+from test_transformers import assert_same_step  # noqa: E402
+
+pytest.importorskip("trl")
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _offline():
+    support.offline_hub()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return support.first_step("sft-padded", "sdpa", str(tmp_path_factory.mktemp("padded")))
+
+
+def test_padded_sft_step_equals_padded_trainer_step(reference, tmp_path):
+    trainer = support.first_step("trainer-padded", "sdpa", str(tmp_path))
+    # TRL's fused LM head computes the same cross-entropy in chunks: equal to fp32 rounding
+    assert_same_step(reference, trainer)
+
+
+@pytest.mark.parametrize(("kind", "attn"), [("sft-packed", "sdpa"), ("sft-packed", "padless"),
+                                            ("sft-padding-free", "padless")])  # fmt: skip
+def test_padless_packing_in_sft_trainer_equals_padding(reference, tmp_path, kind, attn):
+    rows = support.num_rows(support.examples())
+    got = support.first_step(kind, attn, str(tmp_path), rows_per_batch=-(-rows // 2), batch_size=4, grad_accum=2)
+    assert got["micro_batches"] == 2
+    assert_same_step(got, reference)
+
+
+def test_trl_alone_counts_gpt2_first_labels(reference, tmp_path):
+    """TRL 1.16's own SFTTrainer on GPT-2 (loss_type None): Trainer counts labels[..., 0] too, so the padded
+    loss is divided by one token too many per example."""
+    import math
+
+    got = support.first_step("trl-padded", "sdpa", str(tmp_path))
+    assert got["num_items"] == reference["num_items"] + support.NUM_EXAMPLES
+    assert math.isclose(got["loss"] * got["num_items"], reference["loss"] * reference["num_items"], rel_tol=1e-5)
+    assert not math.isclose(got["loss"], reference["loss"], rel_tol=1e-3)
+
+
+def test_padless_rows_train_exactly_under_trls_own_padding_free_path(reference, tmp_path):
+    """padless.pack_dataset's rows through trl.SFTTrainer(padding_free=True) on sdpa, where that path is
+    isolated (docs/integrations/exactness.md); the model gets the GPT-2 count fix."""
+    import trl
+
+    import padless
+    from padless.integrations.transformers import count_shifted_labels
+
+    packed = padless.pack_dataset(support.dataset(support.examples()), support.MAX_LENGTH)
+    model = count_shifted_labels(support.model("sdpa"))
+    args = trl.SFTConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=packed.num_rows,
+                         padding_free=True, max_length=None, report_to="none", use_cpu=True, max_grad_norm=0.0,
+                         save_strategy="no", disable_tqdm=True, learning_rate=1e-3, bf16=False)  # fmt: skip
+    grads = {}
+
+    class Capture(support_callback()):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            grads.update(support.grads(model))
+
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=packed, processing_class=support.tokenizer(),
+                             callbacks=[Capture()])  # fmt: skip
+    result = trainer.train()
+    assert_same_step({"loss": result.training_loss, "grads": grads, "num_items": reference["num_items"]}, reference)
+
+
+def support_callback():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+def test_overlong_sequences_are_refused_unless_asked_for(tmp_path):
+    import trl
+
+    from padless.integrations.trl import SFTTrainer
+
+    feats = support.examples()
+    short = max(len(f["input_ids"]) for f in feats) - 1
+    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=short, report_to="none", use_cpu=True,
+                         max_steps=1, bf16=False)  # fmt: skip
+    kwargs = dict(model=support.model("sdpa"), train_dataset=support.dataset(feats),
+                  processing_class=support.tokenizer())
+    with pytest.raises(ValueError, match=f"longer than max_length {short}; choose overlong="):
+        SFTTrainer(args=args, **kwargs)
+    trainer = SFTTrainer(args=args, overlong="truncate", **kwargs)
+    stats = trainer.batch_sampler.schedule().plan.stats
+    assert stats.truncated_sequences >= 1 and stats.truncated_tokens >= 1
+    args.truncation_mode = "keep_end"
+    with pytest.raises(ValueError, match="truncation_mode='keep_end'"):
+        SFTTrainer(args=args, overlong="truncate", **kwargs)
+
+
+def test_evaluation_packs_the_eval_dataset_once(tmp_path):
+    import math
+
+    import trl
+
+    from padless.integrations.trl import SFTTrainer
+
+    ds = support.dataset(support.examples())
+    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
+                         use_cpu=True, per_device_eval_batch_size=2, disable_tqdm=True, bf16=False)  # fmt: skip
+    trainer = SFTTrainer(model=support.model("padless"), args=args, train_dataset=ds, eval_dataset=ds,
+                         processing_class=support.tokenizer())  # fmt: skip
+    assert "seq_lengths" in trainer.eval_dataset.column_names
+    assert trainer.eval_dataset.num_rows == support.num_rows(support.examples())
+    assert math.isfinite(trainer.evaluate()["eval_loss"])

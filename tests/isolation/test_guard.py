@@ -1,0 +1,88 @@
+"""IsolationGuard: passes on exact packed batches (given or re-run logits, every backend), catches a
+contaminated row, checks on the right steps, and refuses what it cannot compare."""
+
+import pytest
+import torch
+from conftest import make_features
+
+import padless
+from padless.attention.backend import register_padless_attention
+from padless.batching.collate import PackingCollator
+from padless.batching.batch import PackedBatch
+from padless.isolation.guard import IsolationError, IsolationGuard, IsolationWarning
+from padless.batching.batch import forward_inputs
+from padless.models.factory import build_model
+
+LENGTHS = [5, 1, 17, 9, 3, 12, 2, 8]
+
+
+def _model(family="llama", backend="sdpa"):
+    if backend == "padless":
+        register_padless_attention()
+    return build_model(f"tiny-{family}", attn_implementation=backend)
+
+
+def _leaky(batch):
+    """The same rows with positions running on and no document mask: plain causal over each row."""
+    plain = {k: v for k, v in batch.items() if k not in ("attention_mask", "position_ids") and not k.startswith(("cu_", "max_length"))}
+    return PackedBatch(plain, batch.placements)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("backend", ["sdpa", "eager", "padless"])
+def test_exact_batches_pass_with_given_and_rerun_logits(family, backend):
+    model = _model(family, backend).eval()
+    batch = PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=1))
+    guard = IsolationGuard(every=1, documents=3)
+    logits = model(**forward_inputs(batch)).logits
+    for given in (logits, None):
+        check = guard(model, batch, given)
+        assert check.passed and check.max_logit_diff < 1e-5 and len(check.pieces) == 3
+        assert all(offset > 0 for _, _, offset, _ in check.pieces)  # documents with others before them first
+
+
+def test_contamination_raises_or_warns():
+    model = _model("gpt2").eval()
+    batch = _leaky(PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=2)))
+    with pytest.raises(IsolationError, match="are not isolated"):
+        IsolationGuard(every=1)(model, batch)
+    with pytest.warns(IsolationWarning, match="are not isolated"):
+        check = IsolationGuard(every=1, on_failure="warn")(model, batch)
+    assert not check.passed and check.max_logit_diff > 1e-3
+
+
+def test_checks_on_the_first_call_and_every_n():
+    model = _model("gpt2").eval()
+    batch = PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=3))
+    guard = IsolationGuard(every=3)
+    checked = [guard(model, batch) is not None for _ in range(7)]
+    assert checked == [True, False, False, True, False, False, True]
+    assert guard.last.step == 7
+
+
+def test_training_mode_is_restored_and_dropout_needs_a_rerun():
+    model = build_model("tiny-gpt2")
+    model.config.attn_pdrop = 0.1  # an active dropout setting
+    model.train()
+    batch = PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=4))
+    logits = model(**forward_inputs(batch)).logits
+    with pytest.raises(ValueError, match="dropout is active"):
+        IsolationGuard(every=1)(model, batch, logits)
+    assert IsolationGuard(every=1)(model, batch).passed and model.training
+
+
+def test_bad_input():
+    model = _model("gpt2").eval()
+    batch = PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=5))
+    with pytest.raises(ValueError, match="needs the PackedBatch"):
+        IsolationGuard(every=1)(model, dict(batch))
+    with pytest.raises(ValueError, match="do not cover input_ids"):
+        IsolationGuard(every=1)(model, batch, torch.zeros(2, 3, 4))
+    for kwargs, match in (({"every": 0}, "every must be"), ({"documents": 0}, "documents must be"),
+                          ({"on_failure": "log"}, "on_failure must be")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            IsolationGuard(**kwargs)
+
+
+def test_exported():
+    assert padless.IsolationGuard is IsolationGuard and padless.IsolationError is IsolationError

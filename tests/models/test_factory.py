@@ -1,0 +1,138 @@
+"""The model factory: config-built models by name, tokenizer mapping, the packaged pretrained SmolLM2."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from padless.models import factory as models
+from padless.models.factory import GPT2_SIZES, build_model, load_tokenizer_for, smollm2_dir, tokenizer_name_for
+
+SENTENCE = "The capital of France is Paris. The capital of Germany is Berlin."
+
+
+@pytest.mark.parametrize(
+    ("name", "vocab", "model_type"),
+    [("tiny-gpt2", 512, "gpt2"), ("tiny-llama", 512, "llama"), ("tiny-qwen2", 512, "qwen2"),
+     ("tiny-mistral", 512, "mistral"), ("gpt2-2layer", 50257, "gpt2")],
+)
+def test_config_built_models(name: str, vocab: int, model_type: str) -> None:
+    model = build_model(name)
+    assert model.config.model_type == model_type and model.config.vocab_size == vocab
+    assert model.config.use_cache is False
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_seed_decides_the_weights() -> None:
+    a, b, c = build_model("tiny-llama", seed=1), build_model("tiny-llama", seed=1), build_model("tiny-llama", seed=2)
+    wa, wb, wc = (m.model.embed_tokens.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+
+
+def test_vocab_size_override() -> None:
+    assert build_model("tiny-gpt2", vocab_size=50257).config.vocab_size == 50257
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: models.gpt2_config("gpt2-huge"), "unknown GPT-2 size 'gpt2-huge'"),
+        (lambda: build_model("tiny-phi"), "unknown tiny family 'phi'"),
+        (lambda: build_model("smollm2-135m", vocab_size=100), "vocab_size=100 cannot be set for the pretrained"),
+        (lambda: build_model("tiny-gpt2", cache_dir="/tmp/x"), "cache_dir applies to the packaged models"),
+    ],
+)
+def test_bad_names_and_flags(call: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("model", "tokenizer"),
+    [*[(size, "gpt2") for size in GPT2_SIZES], ("smollm2-135m", "smollm2"), ("org/some-model", "org/some-model")],
+)
+def test_tokenizer_names(model: str, tokenizer: str) -> None:
+    assert tokenizer_name_for(model) == tokenizer
+
+
+def test_tiny_models_have_no_tokenizer() -> None:
+    with pytest.raises(ValueError, match="vocab_size=50257 to use the 'gpt2' tokenizer"):
+        tokenizer_name_for("tiny-gpt2")
+
+
+def test_gpt2_sizes_match_the_gpt2_tokenizer() -> None:
+    assert len(load_tokenizer_for("gpt2-mini")) == models.gpt2_config("gpt2-mini").vocab_size
+
+
+@cache
+def smollm2() -> Any:
+    return build_model("smollm2-135m")  # the first run writes the checkpoint from the GGUF (~20-30 s)
+
+
+def test_smollm2_is_a_real_pretrained_model() -> None:
+    model, tok = smollm2(), load_tokenizer_for("smollm2-135m")
+    assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
+    assert model.config.vocab_size == len(tok) == 49152
+    assert model.config.use_cache is False and model.config._attn_implementation == "sdpa"
+    assert getattr(model.config, "quantization_config", None) is None
+    ids = tok(SENTENCE, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids).loss.item()
+    assert loss < 3.5  # an untrained model scores about ln(49152) = 10.8
+    ids = tok("The capital of France is", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        next_id = model(input_ids=ids).logits[0, -1].argmax().item()
+    assert tok.decode([next_id]).strip() == "Paris"
+
+
+def test_smollm2_checkpoint_is_a_complete_folder() -> None:
+    folder = smollm2_dir()
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+
+
+def test_cache_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    default = smollm2_dir()
+    mine = tmp_path / "smol"
+    mine.mkdir()
+    for p in default.iterdir():
+        (mine / p.name).symlink_to(p)
+    model = build_model("smollm2-135m", cache_dir=mine)
+    assert model.config.num_hidden_layers == 30
+    written: list[Path] = []
+    monkeypatch.setattr(models, "_write_smollm2", written.append)
+    assert smollm2_dir(tmp_path / "absent") == tmp_path / "absent" and written == [tmp_path / "absent"]
+
+
+@pytest.mark.slow
+def test_smollm2_checkpoint_equals_the_gguf_model() -> None:
+    """The oracle: the cached safetensors give exactly the logits of the model dequantised from GGUF."""
+    from transformers import AutoModelForCausalLM
+
+    from padless.data.assets import smollm2_gguf
+
+    gguf = smollm2_gguf()
+    reference = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tok = load_tokenizer_for("smollm2-135m")
+    ids = tok(SENTENCE, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = reference(input_ids=ids, use_cache=False).logits
+        got = smollm2()(input_ids=ids).logits
+    assert torch.equal(got, want), f"max abs diff {(got - want).abs().max().item():.3g}"
+
+
+def test_renamed_and_unknown_names_say_what_to_use() -> None:
+    from padless.models.factory import builtin_models
+
+    for call in (lambda: build_model("gpt2-tiny"), lambda: models.model_config("gpt2-tiny"),
+                 lambda: load_tokenizer_for("gpt2-tiny")):  # fmt: skip
+        with pytest.raises(ValueError, match="'gpt2-tiny' is now called 'gpt2-2layer'"):
+            call()
+    assert "gpt2-2layer" in builtin_models() and "tiny-gpt2" in builtin_models() and "gpt2-tiny" not in builtin_models()
+    assert build_model("gpt2-2layer").config.vocab_size == 50257 and build_model("tiny-gpt2").config.vocab_size == 512
+    with pytest.raises(ValueError, match=r"no such folder; a model name is one of the built-in names \(tiny-gpt2"):
+        build_model("./no/such/model")
