@@ -29,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from padless.attention.adapters import adapter_refusal, base_model_of
+
 FULL, SLIDING = "full_attention", "sliding_attention"
 ATTENTION_LAYER_TYPES = (FULL, SLIDING)
 """Layer types whose attention is block-causal (optionally windowed) over the row."""
@@ -72,6 +74,9 @@ class AttentionRules:
     """Chunked attention (``attention_chunk_size``, Llama 4)."""
     takes_position_ids: bool | None
     """The model's ``forward`` accepts ``position_ids`` (``None``: model class unknown)."""
+    adapter: str | None = None
+    """Why the PEFT adapter wrapping the model breaks packing (prompt learning), ``None`` when it does
+    not or there is none (:func:`padless.attention.adapters.adapter_refusal`)."""
 
     def mask_windows(self, max_length: int | None) -> MaskWindows:
         """What a 4D mask must carry for rows whose documents hold at most ``max_length`` tokens
@@ -93,11 +98,12 @@ class AttentionRules:
 
 
 def model_class_of(model_or_config: Any) -> type | None:
-    """The causal-LM class of a model, or the one transformers maps a config to (``None``: unknown)."""
+    """The causal-LM class of a model (the one a PEFT adapter wraps: :func:`base_model_of`), or the one
+    transformers maps a config to (``None``: unknown)."""
     if model_or_config is None:
         return None
     if hasattr(model_or_config, "config") and hasattr(model_or_config, "forward"):
-        return type(model_or_config)
+        return type(base_model_of(model_or_config))
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
@@ -107,9 +113,9 @@ def model_class_of(model_or_config: Any) -> type | None:
 
 
 def config_of(model_or_config: Any) -> Any:
-    """The config of a model, or the config itself."""
+    """The config of a model (of the model a PEFT adapter wraps), or the config itself."""
     if hasattr(model_or_config, "config") and hasattr(model_or_config, "forward"):
-        return model_or_config.config
+        return base_model_of(model_or_config).config
     return model_or_config
 
 
@@ -154,4 +160,5 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
         bidirectional=bool(get("use_bidirectional_attention", False)),
         chunk_size=get("attention_chunk_size"),
         takes_position_ids=takes_position_ids,
+        adapter=adapter_refusal(model_or_config),
     )

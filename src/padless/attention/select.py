@@ -73,6 +73,8 @@ def _lacks(t: _Target, flag: str) -> bool:
 def _refuse_model(t: _Target) -> str | None:
     """What no backend can make exact: the model's own rules reach across the whole row."""
     r = t.rules
+    if r.adapter is not None:
+        return r.adapter
     if r.alibi:  # relative positions: exact with a block mask alone where the model takes one
         from padless.attention.positions import alibi_refusal
 
