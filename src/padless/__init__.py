@@ -66,6 +66,7 @@ _EXPORTS: dict[str, str] = {
     "register_padless_attention": "padless.attention.backend",
     "resolve_backend": "padless.attention.select",
     "check_exact": "padless.attention.select",
+    "check_batch": "padless.attention.accept",
     "backend_inputs": "padless.attention.select",
     "varlen_attention": "padless.attention.varlen",
     "reference_varlen_attention": "padless.attention.varlen",
@@ -123,6 +124,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.attention.backend import packed_documents, padless_attention, register_padless_attention
     from padless.attention.masks import additive_block_causal_mask, block_causal_mask
+    from padless.attention.accept import check_batch
     from padless.attention.select import backend_inputs, BACKENDS, check_exact, resolve_backend
     from padless.attention.varlen import reference_varlen_attention, varlen_attention
     from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator

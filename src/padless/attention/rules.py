@@ -34,6 +34,15 @@ from padless.attention.adapters import adapter_refusal, base_model_of
 FULL, SLIDING = "full_attention", "sliding_attention"
 ATTENTION_LAYER_TYPES = (FULL, SLIDING)
 """Layer types whose attention is block-causal (optionally windowed) over the row."""
+CHUNKED = "chunked_attention"
+"""Llama 4's chunked layers (``attention_chunk_size``): attention, judged by :attr:`AttentionRules.chunk_size`."""
+PER_TOKEN_LAYER_TYPES = ("mlp", "moe", "dense", "ffn")
+"""Layer types that mix no tokens (hybrid patterns such as Nemotron-H list them beside attention)."""
+_SLIDING_MASK_MARKS = ("sliding_window_causal_mask", SLIDING, "sliding_window_mask",
+                       "_prepare_4d_causal_attention_mask_with_cache_position")  # fmt: skip
+"""Source text of models whose mask path honours ``config.sliding_window``; a model whose source has a
+window setting and none of these (Moshi, OLMoE in transformers 5.24) builds a plain causal mask on
+sdpa / eager, so its packed mask must not carry a window either."""
 
 MaskWindows = int | dict[str, int | None] | None
 """What the 4D mask path sends: ``None`` one block-causal mask for every layer; ``w`` one mask with
@@ -42,6 +51,10 @@ a dict of masks that the model picks from per layer."""
 
 _MASK_DICT_MARK = "causal_mask_mapping := attention_mask, dict"
 _SINK_MARK = "s_aux="
+_OFFSET_POSITIONS_MARK = "create_position_ids_from_input_ids"
+"""RoBERTa-family embeddings number positions from ``padding_idx + 1`` when they compute them."""
+_DECODER_FLAG_MARK = "is_causal=config.is_decoder"
+"""BERT-family layers are causal only with ``config.is_decoder=True``."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,10 @@ class AttentionRules:
     """Chunked attention (``attention_chunk_size``, Llama 4)."""
     takes_position_ids: bool | None
     """The model's ``forward`` accepts ``position_ids`` (``None``: model class unknown)."""
+    offset_positions: bool = False
+    """The model numbers positions from ``padding_idx + 1`` when it computes them itself (RoBERTa,
+    CamemBERT, XLM-RoBERTa, Data2Vec-text, ...), so restarted position ids from 0 are not the positions
+    a document has alone."""
     adapter: str | None = None
     """Why the PEFT adapter wrapping the model breaks packing (prompt learning), ``None`` when it does
     not or there is none (:func:`padless.attention.adapters.adapter_refusal`)."""
@@ -119,6 +136,18 @@ def config_of(model_or_config: Any) -> Any:
     return model_or_config
 
 
+def _text_config(config: Any) -> Any:
+    """The config of the decoder that reads the tokens (a multimodal model's ``text_config``; the config
+    itself otherwise): its windows, layer types and soft-capping are the ones that apply."""
+    get_text = getattr(config, "get_text_config", None)
+    if get_text is None:
+        return config
+    try:
+        return get_text(decoder=True)
+    except (TypeError, ValueError):
+        return config
+
+
 @functools.cache
 def _module_source(model_class: type) -> str:
     module = sys.modules.get(model_class.__module__)
@@ -130,7 +159,7 @@ def _module_source(model_class: type) -> str:
 
 def attention_rules(model_or_config: Any) -> AttentionRules:
     """Read :class:`AttentionRules` from a transformers model or config (see the module docstring)."""
-    config = config_of(model_or_config)
+    config = _text_config(config_of(model_or_config))
     model_class = model_class_of(model_or_config)
     get = lambda name, default=None: getattr(config, name, default)  # noqa: E731
     window = get("sliding_window")
@@ -140,10 +169,12 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
     if layer_types:
         types = list(dict.fromkeys(layer_types))
         windows = {t: (window if t == SLIDING else None) for t in types if t in ATTENTION_LAYER_TYPES}
-        others = tuple(t for t in types if t not in ATTENTION_LAYER_TYPES)
+        others = tuple(t for t in types if t not in (*ATTENTION_LAYER_TYPES, CHUNKED, *PER_TOKEN_LAYER_TYPES))
     else:
         windows, others = {SLIDING if window is not None else FULL: window}, ()
     source = _module_source(model_class) if model_class is not None else ""
+    if source and not any(mark in source for mark in _SLIDING_MASK_MARKS):
+        windows = {t: None for t in windows}  # the model's own mask has no window (see _SLIDING_MASK_MARKS)
     mpt_alibi = bool(getattr(get("attn_config"), "alibi", False)) if get("model_type") == "mpt" else False
     takes_position_ids = None
     if model_class is not None:
@@ -157,8 +188,10 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
         dropout=float(get("attention_dropout", 0.0) or 0.0),
         sinks=_SINK_MARK in source,
         alibi=bool(get("alibi", False)) or get("model_type") == "bloom" or mpt_alibi,
-        bidirectional=bool(get("use_bidirectional_attention", False)),
+        bidirectional=bool(get("use_bidirectional_attention", False))
+        or (_DECODER_FLAG_MARK in source and get("is_decoder") is False),
         chunk_size=get("attention_chunk_size"),
         takes_position_ids=takes_position_ids,
+        offset_positions=_OFFSET_POSITIONS_MARK in source,
         adapter=adapter_refusal(model_or_config),
     )

@@ -85,7 +85,10 @@ def _refuse_model(t: _Target) -> str | None:
         return (f"{t.model_class.__name__}.forward takes no position_ids, so packed documents would be given "
                 "positions that run on across document boundaries")  # fmt: skip
     if r.bidirectional:
-        return "the model attends in both directions (use_bidirectional_attention)"
+        return "the model attends in both directions (use_bidirectional_attention, or is_decoder=False)"
+    if r.offset_positions:
+        return ("the model numbers positions from padding_idx + 1 when it computes them itself (RoBERTa family), "
+                "so position ids restarted at 0 would give each packed document other positions than it has alone")  # fmt: skip
     if r.other_layer_types:
         kinds = ", ".join(map(repr, r.other_layer_types))
         return f"layers of type {kinds} carry state along the whole row, across documents"
