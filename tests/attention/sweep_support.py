@@ -119,6 +119,8 @@ def _overrides(config: Any, depth: int = 0) -> dict[str, Any]:
         kw[key] = value
     if own.get("sliding_window") is not None:
         kw["sliding_window"] = WINDOW
+    if isinstance(own.get("qk_rope_head_dim"), int) and "head_dim" in kw:  # latent attention: rope dims
+        kw["head_dim"] = SIZES["qk_rope_head_dim"]
     if isinstance(own.get("rotary_dim"), int):
         kw["rotary_dim"] = 8
     layers_key = next((k for k in DEPTH_KEYS if isinstance(own.get(k), int)), None)
@@ -272,9 +274,9 @@ def _reason_class(detail: str) -> str:
     """A short class for a refusal, for the counts."""
     rules = [
         ("prompt learning", "adapter: prompt learning"),
-        ("carry state along the whole row", "recurrent / linear / SSM layers"),
+        ("mix tokens without", "recurrent / linear / conv / indexed layers"),
         ("takes no position_ids", "forward takes no position_ids"),
-        ("positions start at", "positions start at an offset"),
+        ("padding_idx + 1", "positions start at padding_idx + 1"),
         ("ALiBi", "ALiBi"),
         ("both directions", "bidirectional attention"),
         ("chunked attention", "chunked attention"),
@@ -283,7 +285,6 @@ def _reason_class(detail: str) -> str:
         ("sinks", "attention sinks"),
         ("does not pass position_ids", "attention kwargs not passed"),
         ("does not support", "backend unsupported by the model"),
-        ("position ids", "multimodal / 3D position ids"),
         ("carries", "batch form does not match the backend"),
     ]
     for needle, name in rules:

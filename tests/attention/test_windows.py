@@ -351,7 +351,7 @@ def test_for_model_refuses_inputs_that_do_not_fit_the_backend():
     [
         ({"use_bidirectional_attention": True}, "both directions"),
         ({"layer_types": ["sliding_attention", "linear_attention", "full_attention", "full_attention"]},
-         "'linear_attention' carry state"),  # fmt: skip
+         "'linear_attention' mix tokens without the attention mask"),  # fmt: skip
     ],
 )
 def test_model_wide_refusals_name_no_backend(config_kw, match):
@@ -392,3 +392,53 @@ def test_verify_default_lengths_exceed_the_window(monkeypatch):
     monkeypatch.setattr(select, "mask_windows", lambda model, max_length: None)
     result = verify_isolation(model, backends=("sdpa",)).results[0]  # the documents row (then the tree row)
     assert result.status == "fail" and result.max_logit_diff > 1e-2
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        # RoBERTa numbers positions from padding_idx + 1 when it computes them: restarted ids from 0 differ
+        (lambda: __import__("transformers").RobertaConfig(is_decoder=True), "padding_idx \\+ 1"),
+        (lambda: __import__("transformers").XLMRobertaConfig(is_decoder=True), "padding_idx \\+ 1"),
+        # a BERT-family causal LM attends both ways unless it is configured as a decoder
+        (lambda: __import__("transformers").BertConfig(is_decoder=False), "both directions"),
+    ],
+)
+def test_position_offsets_and_encoders_are_refused_on_every_backend(make, match):
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match=f"{match}.*no attention backend can"):
+            check_exact(make(), backend, device="cpu", dtype=torch.float32)
+
+
+def test_a_bert_decoder_is_accepted():
+    from transformers import BertConfig
+
+    check_exact(BertConfig(is_decoder=True), "eager", device="cpu", dtype=torch.float32)
+
+
+def test_a_window_the_models_own_mask_ignores_is_not_carried():
+    """Moshi has ``sliding_window`` in its config, but its mask path builds a plain causal mask on sdpa and
+    eager: alone it attends to the whole document, so the packed mask must too."""
+    from transformers import MoshiConfig
+
+    rules = attention_rules(MoshiConfig(sliding_window=WINDOW))
+    assert rules.mask_windows(ROW) is None
+    assert attention_rules(_mistral().config).mask_windows(ROW) == WINDOW  # Mistral's mask does slide
+
+
+def test_per_token_layer_types_are_not_state():
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(**TINY, head_dim=8, sliding_window=WINDOW)
+    config.layer_types = ["sliding_attention", "moe", "full_attention", "mlp"]
+    assert attention_rules(config).other_layer_types == ()
+
+
+def test_chunked_attention_is_refused_per_backend_with_the_reason():
+    from transformers import Llama4TextConfig
+
+    config = Llama4TextConfig(**TINY, attention_chunk_size=WINDOW)
+    for backend, match in (("sdpa", "4D mask replaces the model's chunked attention"),
+                           ("padless", "the model uses chunked attention")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            check_exact(config, backend, device="cpu", dtype=torch.float32)

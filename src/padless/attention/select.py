@@ -91,7 +91,8 @@ def _refuse_model(t: _Target) -> str | None:
                 "so position ids restarted at 0 would give each packed document other positions than it has alone")  # fmt: skip
     if r.other_layer_types:
         kinds = ", ".join(map(repr, r.other_layer_types))
-        return f"layers of type {kinds} carry state along the whole row, across documents"
+        return (f"layers of type {kinds} mix tokens without the attention mask (recurrent, linear, convolution or "
+                "sparse-indexed layers), so their state runs along the whole row, across documents")  # fmt: skip
     return None
 
 
