@@ -30,7 +30,10 @@ import numpy as np
 VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, WINDOW, ROW = 256, 64, 4, 2, 16, 8, 32
 LENGTHS = (20, 3, 13, 1, 17, 9, 6)
 BACKENDS = ("sdpa", "eager", "padless")
-COLLATORS = ("for_model", "plain")
+COLLATORS = ("for_model", "plain", "plain_position_ids")
+"""``for_model``; the model-free ``PackingCollator(max_length=...)`` (a 4D block mask); the model-free
+collator with ``attention="position_ids"`` (restarted position ids alone). Model-free batches count as
+accepted only when :func:`padless.check_batch` accepts them."""
 MAX_PARAMS = 3_000_000
 """A config left bigger than this after shrinking is reported as not built (the sweep stays fast)."""
 
@@ -237,7 +240,8 @@ def check(model: Any, model_type: str, collator: str, backend: str) -> Outcome:
         if collator == "for_model":
             batch = PackingCollator.for_model(model, max_length=ROW)(feats)
         else:
-            batch = PackingCollator(max_length=ROW, features=FeatureSpec())(feats)
+            attention = "position_ids" if collator == "plain_position_ids" else "mask4d"
+            batch = PackingCollator(max_length=ROW, attention=attention, features=FeatureSpec())(feats)
             padless.check_batch(model, batch)
     except ValueError as error:
         return Outcome(model_type, collator, backend, "refused", str(error))
@@ -305,7 +309,7 @@ def summary(outcomes: list[Outcome], unbuilt: dict[str, str]) -> dict[str, Any]:
         details = [o.detail for o in by_type[t] if o.collator == "for_model" and o.status == "refused"]
         reasons[_reason_class(details[0]) if details else "crashed or unsupported"] += 1
     contaminated = sorted({f"{o.model_type}/{o.collator}/{o.backend}" for o in outcomes if o.status == "contaminated"})
-    plain_exact = sorted(t for t, os in by_type.items() if any(o.collator == "plain" and o.status == "exact" for o in os))
+    plain_exact = sorted(t for t, os in by_type.items() if any(o.collator != "for_model" and o.status == "exact" for o in os))
     return {
         "types": len(by_type) + len(unbuilt),
         "built": len(by_type),
@@ -332,7 +336,8 @@ def table(outcomes: list[Outcome], unbuilt: dict[str, str]) -> str:
         f"transformers {transformers.__version__}: {s['types']} causal-LM types, {s['built']} built as tiny configs; "
         f"**{s['exact']} exact on at least one backend** with `for_model`, **{s['refused']} refused** "
         f"({reasons}), **{len(s['contaminated'])} contaminated**. The model-free `PackingCollator(max_length=...)` "
-        f"batch is exact on {s['plain_exact']} and refused by `padless.check_batch` on the rest. "
+        f"batch (a 4D block mask, or `attention=\"position_ids\"`) is exact on at least one backend for "
+        f"{s['plain_exact']} architectures and refused by `padless.check_batch` everywhere else. "
         f"{s['configurations']} configurations (architecture x collator x backend): "
         + ", ".join(f"{k} {v}" for k, v in s["statuses"].items()) + ".",
         "",
@@ -342,7 +347,8 @@ def table(outcomes: list[Outcome], unbuilt: dict[str, str]) -> str:
     for t in sorted(by_type):
         os = by_type[t]
         exact = [o.backend for o in os if o.collator == "for_model" and o.status == "exact"]
-        plain = [o.backend for o in os if o.collator == "plain" and o.status == "exact"]
+        plain = [o.backend + ("" if o.collator == "plain" else " (position_ids)") for o in os
+                 if o.collator != "for_model" and o.status == "exact"]  # fmt: skip
         why = sorted({_clean(o.detail) for o in os if o.collator == "for_model" and o.status != "exact"
                       and o.status != "unsupported"})  # fmt: skip
         cells = [f"`{t}`", ", ".join(exact) or "-", "; ".join(why) or "-", ", ".join(plain) or "-"]

@@ -368,8 +368,10 @@ def test_dpo_loss_equals_trl(shared):
 
     policy, reference = _model("llama", "sdpa", seed=0), _model("llama", "sdpa", seed=1)
     feats = _pairs(6, seed=2)
+    stub = torch.nn.Module()  # a module, not a namespace: with peft installed, accelerate's is_peft_model walks it
+    stub.is_gradient_checkpointing = False
     trainer = SimpleNamespace(
-        model=SimpleNamespace(training=True, is_gradient_checkpointing=False), ref_model=_TRLModel(reference),
+        model=stub, ref_model=_TRLModel(reference),
         accelerator=SimpleNamespace(device=torch.device("cpu"), gather_for_metrics=lambda x: x, gather=lambda x: x),
         aux_loss_enabled=False, precompute_ref_logps=False, ld_alpha=None, f_divergence_type="reverse_kl",
         loss_types=["sigmoid"], loss_weights=[1.0], beta=0.1, use_weighting=False,

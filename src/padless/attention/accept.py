@@ -69,6 +69,16 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     device = next((p.device for p in inner.parameters()), torch.device("cpu"))
     check_exact(model, backend, device=device, dtype=inner.dtype, max_length=longest)
     needed = backend_inputs(backend)
+    if kind == "position_ids" and needed == "mask4d":
+        from padless.attention.rules import attention_rules
+
+        if not attention_rules(model).masks_from_position_ids:
+            raise ValueError(f"this batch carries position_ids alone, and {type(inner).__name__} does not build its "
+                             f"masks from them, so its documents would attend to each other; {_FIX}")  # fmt: skip
+        if batch.get("use_cache", True) is not False:
+            raise ValueError("this batch carries position_ids alone without use_cache=False; with a cache transformers "
+                             f"does not look for documents in them; {_FIX}")  # fmt: skip
+        return
     if kind != needed:
         raise ValueError(f"this batch carries {kind!r} attention inputs, but attn_implementation={backend!r} "
                          f"isolates documents only with {needed!r}; {_FIX}")  # fmt: skip
@@ -96,3 +106,40 @@ def _check_masks(mask: Any, windows: Any, docs: list[list[int]], dtype: Any) -> 
             what = f"a sliding window of {window} tokens" if window is not None else "no sliding window"
             raise ValueError(f"the batch's 4D mask ({name}) is not the block-causal mask with {what} that this "
                              f"model needs; {_FIX}")  # fmt: skip
+
+
+def check_collator(model: Any, collator: Any, *, device: Any = None, dtype: Any = None) -> None:
+    """Raise ``ValueError`` unless the batches ``collator`` (a :class:`padless.PackingCollator`, built with
+    or without the model) makes are exact on ``model``: what :func:`check_batch` checks per batch, read
+    once from the collator's settings (attention inputs, sliding windows, mask dtype, row length).
+    ``device`` / ``dtype``: where training runs (default: the model's parameters)."""
+    import torch
+
+    from padless.attention.select import backend_inputs, check_exact, mask_windows
+
+    inner = base_model_of(model)
+    backend = inner.config._attn_implementation
+    device = device if device is not None else next((p.device for p in inner.parameters()), torch.device("cpu"))
+    dtype = dtype if dtype is not None else inner.dtype
+    max_length = getattr(collator, "max_length", None)
+    check_exact(model, backend, device=device, dtype=dtype, max_length=max_length)
+    needed, carried = backend_inputs(backend), getattr(collator, "attention", None)
+    if carried != needed:
+        raise ValueError(f"the collator sends attention={carried!r}, but attn_implementation={backend!r} isolates "
+                         f"documents only with {needed!r}; {_FIX}")  # fmt: skip
+    if needed != "mask4d":
+        return
+    wanted, sent = mask_windows(model, max_length), getattr(collator, "windows", None)
+    if _normal(wanted) != _normal(sent):
+        raise ValueError(f"the collator's 4D masks carry sliding windows {sent!r}, the model needs {wanted!r}; {_FIX}")
+    mask_dtype = getattr(collator, "mask_dtype", None) or torch.float32
+    if mask_dtype != dtype:
+        raise ValueError(f"the collator's 4D mask is {mask_dtype}, the model computes in {dtype}; {_FIX}")
+
+
+def _normal(windows: Any) -> Any:
+    """Windows as a comparable value: a dict whose layer types share one window is that window."""
+    if isinstance(windows, Mapping):
+        values = set(windows.values())
+        return next(iter(values)) if len(values) == 1 else dict(windows)
+    return windows

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,10 @@ _MASK_DICT_MARK = "causal_mask_mapping := attention_mask, dict"
 _SINK_MARK = "s_aux="
 _OFFSET_POSITIONS_MARK = "create_position_ids_from_input_ids"
 """RoBERTa-family embeddings number positions from ``padding_idx + 1`` when they compute them."""
+_POSITION_MASK_MARK = re.compile(r"(create_\w*mask\(|mask_function\(|mask_kwargs = \{)[^)}]*position_ids", re.S)
+"""A mask builder called with ``position_ids``: transformers 5.24 then finds the documents of a packed
+row from restarted position ids (``find_packed_sequence_indices``, any batch size, no 2D mask, no
+cache) and builds per-document masks with the model's own windows."""
 _DECODER_FLAG_MARK = "is_causal=config.is_decoder"
 """BERT-family layers are causal only with ``config.is_decoder=True``."""
 
@@ -91,6 +96,10 @@ class AttentionRules:
     """The model numbers positions from ``padding_idx + 1`` when it computes them itself (RoBERTa,
     CamemBERT, XLM-RoBERTa, Data2Vec-text, ...), so restarted position ids from 0 are not the positions
     a document has alone."""
+    masks_from_position_ids: bool = False
+    """The model passes ``position_ids`` to transformers' mask builders, so a batch of restarted
+    ``position_ids`` alone (no ``attention_mask``, ``use_cache=False``) gets per-document masks on sdpa
+    and eager, with the model's own sliding windows."""
     adapter: str | None = None
     """Why the PEFT adapter wrapping the model breaks packing (prompt learning), ``None`` when it does
     not or there is none (:func:`padless.attention.adapters.adapter_refusal`)."""
@@ -193,5 +202,6 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
         chunk_size=get("attention_chunk_size"),
         takes_position_ids=takes_position_ids,
         offset_positions=_OFFSET_POSITIONS_MARK in source,
+        masks_from_position_ids=bool(_POSITION_MASK_MARK.search(source)),
         adapter=adapter_refusal(model_or_config),
     )
