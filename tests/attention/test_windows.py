@@ -434,11 +434,39 @@ def test_per_token_layer_types_are_not_state():
     assert attention_rules(config).other_layer_types == ()
 
 
-def test_chunked_attention_is_refused_per_backend_with_the_reason():
-    from transformers import Llama4TextConfig
+def test_chunked_attention_is_carried_by_position_ids_or_refused_per_backend():
+    """Llama 4's chunks: on sdpa / eager a packed batch of restarted position_ids alone lets transformers
+    build per-document chunked masks (a 4D mask would replace the chunks); padless attention has no chunks."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
 
-    config = Llama4TextConfig(**TINY, attention_chunk_size=WINDOW)
-    for backend, match in (("sdpa", "4D mask replaces the model's chunked attention"),
-                           ("padless", "the model uses chunked attention")):  # fmt: skip
-        with pytest.raises(ValueError, match=match):
-            check_exact(config, backend, device="cpu", dtype=torch.float32)
+    from padless.attention.select import model_inputs
+
+    config = Llama4TextConfig(**TINY, attention_chunk_size=WINDOW, head_dim=8, intermediate_size_mlp=64,
+                              num_local_experts=2)  # fmt: skip
+    assert attention_rules(config).chunk_size == WINDOW and "chunked_attention" in config.layer_types
+    with pytest.raises(ValueError, match="the model uses chunked attention"):
+        check_exact(config, "padless", device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match="tree of a shared prompt carries no chunked attention"):
+        check_exact(config, "sdpa", device="cpu", dtype=torch.float32, layout="shared_prompt")
+    for backend in ("sdpa", "eager"):
+        check_exact(config, backend, device="cpu", dtype=torch.float32)
+        assert model_inputs(config, backend) == "position_ids"
+        torch.manual_seed(0)
+        model = Llama4ForCausalLM(config).eval()
+        model.set_attn_implementation(backend)
+        feats = make_features(LENGTHS, vocab_size=VOCAB, seed=3)
+        batch = PackingCollator.for_model(model, max_length=ROW)(feats)
+        assert "attention_mask" not in batch and batch["use_cache"] is False
+        with torch.no_grad():
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            pl = batch.placements
+            for j in range(pl.feature.size):
+                r, o, n = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])
+                alone = model(input_ids=torch.tensor([feats[int(pl.feature[j])]["input_ids"]])).logits[0]
+                torch.testing.assert_close(logits[r, o : o + n], alone, atol=1e-5, rtol=1e-5)
+        # the plain block mask would be wrong here: the chunks are what a 4D mask loses
+        plain = PackingCollator(max_length=ROW)(feats)
+        with torch.no_grad():
+            wrong = model(**{k: v for k, v in plain.items() if k != "labels"}).logits
+        docs = [(int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])) for j in range(pl.feature.size)]
+        assert max((wrong[r, o : o + n] - logits[r, o : o + n]).abs().max().item() for r, o, n in docs) > 1e-3

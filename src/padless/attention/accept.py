@@ -57,7 +57,7 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     ``attention_mask``) pass unchecked: they are not packed."""
     import torch
 
-    from padless.attention.select import backend_inputs, check_exact, mask_windows
+    from padless.attention.select import backend_inputs, check_exact, mask_windows, model_inputs
 
     kind = carried_inputs(batch)
     if kind == "padding":
@@ -68,8 +68,8 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     longest = max(max(r) for r in docs)
     device = next((p.device for p in inner.parameters()), torch.device("cpu"))
     check_exact(model, backend, device=device, dtype=inner.dtype, max_length=longest)
-    needed = backend_inputs(backend)
-    if kind == "position_ids" and needed == "mask4d":
+    needed = model_inputs(model, backend)
+    if kind == "position_ids" and backend_inputs(backend) == "mask4d":
         from padless.attention.rules import attention_rules
 
         if not attention_rules(model).masks_from_position_ids:
@@ -115,7 +115,7 @@ def check_collator(model: Any, collator: Any, *, device: Any = None, dtype: Any 
     ``device`` / ``dtype``: where training runs (default: the model's parameters)."""
     import torch
 
-    from padless.attention.select import backend_inputs, check_exact, mask_windows
+    from padless.attention.select import check_exact, mask_windows, model_inputs
 
     inner = base_model_of(model)
     backend = inner.config._attn_implementation
@@ -123,7 +123,12 @@ def check_collator(model: Any, collator: Any, *, device: Any = None, dtype: Any 
     dtype = dtype if dtype is not None else inner.dtype
     max_length = getattr(collator, "max_length", None)
     check_exact(model, backend, device=device, dtype=dtype, max_length=max_length)
-    needed, carried = backend_inputs(backend), getattr(collator, "attention", None)
+    needed, carried = model_inputs(model, backend), getattr(collator, "attention", None)
+    if carried == "position_ids" and needed == "mask4d":
+        from padless.attention.rules import attention_rules
+
+        if attention_rules(model).masks_from_position_ids:
+            return  # transformers builds per-document masks, windows included, from the restarted positions
     if carried != needed:
         raise ValueError(f"the collator sends attention={carried!r}, but attn_implementation={backend!r} isolates "
                          f"documents only with {needed!r}; {_FIX}")  # fmt: skip

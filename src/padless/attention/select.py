@@ -119,8 +119,8 @@ def _refuse_padless(t: _Target) -> str | None:
 def _refuse_mask4d(t: _Target, name: str, flag: str | None) -> str | None:
     if flag and _lacks(t, flag):
         return f"{t.model_class.__name__} does not support attn_implementation={name!r}"
-    if t.rules.chunk_size is not None:
-        return "a 4D mask replaces the model's chunked attention"
+    if t.rules.chunk_size is not None and not t.rules.masks_from_position_ids:
+        return "a 4D mask replaces the model's chunked attention, and the model builds no mask from position_ids"
     windows = t.rules.mask_windows(t.max_length)
     if isinstance(windows, dict) and not t.rules.accepts_mask_dict:
         owner = t.model_class.__name__ if t.model_class is not None else "this model"
@@ -178,6 +178,18 @@ def backend_inputs(backend: str) -> AttentionInputs:
     return spec.inputs
 
 
+def model_inputs(model_or_config: Any, backend: str) -> AttentionInputs:
+    """What a packed batch must carry for ``backend`` on this model: :func:`backend_inputs`, except that a
+    model with chunked attention (Llama 4) on a 4D-mask backend gets restarted ``position_ids`` alone,
+    from which transformers builds per-document chunked masks itself (a 4D mask would replace its
+    chunks); :func:`check_exact` accepts that only where the model builds its masks from position ids."""
+    inputs = backend_inputs(backend)
+    rules = attention_rules(model_or_config) if model_or_config is not None else None
+    if inputs == "mask4d" and rules is not None and rules.chunk_size is not None and rules.masks_from_position_ids:
+        return "position_ids"
+    return inputs
+
+
 def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | None, layout: str = "documents") -> _Target:
     import torch
 
@@ -204,6 +216,8 @@ def _refuse_layout(t: _Target) -> str | None:
     reason = shared_prompt_refusal(t.backend)
     if reason is None and BACKENDS[t.backend].inputs == "mask4d" and t.rules.active_windows(t.max_length):
         reason = "the 4D tree mask of a shared prompt carries no sliding window"
+    if reason is None and t.rules.chunk_size is not None:
+        reason = "the tree of a shared prompt carries no chunked attention"
     return reason
 
 

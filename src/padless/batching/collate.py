@@ -204,12 +204,12 @@ class PackingCollator:
         Raises ``ValueError`` naming a backend that is exact when this one is not
         (:func:`padless.attention.select.check_exact`, the rule every path asks).
         """
-        from padless.attention.select import backend_inputs, check_exact, mask_windows
+        from padless.attention.select import check_exact, mask_windows, model_inputs
 
         backend = model.config._attn_implementation
         max_length = kwargs.get("max_length")
         check_exact(model, backend, device=device_of(model), dtype=model.dtype, max_length=max_length)
-        needed = backend_inputs(backend)
+        needed = model_inputs(model, backend)  # chunked attention: position_ids alone (transformers' own masks)
         if kwargs.setdefault("attention", needed) != needed:
             raise ValueError(f"attention={kwargs['attention']!r} does not isolate documents on backend {backend!r}, "
                              f"which needs attention={needed!r}")  # fmt: skip
