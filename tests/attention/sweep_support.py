@@ -117,7 +117,7 @@ def _overrides(config: Any, depth: int = 0) -> dict[str, Any]:
         current = own.get(key, "absent")
         if current == "absent" or isinstance(current, bool) or (current is not None and not isinstance(current, int)):
             continue
-        if current is None and key != "num_key_value_heads":
+        if current is None and key not in ("num_key_value_heads", "head_dim"):
             continue
         kw[key] = value
     if own.get("sliding_window") is not None:
@@ -137,14 +137,24 @@ def _overrides(config: Any, depth: int = 0) -> dict[str, Any]:
         if isinstance(pattern, str) and pattern and layers_key:
             new = "".join(_pattern(list(pattern), PATTERN_LAYERS))
             kw[key], kw[layers_key] = new, len(new)
+    patterned = any(k in kw for k in ("layer_types", "layers_block_type", "block_types", "attn_type_list"))
     for key in ("full_attn_idxs", "attn_layer_indices", "attention_layers"):
         idx = own.get(key)
-        if isinstance(idx, list) and idx and all(isinstance(i, int) for i in idx) and layers_key:
+        if isinstance(idx, list) and idx and all(isinstance(i, int) for i in idx) and layers_key and not patterned:
             kw[layers_key] = PATTERN_LAYERS
             kw[key] = [i for i in idx if i < PATTERN_LAYERS] or [PATTERN_LAYERS - 1]
     if "attn_layer_period" in own and layers_key:  # Jamba: one attention layer of each period
         kw.update(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1)
         kw[layers_key] = PATTERN_LAYERS
+    if "attention_types" in own:  # GPT-Neo: [[kinds, repeats]] expands to one kind per layer
+        kw["attention_types"] = [[["global", "local"], 1]]
+    if isinstance(own.get("expand"), int) and "num_heads" in kw and "head_dim" in kw:  # Mamba2 heads tile the width
+        kw["num_heads"] = HIDDEN * own["expand"] // kw["head_dim"]
+    if "mamba_n_heads" in kw and "mamba_d_head" in kw:  # Falcon-H1: heads tile the Mamba width
+        if own.get("mamba_d_ssm") is not None:
+            kw["mamba_d_ssm"] = 2 * HIDDEN
+        width = kw.get("mamba_d_ssm") or int(own.get("mamba_expand", 2) or 2) * HIDDEN
+        kw["mamba_d_head"] = width // kw["mamba_n_heads"]
     for key in DROPOUTS:
         if isinstance(own.get(key), float):
             kw[key] = 0.0
