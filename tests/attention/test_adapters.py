@@ -169,3 +169,29 @@ def test_base_model_of_unwraps_once_and_leaves_plain_models_alone():
     assert base_model_of(base.config) is base.config
     # the rule reads the wrapped model: before, PeftModelForCausalLM.forward "took no position_ids"
     check_exact(wrapped, "sdpa", device="cpu", dtype=torch.float32, max_length=ROW)
+
+
+def test_the_guard_checks_a_lora_model():
+    import padless
+
+    model = _adapted("llama", "sdpa", "lora")
+    batch = PackingCollator.for_model(model, max_length=ROW)(make_features(LENGTHS, seed=6))
+    check = padless.IsolationGuard(every=1, documents=3).check(model, batch)
+    assert len(check.pieces) == 3 and check.max_logit_diff < check.tolerance
+
+
+def test_packed_trainer_trains_a_lora_model_with_its_own_exact_collator(tmp_path):
+    pytest.importorskip("accelerate")
+    from transformers import TrainingArguments
+
+    from padless.integrations.transformers import PackedTrainer
+
+    model = _adapted("gpt2", "sdpa", "lora").train()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=2,
+                             per_device_train_batch_size=2, learning_rate=1e-2)  # fmt: skip
+    trainer = PackedTrainer(model=model, args=args, train_dataset=make_features(LENGTHS, seed=7), max_length=ROW)
+    assert trainer.data_collator.attention == "mask4d"  # the rule answered from the wrapped GPT-2
+    trainer.train()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert changed and all("lora_" in n for n in changed)  # the adapter trained, the base stayed frozen
