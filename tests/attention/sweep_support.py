@@ -66,6 +66,9 @@ SIZES: dict[str, Any] = {
     "n_groups": 1, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
     "linear_value_head_dim": 16, "mamba_d_head": 32, "mamba_n_heads": 4, "mamba_head_dim": 32,
     "mamba_num_heads": 4, "lru_width": HIDDEN, "block_width": HIDDEN,
+    # per-layer embeddings (Gemma 3n / 4), wide feed-forwards, big experts
+    "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 8, "dim_ff": 2 * HIDDEN,
+    "moe_hidden_size": HIDDEN,
 }  # fmt: skip
 """Attribute -> tiny value, applied where a config has the attribute (its own default otherwise)."""
 
@@ -196,6 +199,10 @@ def build(model_type: str) -> Any:
         raise ValueError(f"{params:,} parameters after shrinking (over {MAX_PARAMS:,})")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    try:  # a tiny config that cannot run one document alone is a config problem, not a packing one
+        _alone(model, list(range(3, 3 + LENGTHS[0])))
+    except Exception as error:  # noqa: BLE001
+        raise ValueError(f"does not run one document alone: {_first_line(error)}") from error
     return model
 
 

@@ -102,11 +102,14 @@ SWEEP_INTRO = """## Every causal LM of transformers: the sweep
 config (hidden 64, 2 layers, or 4 for a layer pattern so each kind of layer is present; vocabulary 256;
 sliding windows and attention chunks of 8 tokens, shorter than most of the 7 documents of up to 20
 tokens; rows of 32), and for each of `sdpa`, `eager` and `padless` packs the documents with
-`PackingCollator.for_model(model)` and with the model-free `PackingCollator(max_length=32)` (accepted
-only if `padless.check_batch(model, batch)` accepts it). An accepted batch is **exact** when every
+`PackingCollator.for_model(model)` and with the model-free `PackingCollator(max_length=32)`, both its
+4D block mask and `attention="position_ids"` (a model-free batch counts as accepted only if
+`padless.check_batch(model, batch)` accepts it). An accepted batch is **exact** when every
 document's packed logits equal the document alone (fp32, `1e-5 + 1e-5 x max|logit|`), **contaminated**
 otherwise; **refused** means padless raised with the reason shown; **crashed** means the model raised
-on an accepted batch (loud, never silent). Regenerate (minutes) with
+on an accepted batch (loud, never silent; e.g. models whose attention classes drop padless' kwargs);
+**unsupported**: transformers has no such attention implementation for the model. A config that
+cannot run one document alone is listed as not built. Regenerate (minutes) with
 `PADLESS_SWEEP=1 OMP_NUM_THREADS=1 python -m pytest tests/attention/test_sweep.py -m sweep -q`.
 """
 
@@ -120,3 +123,6 @@ def test_whole_sweep_writes_the_table_and_finds_nothing_contaminated():
     _write_doc(S.table(outcomes, unbuilt))
     summary = S.summary(outcomes, unbuilt)
     assert summary["contaminated"] == [], summary["contaminated"]
+    for model_type in {o.model_type for o in outcomes}:  # exact somewhere, or refused with a reason
+        mine = [o for o in outcomes if o.model_type == model_type and o.collator == "for_model"]
+        assert any(o.status == "exact" for o in mine) or any(o.status == "refused" and o.detail for o in mine), mine

@@ -470,3 +470,12 @@ def test_chunked_attention_is_carried_by_position_ids_or_refused_per_backend():
             wrong = model(**{k: v for k, v in plain.items() if k != "labels"}).logits
         docs = [(int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])) for j in range(pl.feature.size)]
         assert max((wrong[r, o : o + n] - logits[r, o : o + n]).abs().max().item() for r, o, n in docs) > 1e-3
+
+
+def test_a_model_that_expands_its_own_2d_mask_is_refused_the_4d_mask():
+    from transformers import OpenAIGPTConfig
+
+    config = OpenAIGPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4)
+    assert not attention_rules(config).takes_4d_mask and attention_rules(_mistral().config).takes_4d_mask
+    with pytest.raises(ValueError, match="expands a 2D padding mask itself"):
+        check_exact(config, "eager", device="cpu", dtype=torch.float32)

@@ -58,6 +58,9 @@ _POSITION_MASK_MARK = re.compile(r"(create_\w*mask\(|mask_function\(|mask_kwargs
 """A mask builder called with ``position_ids``: transformers 5.24 then finds the documents of a packed
 row from restarted position ids (``find_packed_sequence_indices``, any batch size, no 2D mask, no
 cache) and builds per-document masks with the model's own windows."""
+_MASK4D_MARKS = ("masking_utils", "_prepare_4d")
+"""Source text of models whose mask path goes through transformers' mask utilities, which pass a 4D
+mask through as it is; a model with none of these (OpenAI GPT, XLM) expands a 2D mask itself."""
 _DECODER_FLAG_MARK = "is_causal=config.is_decoder"
 """BERT-family layers are causal only with ``config.is_decoder=True``."""
 
@@ -96,6 +99,9 @@ class AttentionRules:
     """The model numbers positions from ``padding_idx + 1`` when it computes them itself (RoBERTa,
     CamemBERT, XLM-RoBERTa, Data2Vec-text, ...), so restarted position ids from 0 are not the positions
     a document has alone."""
+    takes_4d_mask: bool = True
+    """The model's mask path passes a 4D mask through as it is (``False``: it expands a 2D padding
+    mask itself, so a 4D block mask breaks it)."""
     masks_from_position_ids: bool = False
     """The model passes ``position_ids`` to transformers' mask builders, so a batch of restarted
     ``position_ids`` alone (no ``attention_mask``, ``use_cache=False``) gets per-document masks on sdpa
@@ -203,5 +209,6 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
         takes_position_ids=takes_position_ids,
         offset_positions=_OFFSET_POSITIONS_MARK in source,
         masks_from_position_ids=bool(_POSITION_MASK_MARK.search(source)),
+        takes_4d_mask=not source or any(mark in source for mark in _MASK4D_MARKS),
         adapter=adapter_refusal(model_or_config),
     )

@@ -119,6 +119,9 @@ def _refuse_padless(t: _Target) -> str | None:
 def _refuse_mask4d(t: _Target, name: str, flag: str | None) -> str | None:
     if flag and _lacks(t, flag):
         return f"{t.model_class.__name__} does not support attn_implementation={name!r}"
+    if not t.rules.takes_4d_mask:
+        owner = t.model_class.__name__ if t.model_class is not None else "this model"
+        return f"{owner} expands a 2D padding mask itself and cannot take the 4D block mask"
     if t.rules.chunk_size is not None and not t.rules.masks_from_position_ids:
         return "a 4D mask replaces the model's chunked attention, and the model builds no mask from position_ids"
     windows = t.rules.mask_windows(t.max_length)
