@@ -60,7 +60,8 @@ row from restarted position ids (``find_packed_sequence_indices``, any batch siz
 cache) and builds per-document masks with the model's own windows."""
 _MASK4D_MARKS = ("masking_utils", "_prepare_4d")
 """Source text of models whose mask path goes through transformers' mask utilities, which pass a 4D
-mask through as it is; a model with none of these (OpenAI GPT, XLM) expands a 2D mask itself."""
+mask through as it is; a model with none of these (OpenAI GPT, XLM) expands a 2D mask itself. A
+composite model that builds its decoder with ``AutoModel`` (Fuyu) is judged by that decoder's rules."""
 _DECODER_FLAG_MARK = "is_causal=config.is_decoder"
 """BERT-family layers are causal only with ``config.is_decoder=True``."""
 
@@ -209,6 +210,6 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
         takes_position_ids=takes_position_ids,
         offset_positions=_OFFSET_POSITIONS_MARK in source,
         masks_from_position_ids=bool(_POSITION_MASK_MARK.search(source)),
-        takes_4d_mask=not source or any(mark in source for mark in _MASK4D_MARKS),
+        takes_4d_mask=not source or "AutoModel" in source or any(mark in source for mark in _MASK4D_MARKS),
         adapter=adapter_refusal(model_or_config),
     )
