@@ -290,8 +290,8 @@ def sweep(model_types: list[str]) -> tuple[list[Outcome], dict[str, str]]:
             except Exception as error:  # noqa: BLE001
                 unbuilt[model_type] = _first_line(error)
                 continue
+            broken = alone_error(model)  # with the attention the model was built with
             mine = [check(model, model_type, c, b) for c in COLLATORS for b in BACKENDS]
-            broken = alone_error(model)
             # a model that cannot run alone is judged only where padless refused it without running it
             if broken and any(o.status not in ("refused", "unsupported") for o in mine):
                 unbuilt[model_type] = broken
