@@ -62,10 +62,13 @@ def test_quick_sweep_knows_what_is_exact_and_what_is_refused(quick):
     for model_type in ("llama", "gpt2", "mistral", "gemma3_text", "qwen2"):
         assert status[(model_type, "for_model", "sdpa")].status == "exact", status[(model_type, "for_model", "sdpa")]
         assert status[(model_type, "for_model", "padless")].status == "exact"
-    for model_type, needle in (("roberta", "padding_idx + 1"), ("qwen3_next", "carry state"), ("bart", "no position_ids"),
-                               ("bloom", "ALiBi"), ("mamba", "carry state")):  # fmt: skip
-        o = status[(model_type, "for_model", "sdpa")]
+    for model_type, needle in (("roberta", "padding_idx + 1"), ("qwen3_next", "mix tokens without"), ("bart", "no position_ids"),
+                               ("bloom", "ALiBi"), ("mamba", "no position_ids")):  # fmt: skip
+        o = status[(model_type, "for_model", "eager")]  # every model has eager (BLOOM, Mamba: no sdpa)
         assert o.status == "refused" and needle in o.detail, o
+    # chunked attention (Llama 4) is carried by restarted position_ids on sdpa; padless attention refuses it
+    assert status[("llama4_text", "for_model", "sdpa")].status == "exact"
+    assert "chunked attention" in status[("llama4_text", "for_model", "padless")].detail
     # the model-free batch: exact where a plain block mask is what the model computes, refused where not
     assert status[("llama", "plain", "sdpa")].status == "exact"
     assert status[("mistral", "plain", "sdpa")].status == "refused"
