@@ -362,6 +362,12 @@ class _TRLModel:
 
 
 @pytest.mark.parametrize("shared", [True, False])
+class _TrainingStandIn(torch.nn.Module):
+    """The policy as DPOTrainer._compute_loss inspects it (its forward is the ``model`` argument)."""
+
+    is_gradient_checkpointing = False
+
+
 def test_dpo_loss_equals_trl(shared):
     pytest.importorskip("trl")
     from trl.trainer.dpo_trainer import DataCollatorForPreference, DPOTrainer
@@ -369,7 +375,8 @@ def test_dpo_loss_equals_trl(shared):
     policy, reference = _model("llama", "sdpa", seed=0), _model("llama", "sdpa", seed=1)
     feats = _pairs(6, seed=2)
     trainer = SimpleNamespace(
-        model=SimpleNamespace(training=True, is_gradient_checkpointing=False), ref_model=_TRLModel(reference),
+        # a real Module: with peft installed, TRL asks accelerate whether it is a PeftModel (reads _modules)
+        model=_TrainingStandIn(), ref_model=_TRLModel(reference),
         accelerator=SimpleNamespace(device=torch.device("cpu"), gather_for_metrics=lambda x: x, gather=lambda x: x),
         aux_loss_enabled=False, precompute_ref_logps=False, ld_alpha=None, f_divergence_type="reverse_kl",
         loss_types=["sigmoid"], loss_weights=[1.0], beta=0.1, use_weighting=False,
