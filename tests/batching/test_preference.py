@@ -361,13 +361,13 @@ class _TRLModel:
         return SimpleNamespace(log_probs=per_token, entropy=zeros, mean_logits=zeros, is_top1=zeros.bool())
 
 
-@pytest.mark.parametrize("shared", [True, False])
 class _TrainingStandIn(torch.nn.Module):
     """The policy as DPOTrainer._compute_loss inspects it (its forward is the ``model`` argument)."""
 
     is_gradient_checkpointing = False
 
 
+@pytest.mark.parametrize("shared", [True, False])
 def test_dpo_loss_equals_trl(shared):
     pytest.importorskip("trl")
     from trl.trainer.dpo_trainer import DataCollatorForPreference, DPOTrainer
