@@ -311,7 +311,7 @@ def test_padless_attention_refuses_a_tree_that_disagrees_with_the_positions():
         (None, {"overlong": "split"}, "never splits across rows"),
         (None, {"strategy": "wrapped"}, "a group never splits"),
         (None, {"attention": "position_ids"}, "position_ids alone cannot say"),
-        (None, {"max_length": 0}, "max_length must be >= 1"),
+        (None, {"max_length": 0}, "max_length must be an integer >= 1"),
         ([{"prompt_ids": [1, 2], "chosen_ids": [2, 3], "rejected_ids": [3]}], {"max_length": 2, "overlong": "truncate"},
          "cannot hold one prompt token and one token of each of 2 completions"),
     ],
