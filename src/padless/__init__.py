@@ -38,7 +38,8 @@ _EXPORTS: dict[str, str] = {
     # collators and samplers
     "PaddingCollator": "padless.batching.collate",
     "PackingCollator": "padless.batching.collate",
-    "FeatureSpec": "padless.batching.collate",
+    "FeatureSpec": "padless.batching.rowformat",
+    "RowFormat": "padless.batching.rowformat",
     "LengthGroupedBatchSampler": "padless.batching.samplers",
     "PackedRows": "padless.batching.rows",
     "PreferenceCollator": "padless.batching.preference",
@@ -125,7 +126,8 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.attention.masks import additive_block_causal_mask, block_causal_mask
     from padless.attention.select import backend_inputs, BACKENDS, check_exact, resolve_backend
     from padless.attention.varlen import reference_varlen_attention, varlen_attention
-    from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
+    from padless.batching.collate import PackingCollator, PaddingCollator
+    from padless.batching.rowformat import FeatureSpec, RowFormat
     from padless.batching.preference import PreferenceCollator, RolloutCollator, share_prompt
     from padless.attention.tree import additive_tree_mask, shared_prompt_refusal, tree_attention
     from padless.objectives.dpo import dpo_loss
