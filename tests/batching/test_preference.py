@@ -16,7 +16,7 @@ from padless.attention.backend import register_padless_attention
 from padless.attention.tree import (
     additive_tree_mask, plan_tree, shared_prompt_refusal, reference_tree_attention, tree_attention, tree_causal_mask, tree_positions,
 )  # fmt: skip
-from padless.batching.collate import FeatureSpec
+from padless.batching.rowformat import FeatureSpec
 from padless.batching.batch import batch_to
 from padless.batching.preference import (
     PairedBatch, PreferenceCollator, RolloutCollator, share_prompt,
