@@ -142,3 +142,19 @@ def test_independent_groups_keep_the_model_window():
             at += n
     with pytest.raises(ValueError, match="sliding window"):
         PreferenceCollator.for_model(model, max_length=64)  # the shared-prompt tree mask has no window
+
+
+def test_collators_pickle_and_count():
+    """DataLoader workers pickle the collator: a frozen row format must survive the round trip, its
+    running totals included; the whole-batch row (max_length=None) counts what it placed too."""
+    import pickle
+
+    feats = [{"input_ids": [5, 6, 7]}, {"input_ids": [8]}]
+    c = PackingCollator(pad_token_id=-9, pad_to_multiple_of=8)
+    c(feats)
+    assert c.totals["sequences"] == 2 and c.totals["tokens"] == 4
+    back = pickle.loads(pickle.dumps(c))
+    assert back == c and back.totals == c.totals
+    assert back(feats)["input_ids"].tolist() == c(feats)["input_ids"].tolist() == [[5, 6, 7, 8, -9, -9, -9, -9]]
+    group = PreferenceCollator(max_length=16, share_prompt=False)
+    assert pickle.loads(pickle.dumps(group)) == group

@@ -71,7 +71,7 @@ class PaddingCollator:
         return batch
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
+@dataclass(frozen=True, kw_only=True)
 class PackingCollator(RowFormat):
     """Packs the batch's sequences into rows and emits what keeps documents isolated.
 
@@ -108,6 +108,7 @@ class PackingCollator(RowFormat):
         seqs = self.features.prepare(features)
         lengths = seqs.lengths
         if self.max_length is None:  # one row of every sequence, in order
+            self._count(None, lengths)
             whole = np.zeros(lengths.size, dtype=np.int64)
             return self._place(seqs, Placements.from_plan(index=np.arange(lengths.size), start=whole, length=lengths,
                                                           row_offsets=[0, lengths.size], num_features=lengths.size))  # fmt: skip
@@ -168,9 +169,12 @@ class PackingCollator(RowFormat):
         return PackedBatch(batch, placements)
 
     def _count(self, stats: Any, lengths: np.ndarray) -> None:
+        """Add a batch's sequences and what its plan (``stats``; ``None``: no plan, nothing cut) cost."""
         t = self.totals
         t["sequences"] += int(lengths.size)
         t["tokens"] += int(lengths.sum())
+        if stats is None:
+            return
         t["truncated_sequences"] += stats.truncated_sequences
         t["truncated_tokens"] += stats.truncated_tokens
         t["dropped_sequences"] += stats.dropped_sequences

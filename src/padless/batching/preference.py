@@ -109,7 +109,7 @@ def _fit(prompt: int, completions: np.ndarray, max_length: int, copies: int) -> 
     return p, low
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
+@dataclass(frozen=True, kw_only=True)
 class _GroupCollator(RowFormat):
     """A :class:`padless.batching.rowformat.RowFormat` whose pieces are groups (a prompt and its
     completions): ``max_length`` ``None`` puts every group of the batch in one row; ``strategy`` may
@@ -340,7 +340,7 @@ def _need(feature: Any, i: int, keys: tuple[str, ...]) -> Mapping[str, Any]:
     return feature
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
+@dataclass(frozen=True, kw_only=True)
 class PreferenceCollator(_GroupCollator):
     """Packs preference pairs (``prompt_ids``, ``chosen_ids``, ``rejected_ids``) into rows; returns a
     :class:`PairedBatch` (``sequence_logprobs`` -> ``[num_pairs, 2]``, chosen first). See the module
@@ -359,7 +359,7 @@ class PreferenceCollator(_GroupCollator):
         return groups
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
+@dataclass(frozen=True, kw_only=True)
 class RolloutCollator(_GroupCollator):
     """Packs GRPO-style groups (``prompt_ids`` and ``completion_ids``, a list of ``k >= 1`` completions)
     into rows; the batch's features are every completion, group after group, so

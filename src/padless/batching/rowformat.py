@@ -199,7 +199,8 @@ class RowFormat:
         vocab_size = getattr(model.config, "vocab_size", None)
         features = options.get("features") or FeatureSpec()
         if vocab_size and features.vocab_size is None:
-            options["features"] = dataclasses.replace(features, vocab_size=vocab_size)
+            features = dataclasses.replace(features, vocab_size=vocab_size)
+        options["features"] = features
         return cls(**options)
 
     def row_width(self, used: int) -> int:
