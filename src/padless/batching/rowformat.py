@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -32,6 +32,8 @@ from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES
 
 if TYPE_CHECKING:
     import torch
+
+_Format = TypeVar("_Format", bound="RowFormat")
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class RowFormat:
         return "documents"
 
     @classmethod
-    def for_model(cls, model: Any, *, device: Any = None, dtype: Any = None, **options: Any) -> Any:
+    def for_model(cls: type[_Format], model: Any, *, device: Any = None, dtype: Any = None, **options: Any) -> _Format:
         """An instance whose attention inputs, mask dtype, sliding windows and vocabulary fit ``model``'s
         attention backend (``model.config._attn_implementation``) for documents of at most
         ``max_length`` tokens; ``options`` are the constructor's keywords (given ones are kept).
