@@ -142,8 +142,8 @@ class PackingCollator(RowFormat):
     def _place(self, seqs: Sequences, placements: Placements) -> tuple[np.ndarray, np.ndarray, list[list[int]], Placements]:
         """Build each row from its pieces (:func:`padless.layout.build_row`) into a padded
         ``[R, width]`` batch; mask each document's first label."""
-        rows = [placements.row_pieces(r) for r in range(placements.num_rows)]
-        width = self.row_width(max(int(p[:, 2].sum()) for p in rows))
+        rows = [placements.row_pieces(r).tolist() for r in range(placements.num_rows)]
+        width = self.row_width(max(sum(n for _, _, n in p) for p in rows))
         input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
         labels = np.full_like(input_ids, IGNORE_INDEX)
         row_docs: list[list[int]] = []
