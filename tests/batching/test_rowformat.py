@@ -158,3 +158,23 @@ def test_collators_pickle_and_count():
     assert back(feats)["input_ids"].tolist() == c(feats)["input_ids"].tolist() == [[5, 6, 7, 8, -9, -9, -9, -9]]
     group = PreferenceCollator(max_length=16, share_prompt=False)
     assert pickle.loads(pickle.dumps(group)) == group
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_for_model_for_an_autocast_run(backend):
+    """float32 weights trained under bf16 autocast (Trainer(bf16=True)): the collator is built for
+    dtype=bfloat16, its mask follows the weights, and the packed rows under autocast give each
+    document's logits alone under autocast."""
+    model = build_model("tiny-llama", attn_implementation=backend)
+    collator = PackingCollator.for_model(model, max_length=32, dtype=torch.bfloat16)
+    docs = [[1, 2, 3, 4, 5], [6, 7, 8], [9]]
+    batch = collator([{"input_ids": d} for d in docs])
+    assert batch["attention_mask"].dtype == torch.float32
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        packed = model(**forward_inputs(batch)).logits[0]
+        at = 0
+        for d in docs:
+            alone = model(input_ids=torch.tensor([d]), use_cache=False).logits[0]
+            assert packed.dtype == alone.dtype == torch.bfloat16
+            torch.testing.assert_close(packed[at : at + len(d)], alone, atol=0, rtol=0)
+            at += len(d)
