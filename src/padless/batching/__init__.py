@@ -1,11 +1,11 @@
-"""Batching: tokens -> model-ready batches.
+"""Batching: features -> model-ready batches.
 
-- ``batch``: the packed batch contract (PackedBatch, Placements, forward_inputs, batch_to, device_of)
-- ``rowformat``: the row format every packing collator shares (RowFormat, FeatureSpec, for_model)
-- ``collate``: the padding and packing collators
-- ``preference``: preference pairs (DPO) and rollout groups (GRPO), with or without a shared prompt
-- ``samplers``: length-grouped and distributed packed batch samplers
-- ``rows``: packed rows as dataset items (PackedRowView, PackedRows)
-- ``stream``: streaming packing with exact resume
-- ``weights``: per-token loss weights carried through padding and packing
+- ``batch``: the batch contract every collator returns and every consumer reads (PackedBatch, Placements).
+- ``rowformat``: the row format the packing collators share (RowFormat, its for_model) and FeatureSpec.
+- ``collate``: :class:`PaddingCollator` and :class:`PackingCollator`.
+- ``preference``: preference pairs and rollout groups, with or without a shared prompt.
+- ``weights``: per-token loss weights carried by the collators.
+- ``samplers``: which examples (or packed rows) each micro-batch gets, on one rank or many.
+- ``rows``: packed rows as dataset items, read by the pieces they hold.
+- ``stream``: streaming packing with a bounded buffer and exact resume.
 """
