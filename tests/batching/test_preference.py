@@ -16,7 +16,7 @@ from padless.attention.backend import register_padless_attention
 from padless.attention.tree import (
     additive_tree_mask, plan_tree, shared_prompt_refusal, reference_tree_attention, tree_attention, tree_causal_mask, tree_positions,
 )  # fmt: skip
-from padless.batching.collate import FeatureSpec
+from padless.batching.rowformat import FeatureSpec
 from padless.batching.batch import batch_to
 from padless.batching.preference import (
     PairedBatch, PreferenceCollator, RolloutCollator, share_prompt,
@@ -311,7 +311,7 @@ def test_padless_attention_refuses_a_tree_that_disagrees_with_the_positions():
         (None, {"overlong": "split"}, "never splits across rows"),
         (None, {"strategy": "wrapped"}, "a group never splits"),
         (None, {"attention": "position_ids"}, "position_ids alone cannot say"),
-        (None, {"max_length": 0}, "max_length must be >= 1"),
+        (None, {"max_length": 0}, "max_length must be an integer >= 1"),
         ([{"prompt_ids": [1, 2], "chosen_ids": [2, 3], "rejected_ids": [3]}], {"max_length": 2, "overlong": "truncate"},
          "cannot hold one prompt token and one token of each of 2 completions"),
     ],
