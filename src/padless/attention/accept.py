@@ -138,8 +138,8 @@ def check_collator(model: Any, collator: Any, *, device: Any = None, dtype: Any 
     if _normal(wanted) != _normal(sent):
         raise ValueError(f"the collator's 4D masks carry sliding windows {sent!r}, the model needs {wanted!r}; {_FIX}")
     mask_dtype = getattr(collator, "mask_dtype", None) or torch.float32
-    if mask_dtype != dtype:
-        raise ValueError(f"the collator's 4D mask is {mask_dtype}, the model computes in {dtype}; {_FIX}")
+    if mask_dtype != inner.dtype:  # the mask follows the weights (autocast casts the scores, not the mask)
+        raise ValueError(f"the collator's 4D mask is {mask_dtype}, the model's weights are {inner.dtype}; {_FIX}")
 
 
 def _normal(windows: Any) -> Any:
