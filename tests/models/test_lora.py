@@ -8,7 +8,7 @@ import torch
 from conftest import make_features
 from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator
-from padless.models.adapters import with_lora
+from padless.models.lora import with_lora
 from padless.models.factory import build_model
 
 pytest.importorskip("peft")
