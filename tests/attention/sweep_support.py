@@ -367,7 +367,7 @@ def table(outcomes: list[Outcome], unbuilt: dict[str, str]) -> str:
         f"{s['configurations']} configurations (architecture x collator x backend): "
         + ", ".join(f"{k} {v}" for k, v in s["statuses"].items()) + ".",
         "",
-        "| architecture | `for_model`: exact on | `for_model`: refused (why) | model-free batch: exact on |",
+        "| architecture | `for_model`: exact on | `for_model`: refused or crashed elsewhere (why) | model-free batch: exact on |",
         "|---|---|---|---|",
     ]
     for t in sorted(by_type):
