@@ -164,6 +164,45 @@ def _text_config(config: Any) -> Any:
         return config
 
 
+@dataclass(frozen=True)
+class _SourceMarks:
+    """What a model's module source says (the marks above), read once per model class."""
+
+    known: bool = False
+    """The source could be read (``False``: every other field keeps its permissive default)."""
+    sliding_mask: bool = True
+    """The mask path honours ``sliding_window`` (:data:`_SLIDING_MASK_MARKS`)."""
+    mask_dict: bool = False
+    """The base model takes a dict of 4D masks by layer type."""
+    sinks: bool = False
+    """Attention sinks (``s_aux``)."""
+    decoder_flag: bool = False
+    """Layers are causal only with ``config.is_decoder`` (BERT family)."""
+    offset_positions: bool = False
+    """Positions computed from ``padding_idx + 1`` (RoBERTa family)."""
+    masks_from_position_ids: bool = False
+    """Mask builders called with ``position_ids`` (:data:`_POSITION_MASK_MARK`)."""
+    takes_4d_mask: bool = True
+    """A 4D mask passes through as it is (:data:`_MASK4D_MARKS`)."""
+
+
+@functools.cache
+def _source_marks(model_class: type) -> _SourceMarks:
+    source = _module_source(model_class)
+    if not source:
+        return _SourceMarks()
+    return _SourceMarks(
+        known=True,
+        sliding_mask=any(mark in source for mark in _SLIDING_MASK_MARKS),
+        mask_dict=_MASK_DICT_MARK in source,
+        sinks=_SINK_MARK in source,
+        decoder_flag=_DECODER_FLAG_MARK in source,
+        offset_positions=_OFFSET_POSITIONS_MARK in source,
+        masks_from_position_ids=bool(_POSITION_MASK_MARK.search(source)),
+        takes_4d_mask="AutoModel" in source or any(mark in source for mark in _MASK4D_MARKS),
+    )
+
+
 @functools.cache
 def _module_source(model_class: type) -> str:
     module = sys.modules.get(model_class.__module__)
@@ -188,8 +227,8 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
         others = tuple(t for t in types if t not in (*ATTENTION_LAYER_TYPES, CHUNKED, *PER_TOKEN_LAYER_TYPES))
     else:
         windows, others = {SLIDING if window is not None else FULL: window}, ()
-    source = _module_source(model_class) if model_class is not None else ""
-    if source and not any(mark in source for mark in _SLIDING_MASK_MARKS):
+    marks = _source_marks(model_class) if model_class is not None else _SourceMarks()
+    if marks.known and not marks.sliding_mask:
         windows = {t: None for t in windows}  # the model's own mask has no window (see _SLIDING_MASK_MARKS)
     mpt_alibi = bool(getattr(get("attn_config"), "alibi", False)) if get("model_type") == "mpt" else False
     takes_position_ids = None
@@ -198,18 +237,18 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
     return AttentionRules(
         windows=windows,
         per_layer_type=bool(layer_types),
-        accepts_mask_dict=_MASK_DICT_MARK in source,
+        accepts_mask_dict=marks.mask_dict,
         other_layer_types=others,
         softcap=get("attn_logit_softcapping"),
         dropout=float(get("attention_dropout", 0.0) or 0.0),
-        sinks=_SINK_MARK in source,
+        sinks=marks.sinks,
         alibi=bool(get("alibi", False)) or get("model_type") == "bloom" or mpt_alibi,
         bidirectional=bool(get("use_bidirectional_attention", False))
-        or (_DECODER_FLAG_MARK in source and get("is_decoder") is False),
+        or (marks.decoder_flag and get("is_decoder") is False),
         chunk_size=get("attention_chunk_size"),
         takes_position_ids=takes_position_ids,
-        offset_positions=_OFFSET_POSITIONS_MARK in source,
-        masks_from_position_ids=bool(_POSITION_MASK_MARK.search(source)),
-        takes_4d_mask=not source or "AutoModel" in source or any(mark in source for mark in _MASK4D_MARKS),
+        offset_positions=marks.offset_positions,
+        masks_from_position_ids=marks.masks_from_position_ids,
+        takes_4d_mask=marks.takes_4d_mask,
         adapter=adapter_refusal(model_or_config),
     )
