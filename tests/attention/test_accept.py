@@ -144,3 +144,17 @@ def test_packed_trainer_refuses_a_model_free_collator_that_does_not_fit(tmp_path
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], per_device_train_batch_size=2)
     with pytest.raises(ValueError, match="sliding windows None, the model needs 8"):
         PackedTrainer(_model("mistral"), args, data_collator=PackingCollator(max_length=ROW), max_length=ROW)
+
+
+def test_a_mask_is_compared_once_per_window():
+    from padless.attention import accept
+
+    model, feats = _model("mistral"), _feats()
+    batch = PackingCollator.for_model(model, max_length=ROW)(feats)
+    check_batch(model, batch)
+    assert accept._checked(batch["attention_mask"], WINDOW) and not accept._checked(batch["attention_mask"], None)
+    check_batch(model, batch)  # the second call skips the comparison, and still passes
+    wrong = PackingCollator(max_length=ROW)(feats)  # another tensor: compared, refused
+    with pytest.raises(ValueError, match="sliding window"):
+        check_batch(model, wrong)
+    assert not accept._checked(wrong["attention_mask"], WINDOW)
