@@ -35,3 +35,13 @@ def test_with_lora_trains_only_the_adapter_and_packs_exactly(family):
 def test_with_lora_rejects_a_bad_rank():
     with pytest.raises(ValueError, match="rank must be a positive int"):
         with_lora(build_model("tiny-gpt2", seed=0), 0)
+
+
+def test_the_bench_takes_a_lora_rank():
+    """``padless bench --lora R``: every strategy's model goes through with_lora (bench/run.py)."""
+    from padless.bench.config import RunConfig
+
+    assert RunConfig(lora=8).lora == 8 and RunConfig().lora is None
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="must be a LoRA rank"):
+            RunConfig(lora=bad)
