@@ -276,3 +276,38 @@ def test_cpu_autocast_is_the_compute_dtype(cpu_llama):
     assert compute_target(cpu_llama.config) == (torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="dtype must be a torch dtype"):
         compute_target(cpu_llama, dtype="bfloat16")
+
+
+# ------------------------------------------------------------- grouped-query SDPA on CUDA: no math kernel
+
+
+@pytest.mark.parametrize(
+    "device, dtype, masked, head_dim, shared",
+    [
+        ("cpu", torch.float32, True, 64, True),  # the CPU takes enable_gqa with a mask
+        ("cuda", torch.bfloat16, False, 64, True),  # torch's flash kernel shares K/V heads
+        ("cuda", torch.bfloat16, True, 64, False),  # a mask: flash is out, enable_gqa would mean math
+        ("cuda", torch.float32, False, 64, False),  # fp32: flash is out
+        ("cuda", torch.float16, False, 320, False),  # heads over 256: flash is out
+    ],
+)
+def test_masked_or_fp32_gqa_on_cuda_expands_kv(device, dtype, masked, head_dim, shared):
+    from padless.attention.varlen import sdpa_shares_kv_heads
+
+    assert sdpa_shares_kv_heads(device, dtype, masked, head_dim) is shared
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_the_expanded_kv_path_equals_the_reference(monkeypatch, window):
+    """The branch CUDA takes for masked GQA (K/V expanded), run on the CPU against the dense oracle."""
+    import padless.attention.varlen as varlen
+
+    calls = []
+    monkeypatch.setattr(varlen, "sdpa_shares_kv_heads", lambda *a: calls.append(a) or False)
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 5, 6, 13, 20], dtype=torch.int32)
+    q, k, v = torch.randn(20, 4, 8), torch.randn(20, 2, 8), torch.randn(20, 2, 8)
+    out = varlen.varlen_attention(q, k, v, cu, impl="grouped_sdpa", sliding_window=window)
+    ref = varlen.reference_varlen_attention(q, k, v, cu, sliding_window=window)
+    assert calls and any(masked for _, _, masked, _ in calls) == (window is not None)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
