@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from padless.attention.host import host_values, to_device
 from padless.attention.kernels import flash_attn_installed, kernel_refusal
 from padless.devices import is_half_precision
 from padless.planning.partition import optimal_length_partition
@@ -121,31 +122,39 @@ _PLANS = _LastValue()
 
 
 def layout_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int | None, device) -> VarlenLayout:
-    """Check ``cu_seqlens`` against ``total`` tokens (one host sync, cached per tensor)."""
+    """Check ``cu_seqlens`` against ``total`` tokens (at most one host sync, none for a tensor with a
+    remembered host copy: :mod:`padless.attention.host`; cached per tensor)."""
 
     def make() -> VarlenLayout:
-        import torch
-
         if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
             raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}")
         if cu_seqlens.dtype.is_floating_point:
             raise ValueError(f"cu_seqlens must hold integers, got {cu_seqlens.dtype}")
-        cu = cu_seqlens.detach().cpu().numpy().astype(np.int64)
-        if cu[0] != 0:
-            raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
-        if cu[-1] != total:
-            raise ValueError(f"cu_seqlens ends at {int(cu[-1])} but the inputs hold {total} tokens")
-        lengths = np.diff(cu)
-        if lengths.min() < 1:
-            i = int(np.argmin(lengths))
-            raise ValueError(f"cu_seqlens gives document {i} length {int(lengths[i])}; every document needs a token")
-        longest = int(lengths.max())
-        if max_seqlen is not None and int(max_seqlen) < longest:
-            raise ValueError(f"max_seqlen={int(max_seqlen)} is below the longest document ({longest} tokens)")
-        on_device = cu_seqlens.to(device=device, dtype=torch.int32)
-        return VarlenLayout(on_device, lengths, longest)
+        (cu,) = host_values([cu_seqlens])
+        return layout_from_host(cu, total, max_seqlen, device, on_device=cu_seqlens)
 
     return _LAYOUTS.get(cu_seqlens, (total, None if max_seqlen is None else int(max_seqlen), str(device)), make)
+
+
+def layout_from_host(cu: np.ndarray, total: int, max_seqlen: int | None, device, on_device=None) -> VarlenLayout:
+    """A :class:`VarlenLayout` from host offsets ``cu`` ``[N + 1]`` checked against ``total`` tokens;
+    ``on_device``: the same offsets already on a device (else copied there without blocking)."""
+    import torch
+
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
+    if cu[-1] != total:
+        raise ValueError(f"cu_seqlens ends at {int(cu[-1])} but the inputs hold {total} tokens")
+    lengths = np.diff(cu)
+    if lengths.min() < 1:
+        i = int(np.argmin(lengths))
+        raise ValueError(f"cu_seqlens gives document {i} length {int(lengths[i])}; every document needs a token")
+    longest = int(lengths.max())
+    if max_seqlen is not None and int(max_seqlen) < longest:
+        raise ValueError(f"max_seqlen={int(max_seqlen)} is below the longest document ({longest} tokens)")
+    if on_device is None or on_device.device.type != torch.device(device).type:
+        on_device = to_device(cu.astype(np.int32), device)
+    return VarlenLayout(on_device.to(device=device, dtype=torch.int32), lengths, longest)
 
 
 def _group_plan(layout: VarlenLayout, cost: BucketCost, width: int, device) -> _GroupPlan:
@@ -170,10 +179,10 @@ def _group_plan(layout: VarlenLayout, cost: BucketCost, width: int, device) -> _
         tokens = np.repeat(starts[docs], lens) + _ranges(lens)
         scatter[tokens] = np.repeat(rows, lens) + _ranges(lens)
         buckets.append((int(docs.size), m))
-        key_lengths.append(torch.from_numpy(lens).to(device) if lens.min() < m else None)
+        key_lengths.append(to_device(lens, device) if lens.min() < m else None)
         slot += docs.size * m
-    gather = torch.from_numpy(np.concatenate(gathers)).to(device)
-    return _GroupPlan(tuple(buckets), gather, torch.from_numpy(scatter).to(device), tuple(key_lengths))
+    gather = to_device(np.concatenate(gathers), device)
+    return _GroupPlan(tuple(buckets), gather, to_device(scatter, device), tuple(key_lengths))
 
 
 def _ranges(lengths: np.ndarray) -> np.ndarray:
@@ -343,7 +352,7 @@ def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
+    cu_seqlens: torch.Tensor | VarlenLayout,
     max_seqlen: int | None = None,
     *,
     scale: float | None = None,
@@ -356,7 +365,8 @@ def varlen_attention(
     """Attention inside each document of a packed batch; differentiable in q, k and v.
 
     ``q`` is ``[T, Hq, D]``, ``k`` and ``v`` are ``[T, Hk, D]`` with ``Hq % Hk == 0`` (GQA/MQA),
-    ``cu_seqlens`` is ``[N + 1]`` (see the module docstring), ``max_seqlen`` the longest document
+    ``cu_seqlens`` is ``[N + 1]`` (see the module docstring) or a :class:`VarlenLayout` checked
+    beforehand (:func:`layout_from_host`: how the padless backend skips a device sync), ``max_seqlen`` the longest document
     (computed when None). Returns ``[T, Hq, D]`` in q's dtype. ``scale`` defaults to ``D ** -0.5``;
     ``dropout_p`` drops attention probabilities (exact in distribution, not the dense path's random
     stream); ``sliding_window = w`` lets a query see the ``w`` most recent keys of its document
@@ -375,7 +385,12 @@ def varlen_attention(
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
-    layout = layout_from_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen, q.device)
+    if isinstance(cu_seqlens, VarlenLayout):
+        layout = cu_seqlens
+        if int(layout.lengths.sum()) != q.shape[0]:
+            raise ValueError(f"the layout covers {int(layout.lengths.sum())} tokens but the inputs hold {q.shape[0]}")
+    else:
+        layout = layout_from_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen, q.device)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     name = choose_impl(q, dropout_p=dropout_p, softcap=softcap) if impl == "auto" else impl
