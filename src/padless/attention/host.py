@@ -15,7 +15,7 @@ run everything queued before it, and the CPU stops running ahead. So:
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,11 +31,24 @@ def remember_host_copy(tensor: torch.Tensor, host: Any) -> None:
     """Record that ``tensor`` holds the values of ``host`` (a CPU tensor or array of the same shape), so
     :func:`host_values` reads them without touching the device. Forgotten when ``tensor`` is freed or
     changed in place."""
-    values = np.asarray(host.detach().numpy() if hasattr(host, "detach") else host)
+    values = np.array(host.detach().numpy() if hasattr(host, "detach") else host)  # a copy: host may change later
     if tuple(values.shape) != tuple(tensor.shape):
         raise ValueError(f"host copy of shape {values.shape} does not match the tensor's {tuple(tensor.shape)}")
     key = id(tensor)
     _COPIES[key] = (weakref.ref(tensor, lambda _, key=key: _COPIES.pop(key, None)), tensor._version, values)
+
+
+BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "position_ids")
+"""Batch keys whose values padless reads on the host in a forward."""
+
+
+def remember_moved(before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """For a batch moved to a device (``before``: as collated, on the CPU; ``after``: moved), remember
+    the host values of its :data:`BOUNDARY_KEYS` tensors, so a forward reads them without a sync."""
+    for key in BOUNDARY_KEYS:
+        src, dst = before.get(key), after.get(key)
+        if hasattr(src, "device") and hasattr(dst, "device") and src.device.type == "cpu" and not src.is_floating_point():
+            remember_host_copy(dst, src)
 
 
 def _remembered(tensor: torch.Tensor) -> np.ndarray | None:
