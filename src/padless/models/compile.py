@@ -161,7 +161,9 @@ FLASH = "flash_attention_2"
 
 _FLASH_SENT: list[dict[str, Any]] = []
 """The boundary kwargs a compiled flash layer's wrapper took out of its arguments (innermost last);
-empty outside such a call."""
+empty outside such a call. Read only by untraced code: traced, its tensors would become guards."""
+_FLASH_ACTIVE: list[bool] = [False]
+"""Whether :data:`_FLASH_SENT` holds anything: the one value traced code reads (a stable guard)."""
 _FLASH_ORIGINAL: list[Callable[..., Any]] = []
 """transformers' own flash_attention_2 function, once :func:`route_flash_attention` replaced it."""
 
@@ -182,10 +184,12 @@ def _boundaries_out_of_graph(compiled: Callable[..., Any], config: Any) -> Calla
         sent = {name: kwargs.pop(name) for name in BOUNDARY_KWARGS if name in kwargs}
         if backend == FLASH:
             _FLASH_SENT.append(sent)
+            _FLASH_ACTIVE[0] = True
             try:
                 return compiled(*args, **kwargs)
             finally:
                 _FLASH_SENT.pop()
+                _FLASH_ACTIVE[0] = bool(_FLASH_SENT)
         with documents_context(None, cu, cu_k, sent.get("max_length_q")):
             return compiled(*args, **kwargs)
 
@@ -195,9 +199,9 @@ def _boundaries_out_of_graph(compiled: Callable[..., Any], config: Any) -> Calla
 def flash_attention_with_documents(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any):
     """What ``flash_attention_2`` names once :func:`route_flash_attention` ran: transformers' own function,
     given the boundaries a compiled layer's wrapper took out of its arguments. Outside such a call
-    (:data:`_FLASH_SENT` empty) it is transformers' function, traced as before; inside, the call runs
-    untraced (a graph break), so the boundaries never enter a graph."""
-    if _FLASH_SENT:
+    it is transformers' function, traced as before; inside, the call runs untraced (a graph break), so
+    the boundaries never enter a graph."""
+    if _FLASH_ACTIVE[0]:
         return _flash_untraced(module, query, key, value, attention_mask, **kwargs)
     return _FLASH_ORIGINAL[0](module, query, key, value, attention_mask, **kwargs)
 
