@@ -311,3 +311,20 @@ def test_the_expanded_kv_path_equals_the_reference(monkeypatch, window):
     ref = varlen.reference_varlen_attention(q, k, v, cu, sliding_window=window)
     assert calls and any(masked for _, _, masked, _ in calls) == (window is not None)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_the_tree_path_expanded_kv_equals_the_reference(monkeypatch, window):
+    """Shared-prompt trees always carry a mask: on CUDA their grouped K/V are expanded (the CPU runs it here)."""
+    import padless.attention.tree as tree
+
+    calls = []
+    monkeypatch.setattr(tree, "sdpa_shares_kv_heads", lambda *a: calls.append(a) or False)
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 4, 7, 9, 12, 13], dtype=torch.int32)  # a prompt of 4 with two completions; 3 with one
+    parents = torch.tensor([-1, 0, 0, -1, 3])
+    q, k, v = torch.randn(13, 4, 8), torch.randn(13, 2, 8), torch.randn(13, 2, 8)
+    out = tree.tree_attention(q, k, v, cu, parents, sliding_window=window)
+    ref = tree.reference_tree_attention(q, k, v, cu, parents, sliding_window=window)
+    assert any(masked for _, _, masked, _ in calls)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -136,3 +136,27 @@ def test_remember_moved_takes_integer_boundaries_from_the_cpu_only():
     assert id(after["cu_seq_lens_q"]) in host._COPIES
     assert id(after["position_ids"]) not in host._COPIES  # float: not a boundary tensor padless reads
     assert id(after["input_ids"]) not in host._COPIES
+
+
+def test_shared_prompt_rows_one_transfer_per_forward_and_none_after_batch_to(monkeypatch):
+    """The tree path (GRPO groups: a prompt once, its completions after it) reads its tree and
+    position ids in one transfer, and from the remembered host copies after batch_to."""
+    from padless.batching.preference import RolloutCollator
+
+    model = _model()
+    rng = np.random.default_rng(0)
+    groups = [{"prompt_ids": rng.integers(1, 60, int(rng.integers(2, 9))).tolist(),
+               "completion_ids": [rng.integers(1, 60, int(rng.integers(1, 6))).tolist() for _ in range(3)]}
+              for _ in range(4)]  # fmt: skip
+    collate = RolloutCollator.for_model(model, max_length=40)
+    batch = collate(groups)
+    assert "tree_cu_seqlens" in batch
+    counter = SyncCounter(monkeypatch)
+    with torch.no_grad():
+        plain = model(**forward_inputs(batch)).logits
+    assert counter.calls == ["padless.attention.host: cpu"]
+    counter.calls.clear()
+    moved = batch_to(collate(groups), "cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(model(**forward_inputs(moved)).logits, plain, atol=0, rtol=0)
+    assert counter.calls == []

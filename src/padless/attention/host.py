@@ -38,7 +38,7 @@ def remember_host_copy(tensor: torch.Tensor, host: Any) -> None:
     _COPIES[key] = (weakref.ref(tensor, lambda _, key=key: _COPIES.pop(key, None)), tensor._version, values)
 
 
-BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "position_ids")
+BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "position_ids", "tree_cu_seqlens", "tree_parents")
 """Batch keys whose values padless reads on the host in a forward."""
 
 
