@@ -160,3 +160,20 @@ def test_shared_prompt_rows_one_transfer_per_forward_and_none_after_batch_to(mon
     with torch.no_grad():
         torch.testing.assert_close(model(**forward_inputs(moved)).logits, plain, atol=0, rtol=0)
     assert counter.calls == []
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cu_seq_lens_k_unlike_q_is_refused(compiled):
+    """Read on the host with the rest of the layout (no torch.equal on the device), eager and through
+    compile_layers' wrapper, which hands cu_seq_lens_k to the attention apart from q."""
+    from padless.models.compile import _boundaries_out_of_graph
+
+    model = _model()
+    batch = PackingCollator.for_model(model, max_length=16)(FEATURES)
+    batch["cu_seq_lens_k"] = batch["cu_seq_lens_k"].clone()
+    batch["cu_seq_lens_k"][1] += 1
+    if compiled:  # the wrapper without torch.compile: what the compiled layer is called through
+        for layer in model.model.layers:
+            layer._compiled_call_impl = _boundaries_out_of_graph(layer._call_impl, model.config)
+    with pytest.raises(ValueError, match="cu_seq_lens_q and cu_seq_lens_k differ"), torch.no_grad():
+        model(**forward_inputs(batch))

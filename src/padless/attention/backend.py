@@ -37,7 +37,10 @@ BACKEND_NAME = "padless"
 
 Backend = Literal["padless", "sdpa", "eager", "flash_attention_2", "flex_attention"]
 
-_CONTEXT: ContextVar[tuple[Any, Any, Any, Any] | None] = ContextVar("padless_documents", default=None)
+_CONTEXT: ContextVar[tuple[Any, Any, Any] | None] = ContextVar("padless_documents", default=None)
+"""(position_ids, cu_seqlens, max_seqlen) of the enclosing :func:`packed_documents` context."""
+_CONTEXT_K: ContextVar[Any] = ContextVar("padless_documents_k", default=None)
+"""cu_seq_lens_k of the enclosing :func:`documents_context` (``None``: the same as cu_seqlens)."""
 _LAYOUTS = _LastValue()  # the checked layout of a forward's boundaries, built once per forward
 # kwargs some models send that change what attention computes; padless cannot honour them.
 _REFUSED_KWARGS = {"s_aux": "attention sinks (s_aux)", "position_bias": "an additive position bias"}
@@ -66,11 +69,12 @@ def documents_context(position_ids: Any, cu_seqlens: Any, cu_seqlens_k: Any, max
     """:func:`packed_documents` with ``cu_seq_lens_k`` kept apart (checked equal to ``cu_seqlens`` with
     the layout): what :func:`padless.compile_layers` hands the attention for boundaries it took out of
     a compiled layer's arguments."""
-    token = _CONTEXT.set((position_ids, cu_seqlens, cu_seqlens_k, max_seqlen))
+    token, token_k = _CONTEXT.set((position_ids, cu_seqlens, max_seqlen)), _CONTEXT_K.set(cu_seqlens_k)
     try:
         yield
     finally:
         _CONTEXT.reset(token)
+        _CONTEXT_K.reset(token_k)
 
 
 def cu_seqlens_from_position_ids(position_ids: torch.Tensor, batch: int) -> torch.Tensor:
@@ -86,13 +90,14 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor, batch: int) -> torc
     return torch.cat([first, first.new_tensor([pos.numel()])]).to(torch.int32)
 
 
-def sent_boundaries(kwargs: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``cu_seq_lens_q`` and ``cu_seq_lens_k`` of a layer's kwargs, checked to come both or neither (their
-    values are compared on the host with the rest of the layout, :func:`document_layout`)."""
+def sent_boundaries(kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``cu_seq_lens_q`` of a layer's kwargs, checked to come with a ``cu_seq_lens_k`` (``None`` when
+    neither was sent). Their values are compared on the host, with the rest of the layout
+    (:func:`document_layout`): no device sync here."""
     cu, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if (cu is None) != (cu_k is None):
         raise ValueError("padless attention needs both cu_seq_lens_q and cu_seq_lens_k, or neither")
-    return cu, cu_k
+    return cu
 
 
 def document_layout(kwargs: dict[str, Any], batch: int, length: int, device: Any) -> VarlenLayout:
@@ -102,12 +107,13 @@ def document_layout(kwargs: dict[str, Any], batch: int, length: int, device: Any
     Built once per forward (every layer passes the same tensors) from host copies of the boundary
     tensors: :func:`padless.attention.host.host_values`, one device sync at most (none when the batch
     was moved with :func:`padless.batch_to`, which remembers the collator's host copies)."""
-    cu, cu_k = sent_boundaries(kwargs)
+    cu, cu_k = sent_boundaries(kwargs), kwargs.get("cu_seq_lens_k")
     max_len = kwargs.get("max_length_q")
     pos = kwargs.get("position_ids")
     context = _CONTEXT.get() if cu is None else None
     if context is not None:  # kwargs that reached the layer take precedence; the rest from the context
-        ctx_pos, cu, cu_k, max_len = context
+        ctx_pos, cu, max_len = context
+        cu_k = _CONTEXT_K.get()
         pos = ctx_pos if pos is None else pos
     elif cu is None and pos is None:
         raise ValueError(

@@ -180,7 +180,7 @@ def _boundaries_out_of_graph(compiled: Callable[..., Any], config: Any) -> Calla
         backend = config._attn_implementation
         if backend not in (BACKEND_NAME, FLASH) or "cu_seq_lens_q" not in kwargs:
             return compiled(*args, **kwargs)
-        cu, cu_k = sent_boundaries(kwargs)
+        cu, cu_k = sent_boundaries(kwargs), kwargs.get("cu_seq_lens_k")
         sent = {name: kwargs.pop(name) for name in BOUNDARY_KWARGS if name in kwargs}
         if backend == FLASH:
             _FLASH_SENT.append(sent)
