@@ -105,30 +105,33 @@ def cuda_capability(device: torch.device | str) -> tuple[int, int] | None:
     return tuple(torch.cuda.get_device_capability(device if device.index is not None else None))  # type: ignore[return-value]
 
 
-def kernel_refusal(kernel: Kernel, device: torch.device | str, dtype: torch.dtype, head_dim: int | None = None) -> str | None:
+def kernel_refusal(
+    kernel: Kernel, device: torch.device | str, dtype: torch.dtype, head_dim: int | None = None, *, name: str | None = None
+) -> str | None:
     """Why ``kernel`` cannot run attention on ``device`` in ``dtype`` with heads of ``head_dim``
-    (``None``: it can). ``head_dim=None`` skips the head check; a CUDA device whose capability cannot
-    be read here (no GPU visible to this process) is not held against the kernel, which checks again
-    when it runs."""
+    (``None``: it can), naming it ``name`` (default: ``kernel``; the rule says ``flash_attention_2``).
+    ``head_dim=None`` skips the head check; a CUDA device whose capability cannot be read here (no GPU
+    visible to this process) is not held against the kernel, which checks again when it runs."""
     import torch
 
     limits = LIMITS[kernel]
+    name = name or kernel
     device = torch.device(device)
     if device.type != "cuda":
-        return f"{kernel} runs on CUDA only, not {device.type}"
+        return f"{name} runs on CUDA only, not {device.type}"
     if not is_half_precision(dtype):
-        return f"{kernel} needs fp16 or bf16, not {dtype_name(dtype)}"
+        return f"{name} needs fp16 or bf16, not {dtype_name(dtype)}"
     if not _INSTALLED[kernel]():
         return _NOT_INSTALLED[kernel]
     capability = cuda_capability(device)
     if capability is not None and capability < limits.min_capability:
         need = "sm{}{}".format(*limits.min_capability)
-        return f"{kernel} needs an {need}+ GPU (Ampere or newer); {device} is sm{capability[0]}{capability[1]}"
+        return f"{name} needs an {need}+ GPU (Ampere or newer); {device} is sm{capability[0]}{capability[1]}"
     if head_dim is not None:
         if head_dim > limits.max_head_dim:
-            return f"{kernel} takes heads of at most {limits.max_head_dim}, not {head_dim}"
+            return f"{name} takes heads of at most {limits.max_head_dim}, not {head_dim}"
         if head_dim % limits.head_dim_multiple:
-            return f"{kernel} takes heads of a multiple of {limits.head_dim_multiple}, not {head_dim}"
+            return f"{name} takes heads of a multiple of {limits.head_dim_multiple}, not {head_dim}"
     return None
 
 

@@ -100,8 +100,9 @@ def _refuse_padless(t: _Target) -> str | None:
     if t.rules.sinks:
         return "padless attention has no attention sinks (s_aux)"
     if t.rules.softcap is not None:
-        if kernel_refusal("flash_attn", t.device, t.dtype, t.head_dim) is not None:
-            return "attention logit soft-capping needs flash-attn on CUDA with fp16/bf16"
+        kernel = kernel_refusal("flash_attn", t.device, t.dtype, t.head_dim)
+        if kernel is not None:
+            return f"attention logit soft-capping needs flash-attn on CUDA with fp16/bf16, and here {kernel}"
         return _flash_softcap_dropout(t)
     return None
 
@@ -121,9 +122,9 @@ def _refuse_mask4d(t: _Target, name: str, flag: str | None) -> str | None:
 
 
 def _refuse_flash2(t: _Target) -> str | None:
-    kernel = kernel_refusal("flash_attn", t.device, t.dtype, t.head_dim)
+    kernel = kernel_refusal("flash_attn", t.device, t.dtype, t.head_dim, name="flash_attention_2")
     if kernel is not None:
-        return kernel.replace("flash_attn ", "flash_attention_2 ", 1)
+        return kernel
     if _lacks(t, "_supports_flash_attn"):
         return f"{t.model_class.__name__} does not support flash_attention_2"
     return flash_boundary_refusal(t.model_class) or _flash_softcap_dropout(t)
@@ -231,8 +232,8 @@ def check_exact(
     """The one rule: return if packed rows trained with attention ``backend`` on ``model_or_config``
     (a transformers model or config; ``None``: no model-specific rule) on ``device`` in ``dtype``
     (where training will run and its compute dtype: :func:`compute_target` fills them from the model
-    and the autocast state when not given) compute exactly what each document computes alone, else raise ``ValueError`` naming a backend
-    that does (or saying that none does). ``max_length`` bounds the tokens of a document in a row
+    and the autocast state when not given) compute exactly what each document computes alone, else
+    raise ``ValueError`` naming a backend that does (or saying that none does). ``max_length`` bounds the tokens of a document in a row
     (``None``: unbounded); a sliding window at least that long never cuts a document. ``layout``
     (:data:`Layout`): ``shared_prompt`` rows also need a backend that expresses the tree.
 
