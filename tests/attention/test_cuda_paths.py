@@ -328,3 +328,46 @@ def test_the_tree_path_expanded_kv_equals_the_reference(monkeypatch, window):
     ref = tree.reference_tree_attention(q, k, v, cu, parents, sliding_window=window)
     assert any(masked for _, _, masked, _ in calls)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------- the collators and PackedTrainer judge where the step runs
+
+
+def test_for_model_on_a_cpu_fp32_model_for_a_cuda_bf16_run(tmp_path, monkeypatch, cpu_llama):
+    from padless.batching.collate import PackingCollator
+    from padless.integrations.transformers import exact_collator, training_dtype
+
+    _flash_package(tmp_path, monkeypatch, WORKING)
+    _gpu(monkeypatch)
+    bf16 = training_dtype(types.SimpleNamespace(bf16=True, fp16=False))
+    assert (bf16, training_dtype(types.SimpleNamespace(bf16=False, fp16=True))) == (torch.bfloat16, torch.float16)
+    assert training_dtype(types.SimpleNamespace(bf16=False, fp16=False)) is None
+    for backend in ("flash_attention_2", "padless"):
+        cpu_llama.config._attn_implementation = backend
+        collate = PackingCollator.for_model(cpu_llama, device="cuda", dtype=bf16, max_length=32)
+        assert collate.attention == "varlen"
+        assert exact_collator(cpu_llama, 32, device="cuda", dtype=bf16, pad_token_id=0).attention == "varlen"
+    cpu_llama.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="flash_attention_2 needs fp16 or bf16, not float32"):
+        exact_collator(cpu_llama, 32, device="cuda", pad_token_id=0)  # no bf16 flag: the fp32 weights compute
+    _cuda_autocast(monkeypatch)  # built inside the autocast region the step runs in
+    assert PackingCollator.for_model(cpu_llama, device="cuda", max_length=32).attention == "varlen"
+
+
+def test_packed_trainer_remembers_the_host_copies_when_it_moves_a_batch(tmp_path):
+    from transformers import TrainingArguments
+
+    import padless.attention.host as host
+    from padless.attention.backend import register_padless_attention
+    from padless.integrations.transformers import PackedTrainer
+    from padless.models.factory import build_model
+
+    model = build_model("tiny-llama", attn_implementation=register_padless_attention())
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1)
+    feats = [{"input_ids": list(range(1, n))} for n in (20, 9, 5)]
+    trainer = PackedTrainer(model=model, args=args, train_dataset=feats, max_length=32)
+    batch = trainer.data_collator(feats)
+    moved = trainer._prepare_inputs(batch)
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "position_ids"):
+        assert host._remembered(moved[key]) is not None, key
+    assert host._remembered(moved["input_ids"]) is None
