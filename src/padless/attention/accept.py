@@ -72,7 +72,7 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     ``attention_mask``) pass unchecked: they are not packed."""
     import torch
 
-    from padless.attention.select import backend_inputs, check_exact, mask_windows, model_inputs
+    from padless.attention.select import backend_inputs, check_exact, compute_target, mask_windows, model_inputs
 
     kind = carried_inputs(batch)
     if kind == "padding":
@@ -81,8 +81,8 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     backend = inner.config._attn_implementation
     docs = row_documents(batch)
     longest = max(max(r) for r in docs)
-    device = next((p.device for p in inner.parameters()), torch.device("cpu"))
-    check_exact(model, backend, device=device, dtype=inner.dtype, max_length=longest)
+    device, dtype = compute_target(inner)  # where this forward runs (autocast counts)
+    check_exact(model, backend, device=device, dtype=dtype, max_length=longest)
     needed = model_inputs(model, backend)
     if kind == "position_ids" and backend_inputs(backend) == "mask4d":
         from padless.attention.rules import attention_rules
@@ -133,12 +133,11 @@ def check_collator(model: Any, collator: Any, *, device: Any = None, dtype: Any 
     ``device`` / ``dtype``: where training runs (default: the model's parameters)."""
     import torch
 
-    from padless.attention.select import check_exact, mask_windows, model_inputs
+    from padless.attention.select import check_exact, compute_target, mask_windows, model_inputs
 
     inner = base_model_of(model)
     backend = inner.config._attn_implementation
-    device = device if device is not None else next((p.device for p in inner.parameters()), torch.device("cpu"))
-    dtype = dtype if dtype is not None else inner.dtype
+    device, dtype = compute_target(inner, device, dtype)
     max_length = getattr(collator, "max_length", None)
     check_exact(model, backend, device=device, dtype=dtype, max_length=max_length)
     needed, carried = model_inputs(model, backend), getattr(collator, "attention", None)
