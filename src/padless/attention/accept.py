@@ -70,8 +70,6 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` unless ``model(**batch)`` computes for every packed document exactly what
     the document computes alone, by the one rule; return otherwise. Padded batches (a 2D
     ``attention_mask``) pass unchecked: they are not packed."""
-    import torch
-
     from padless.attention.select import backend_inputs, check_exact, compute_target, mask_windows, model_inputs
 
     kind = carried_inputs(batch)
