@@ -479,3 +479,15 @@ def test_a_model_that_expands_its_own_2d_mask_is_refused_the_4d_mask():
     assert not attention_rules(config).takes_4d_mask and attention_rules(_mistral().config).takes_4d_mask
     with pytest.raises(ValueError, match="expands a 2D padding mask itself"):
         check_exact(config, "eager", device="cpu", dtype=torch.float32)
+
+
+def test_a_config_with_per_layer_head_sizes_is_judged_not_crashed():
+    """Gemma 4's config refuses a global head_dim (it varies per layer): the rule answers anyway."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import sweep_support
+
+    config = sweep_support.tiny_config("gemma4_text")
+    check_exact(config, "sdpa", device="cpu", dtype=torch.float32, max_length=ROW)
