@@ -158,3 +158,11 @@ def test_a_mask_is_compared_once_per_window():
     with pytest.raises(ValueError, match="sliding window"):
         check_batch(model, wrong)
     assert not accept._checked(wrong["attention_mask"], WINDOW)
+
+
+def test_three_axis_position_ids_are_read_like_text_positions():
+    """Multimodal RoPE (Qwen2-VL family) takes position ids ``[3, R, L]``; for text every axis restarts alike."""
+    batch = PackingCollator(max_length=ROW, attention="position_ids")(_feats())
+    flat = row_documents(batch)
+    stacked = dict(batch, position_ids=batch["position_ids"][None].expand(3, -1, -1))
+    assert row_documents(stacked) == flat
