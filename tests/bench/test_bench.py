@@ -11,6 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from padless.bench import run as bench_run
+from padless.bench import train as bench_train
+from padless.bench.config import RunConfig
+from padless.bench.steps import same_example_steps, token_budget_steps
 from padless.bench.strategies import bucket_partition, parse_strategies
 
 
@@ -34,18 +37,18 @@ def test_bucket_partition_is_optimal_on_small_inputs(lengths, overhead):
 
 
 def test_same_example_steps_cover_examples_without_repeats_in_an_epoch():
-    steps = bench_run.same_example_steps(20, 5, 4, seed=0)
+    steps = same_example_steps(20, 5, 4, seed=0)
     flat = np.concatenate(steps)
     assert sorted(flat.tolist()) == list(range(20))
-    assert [s.tolist() for s in steps] == [s.tolist() for s in bench_run.same_example_steps(20, 5, 4, seed=0)]
+    assert [s.tolist() for s in steps] == [s.tolist() for s in same_example_steps(20, 5, 4, seed=0)]
     with pytest.raises(ValueError, match="a step needs 8"):
-        bench_run.same_example_steps(5, 1, 8, seed=0)
+        same_example_steps(5, 1, 8, seed=0)
 
 
 @pytest.mark.parametrize("strategy", ["padding", "packing", "flattening", "bucketing"])
 def test_token_budget_steps_respect_the_budget(strategy):
     lengths = np.random.default_rng(0).integers(1, 100, 300)
-    steps = bench_run.token_budget_steps(strategy, lengths, 10, 400, seed=0)
+    steps = token_budget_steps(strategy, lengths, 10, 400, seed=0)
     assert len(steps) == 10
     for s in steps:
         fed = len(s) * lengths[s].max() if strategy in ("padding", "bucketing") else lengths[s].sum()
@@ -62,24 +65,25 @@ def _cfg(**kw):
     base = dict(model="tiny-gpt2", data="-", strategies=("padding", "packing"), steps=4, batch_size=6,
                 max_length=64, warmup_steps=1, lr=1e-3, eval_examples=4, train_on="all",
                 grad_accumulation=1, limit=None, in_process=True)  # fmt: skip
-    return bench_run.RunConfig(**{**base, **kw})
+    return RunConfig(**{**base, **kw})
 
 
 def test_padding_and_packing_losses_match_step_for_step():
     """Same examples per step, same init: packing changes the speed, not what is learned."""
     import torch
 
-    from padless.bench.measure import PeakMemory, StrategyRecorder
+    from padless.bench.measure import StrategyRecorder
+    from padless.bench.memory import PeakMemory
 
     # token ids from a 16-token subset of the 512-token vocabulary: quick to learn, so the loss drops
     feats = make_features(np.random.default_rng(1).integers(1, 40, 40), vocab_size=16, seed=1, with_labels=True)
     train, evals = feats[4:], feats[:4]
     cfg = _cfg(grad_accumulation=2, batch_size=3)
-    steps = bench_run.same_example_steps(len(train), cfg.steps, cfg.batch_size * cfg.grad_accumulation, 0)
+    steps = same_example_steps(len(train), cfg.steps, cfg.batch_size * cfg.grad_accumulation, 0)
     losses = {}
     for name in ("padding", "packing", "flattening", "bucketing"):
         rec = StrategyRecorder()
-        bench_run.train_strategy(name, cfg, train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
+        bench_train.train_strategy(name, cfg, train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
                                  pad_token_id=0, recorder=rec, memory=PeakMemory("cpu"), progress=False)  # fmt: skip
         losses[name] = (rec.loss, rec.eval_loss_start, rec.eval_loss_end)
     for name in ("packing", "flattening", "bucketing"):
@@ -143,8 +147,8 @@ def test_ctrl_c_writes_what_was_measured(tmp_path, monkeypatch):
     from padless.bench.results import load_results
 
     feats = make_features(np.random.default_rng(2).integers(2, 30, 40), vocab_size=16, seed=2)
-    monkeypatch.setattr(bench_run, "_load", lambda cfg: (feats[4:], feats[:4], 0))
-    real_train = bench_run.train_strategy
+    monkeypatch.setattr(bench_run, "load_data", lambda cfg: (feats[4:], feats[:4], 0))
+    real_train = bench_train.train_strategy
 
     def interrupted_second(name, cfg, train, evals, steps, **kw):
         if name == "packing":  # two steps done, then Ctrl-C
@@ -152,7 +156,7 @@ def test_ctrl_c_writes_what_was_measured(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_train(name, cfg, train, evals, steps, **kw)
 
-    monkeypatch.setattr(bench_run, "train_strategy", interrupted_second)
+    monkeypatch.setattr(bench_train, "train_strategy", interrupted_second)
     path = bench_run.run_benchmark(_cfg(strategies=("padding", "packing", "flattening")), tmp_path, progress=False)
     results = load_results(path)
     assert results.status.state == "interrupted"
@@ -166,7 +170,7 @@ def test_token_budget_mode_runs(tmp_path, monkeypatch):
     from padless.bench.results import load_results
 
     feats = make_features(np.random.default_rng(3).integers(2, 30, 60), vocab_size=16, seed=3)
-    monkeypatch.setattr(bench_run, "_load", lambda cfg: (feats[4:], feats[:4], 0))
+    monkeypatch.setattr(bench_run, "load_data", lambda cfg: (feats[4:], feats[:4], 0))
     cfg = _cfg(strategies=("padding", "packing"), mode="token-budget", token_budget=96, steps=3)
     results = load_results(bench_run.run_benchmark(cfg, tmp_path, progress=False))
     assert results.config.token_budget == 96
