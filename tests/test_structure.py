@@ -243,7 +243,6 @@ def test_no_module_imports_another_folders_private_names() -> None:
 TEST_HOMES: dict[str, str] = {
     # module -> the test file that covers it, where the mirrored name (tests/<folder>/test_<module>.py) is not it
     "padless._optional": "integrations/test_packaging.py",
-    "padless.devices": "models/test_factory.py",
     "padless.hub": "cli/test_bad_input.py",
     "padless.attention.backend": "attention/test_varlen.py",
     "padless.attention.rules": "attention/test_windows.py",

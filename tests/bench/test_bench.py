@@ -311,3 +311,42 @@ def test_under_autocast_padless_attention_computes_in_the_autocast_dtype(monkeyp
             losses[attn] = model_loss(model, batch, step_num_items([batch]), trained_logits_only=True).item()
     assert seen and set(seen) == {torch.bfloat16}
     assert losses["sdpa"] == pytest.approx(losses["padless"], rel=2e-2)
+
+
+def test_float16_scales_the_loss_and_other_dtypes_do_not(monkeypatch):
+    """``--dtype float16``: the loss goes through an enabled ``torch.amp.GradScaler`` (fp16 gradients
+    underflow without it), the optimiser steps through the scaler, and training still matches fp32
+    closely; float32 and bfloat16 get a disabled (pass-through) scaler."""
+    import torch
+
+    from padless.bench.measure import StrategyRecorder
+    from padless.bench.memory import PeakMemory
+
+    seen = []
+
+    class Scaler(torch.amp.GradScaler):
+        def scale(self, outputs):
+            seen.append(("scale", self.is_enabled()))
+            return super().scale(outputs)
+
+        def step(self, optimizer, *args, **kwargs):
+            seen.append(("step", self.is_enabled()))
+            return super().step(optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(torch.amp, "GradScaler", Scaler)
+    feats = make_features(np.random.default_rng(5).integers(2, 30, 24), vocab_size=16, seed=5, with_labels=True)
+    train, evals = feats[4:], feats[:4]
+    cfg = _cfg(strategies=("packing",), steps=3, batch_size=4)
+    steps = same_example_steps(len(train), 3, 4, 0)
+    losses = {}
+    for dtype in (torch.float32, torch.float16):
+        seen.clear()
+        rec = StrategyRecorder()
+        bench_train.train_strategy("padding", cfg, train, evals, steps, device=torch.device("cpu"), dtype=dtype,
+                                   pad_token_id=0, recorder=rec, memory=PeakMemory("cpu"), progress=False)  # fmt: skip
+        enabled = dtype == torch.float16
+        assert seen and set(seen) == {("scale", enabled), ("step", enabled)}
+        assert sum(1 for s in seen if s[0] == "step") == 3  # one optimiser step per step, through the scaler
+        losses[dtype] = rec.loss
+    assert all(np.isfinite(losses[torch.float16]))
+    np.testing.assert_allclose(losses[torch.float16], losses[torch.float32], rtol=2e-2)
