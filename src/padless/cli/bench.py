@@ -10,7 +10,7 @@ import typing
 
 from padless.bench.config import PRESETS, RESULT_ONLY_FIELDS, RunConfig, field_docs
 from padless.bench.run import run_benchmark
-from padless.cli import as_flags, plain
+from padless.cli._shared import as_flags, plain, report_lines
 
 
 def _comma_list(text: str) -> tuple[str, ...]:
@@ -55,7 +55,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
     import torch.distributed as dist
 
-    from padless.bench.report import format_summary_table
     from padless.bench.results import load_results
 
     try:
@@ -72,6 +71,5 @@ def run_bench(args: argparse.Namespace) -> int:
     results = load_results(path)
     if results.status.state == "interrupted":
         print("\ninterrupted: wrote what was measured so far", file=sys.stderr)
-    print(format_summary_table(results))
-    print(f"results: {path}\nreport:  {path.parent / 'report.html'}")
+    print("\n".join(report_lines(results, path.parent / "report.html", [f"results: {path}"])))
     return 0
