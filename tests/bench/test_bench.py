@@ -118,7 +118,8 @@ def test_quick_preset_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_bench_under_torchrun_two_gloo_ranks(tmp_path):
-    """``padless bench`` under ``torchrun --nproc-per-node 2``: aggregate figures from rank 0."""
+    """``padless bench`` under ``torchrun --nproc-per-node 2``, all four strategies (bucketing's
+    micro-batch counts differ between the ranks): aggregate figures from rank 0, the same losses."""
     import os
     import socket
     import subprocess
@@ -132,7 +133,7 @@ def test_bench_under_torchrun_two_gloo_ranks(tmp_path):
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(port), "-m", "padless", "bench", "--preset", "quick", "--strategies",
-           "packing,padding", "--steps", "3", "--warmup-steps", "1", "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+           "padding,bucketing,packing,flattening", "--steps", "3", "--warmup-steps", "1", "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -140,7 +141,9 @@ def test_bench_under_torchrun_two_gloo_ranks(tmp_path):
     assert validate(data) == [] and data["config"]["world_size"] == 2
     # each step sums both ranks: 2 ranks x 4 examples
     assert data["strategies"]["packing"]["sequences"] == [8, 8, 8]
-    np.testing.assert_allclose(data["strategies"]["packing"]["loss"], data["strategies"]["padding"]["loss"], rtol=1e-4)
+    for name in ("bucketing", "packing", "flattening"):
+        assert data["strategies"][name]["sequences"] == [8, 8, 8]
+        np.testing.assert_allclose(data["strategies"][name]["loss"], data["strategies"]["padding"]["loss"], rtol=1e-4)
 
 
 def test_ctrl_c_writes_what_was_measured(tmp_path, monkeypatch):
