@@ -156,11 +156,14 @@ def train_strategy(
     for indices in tqdm(step_indices, desc=f"{name:>10}", unit="step", disable=not show, leave=False):
         feats = [train[i] for i in indices]
         with timer.step():
+            # every host-side count and collective first, on the host-side batches: a sync here waits
+            # for nothing of this step (the timer already waited for the last one)
             collated = batcher(feats)
-            n = step_num_items(collated)  # counted on the host-side batches: no device sync
+            n = step_num_items(collated)
             mine = int(step_num_items(collated, all_ranks=False))
+            count = agree_count(len(collated), device, world_size)
             micro = [batch_to(b, device) for b in collated]
-            extra = fillers(micro, agree_count(len(micro), device, world_size))
+            extra = fillers(micro, count)
             fed = [*micro, *extra]
             total = torch.zeros((), device=device)
             for i, batch in enumerate(fed):
