@@ -159,7 +159,9 @@ else
     fi
 fi
 
-"$PY" - "$OUT" "$(( $(date +%s) - T0 ))" "$DRY" <<'PYEOF'
+SUMMARY_PY=$PY
+"$SUMMARY_PY" -c "" 2>/dev/null || SUMMARY_PY=python3  # the summary is written even when PYTHON is broken
+"$SUMMARY_PY" - "$OUT" "$(( $(date +%s) - T0 ))" "$DRY" <<'PYEOF'
 import json, sys
 from pathlib import Path
 out, seconds, dry = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
