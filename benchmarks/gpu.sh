@@ -4,10 +4,10 @@
 #   env        python, torch, CUDA, the GPU, the packages found                    -> env.json
 #   setup      padless importable (PYTHONPATH=src, nothing installed into the system); missing
 #              packages installed from $WHEELS (carried wheels), else from PyPI where pip reaches it
-#   parity     padless.varlen_attention, every kernel (torch-varlen, grouped SDPA, flash-attn, auto)
-#              against reference_varlen_attention, outputs and gradients: bf16 and fp32, MHA and GQA,
-#              sliding windows, 1-token documents, head_dim 64 / 72 / 320 (320: the varlen kernels
-#              must refuse and auto fall back)                                    -> parity.json
+#   parity     benchmarks/kernel_parity.py: every kernel of padless.varlen_attention (torch-varlen,
+#              grouped SDPA, flash-attn, auto) against reference_varlen_attention, outputs and gradients:
+#              bf16 and fp32, MHA and GQA, sliding windows, 1-token documents, head_dim 64 / 72 / 100 /
+#              320 (320: the varlen kernels must refuse, auto fall back)           -> parity.json
 #   verify     padless verify --model smollm2-135m --dtype bfloat16 --device cuda --json -> verify.json
 #   autocast   PackingCollator.for_model on the CPU-built model, a bf16-autocast step on the GPU over
 #              fp32 weights (Trainer(bf16=True)), IsolationGuard on it, per backend -> autocast.json
@@ -139,7 +139,7 @@ if [ $DRY = 0 ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_av
     skip parity "no CUDA device"; skip verify "no CUDA device"; skip autocast "no CUDA device"
     skip bench "no CUDA device"; skip fsdp "no CUDA device"
 else
-    step parity 120 "$PY" benchmarks/gpu_checks.py parity "$OUT/parity.json" --device $DEVICE
+    step parity 120 "$PY" benchmarks/kernel_parity.py --json "$OUT/parity.json"
     if [ $DRY = 1 ]; then  # the pretrained model is slow on a CPU: the tiny one, same command
         step verify 180 sh -c "\"$PY\" -m padless verify --model tiny-llama --dtype bfloat16 --device cpu --json > \"$OUT/verify.json\""
     else

@@ -1,10 +1,8 @@
 """The Python half of ``benchmarks/gpu.sh``: one subcommand per check, each writing a JSON file and
-exiting 0 (passed), 1 (a check failed) or 2 (it could not run). Run on a GPU; ``--device cpu`` runs
-the same code on a CPU (the CUDA-only kernels are then recorded as refused), which is what
-``gpu.sh --cpu-dry-run`` does.
+exiting 0 (passed) or 1 (a check failed). Run on a GPU; ``--device cpu`` runs the same code on a CPU,
+which is what ``gpu.sh --cpu-dry-run`` does. (The kernels' parity is ``benchmarks/kernel_parity.py``.)
 
     python benchmarks/gpu_checks.py env       OUT.json
-    python benchmarks/gpu_checks.py parity    OUT.json [--device cuda]
     python benchmarks/gpu_checks.py autocast  OUT.json [--device cuda] [--model tiny-llama]
     python benchmarks/gpu_checks.py syncdebug OUT.json -- BENCH_ARGS...   (``padless bench`` in-process)
 """
@@ -61,80 +59,6 @@ def env(out: str) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------------------ parity
-
-PARITY_LENGTHS = (1, 37, 1, 130, 64, 1, 257)
-"""Documents of the packed batch: 1-token documents between longer ones, odd and power-of-two lengths."""
-
-
-def _tolerance(dtype: Any) -> float:
-    import torch
-
-    return {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}[dtype]
-
-
-def parity(out: str, device_name: str) -> int:
-    """Every kernel of ``padless.varlen_attention`` against ``reference_varlen_attention`` (outputs and
-    gradients): bf16 (and fp32 for grouped SDPA), MHA and GQA, causal and windowed, head_dim 64, 72
-    and 320 (beyond the varlen kernels' 256: they must refuse, ``auto`` must fall back)."""
-    import torch
-
-    from padless.attention.varlen import choose_impl, reference_varlen_attention, varlen_attention
-
-    device = torch.device(device_name)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    cu = torch.tensor([0, *torch.tensor(PARITY_LENGTHS).cumsum(0).tolist()], dtype=torch.int32, device=device)
-    total = int(cu[-1])
-    rows, worst_fail = [], False
-    for impl in ("auto", "torch_varlen", "flash_attn", "grouped_sdpa"):
-        for dtype in (torch.bfloat16, torch.float32):
-            for head_dim in (64, 72, 320):
-                for hq, hk in ((4, 4), (8, 2)):
-                    for window in (None, 16):
-                        row: dict[str, Any] = {"impl": impl, "dtype": str(dtype).removeprefix("torch."),
-                                               "head_dim": head_dim, "heads": [hq, hk], "window": window}  # fmt: skip
-                        q = torch.randn(total, hq, head_dim, generator=gen).to(device, dtype).requires_grad_()
-                        k = torch.randn(total, hk, head_dim, generator=gen).to(device, dtype).requires_grad_()
-                        v = torch.randn(total, hk, head_dim, generator=gen).to(device, dtype).requires_grad_()
-                        if impl == "auto":
-                            row["auto_chose"] = choose_impl(q)
-                        try:
-                            got = varlen_attention(q, k, v, cu, impl=impl, sliding_window=window)
-                            got.float().square().sum().backward()
-                            grads = [t.grad.float() for t in (q, k, v)]
-                        except ValueError as exc:  # refused by padless, with a message: not a failure
-                            row.update(status="refused", detail=str(exc)[:200])
-                            rows.append(row)
-                            continue
-                        except Exception as exc:  # noqa: BLE001 - a crash is what this check looks for
-                            row.update(status="error", detail=f"{type(exc).__name__}: {str(exc)[:300]}")
-                            rows.append(row)
-                            worst_fail = True
-                            continue
-                        q2, k2, v2 = (t.detach().double().requires_grad_() for t in (q, k, v))
-                        want = reference_varlen_attention(q2, k2, v2, cu, sliding_window=window)
-                        want.square().sum().backward()
-                        scale = max(1.0, want.abs().max().item())
-                        out_diff = (got.double() - want).abs().max().item() / scale
-                        grad_diff = max(((g.double() - r.grad).abs().max() / max(1.0, r.grad.abs().max())).item()
-                                        for g, r in zip(grads, (q2, k2, v2)))  # fmt: skip
-                        tol = _tolerance(dtype)
-                        ok = out_diff <= tol and grad_diff <= 4 * tol
-                        row.update(status="pass" if ok else "fail", out_rel_diff=out_diff, grad_rel_diff=grad_diff,
-                                   tolerance=tol)  # fmt: skip
-                        worst_fail |= not ok
-                        rows.append(row)
-    counts = collections.Counter(r["status"] for r in rows)
-    _write(out, {"device": str(device), "lengths": PARITY_LENGTHS, "counts": counts, "rows": rows})
-    for r in rows:
-        if r["status"] != "refused":
-            print(f"{r['impl']:>12} {r['dtype']:>8} d={r['head_dim']:<3} h={r['heads']} w={r['window']}: {r['status']}"
-                  f" {r.get('auto_chose', '')} out {r.get('out_rel_diff', '-')} grad {r.get('grad_rel_diff', '-')}"
-                  f" {r.get('detail', '')}")  # fmt: skip
-    print(dict(counts))
-    return 1 if worst_fail else 0
-
-
 # ---------------------------------------------------------------------------------------- autocast
 
 
@@ -173,8 +97,8 @@ def autocast(out: str, device_name: str, model_name: str) -> int:
             for n in (5, 40, 1, 77, 12):
                 ids = torch.randint(0, vocab, (n,), generator=rng).tolist()
                 feats.append({"input_ids": ids, "labels": ids})
-            stage = "for_model"  # built on the CPU in fp32, as with Trainer before .to(device)
-            collate = PackingCollator.for_model(model, max_length=None)
+            stage = "for_model"  # on the CPU in fp32, as with Trainer before .to(device): told where it trains
+            collate = PackingCollator.for_model(model, max_length=None, device=device, dtype=torch.bfloat16)
             model = model.to(device)
             batch = batch_to(collate(feats), device)
             stage = "train step"
@@ -232,7 +156,7 @@ def syncdebug(out: str, bench_args: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("check", choices=("env", "parity", "autocast", "syncdebug"))
+    parser.add_argument("check", choices=("env", "autocast", "syncdebug"))
     parser.add_argument("out")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", default="tiny-llama")
@@ -242,8 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.check == "env":
         return env(args.out)
-    if args.check == "parity":
-        return parity(args.out, args.device)
     if args.check == "autocast":
         return autocast(args.out, args.device, args.model)
     return syncdebug(args.out, rest)
