@@ -9,7 +9,8 @@ collectives (gloo: "Received data size doesn't match expected size"). Hence, per
 
 - the ranks agree on the number of micro-batches (:func:`agree_count`, the largest of any rank) and a
   rank with fewer runs filler micro-batches whose loss is multiplied by zero: they run forward and
-  backward like any other (the same collectives), and add nothing to the gradient or the loss;
+  backward like any other (the same collectives), and add nothing to the gradient or the loss (they
+  count in the step's fed tokens and executed FLOPs: uneven ranks cost that much);
 - every micro-batch but the last runs under :meth:`DataParallel.sync` ``(False)`` (DDP's ``no_sync``):
   gradients accumulate locally and are all-reduced once per step.
 """

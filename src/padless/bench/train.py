@@ -161,10 +161,10 @@ def train_strategy(
             collated = batcher(feats)
             n = step_num_items(collated)
             mine = int(step_num_items(collated, all_ranks=False))
-            count = agree_count(len(collated), device, world_size)
+            extra = fillers(collated, agree_count(len(collated), device, world_size))
+            extra_items = int(step_num_items(extra, all_ranks=False)) if extra else 0
             micro = [batch_to(b, device) for b in collated]
-            extra = fillers(micro, count)
-            fed = [*micro, *extra]
+            fed = [*micro, *(batch_to(b, device) for b in extra)]
             total = torch.zeros((), device=device)
             for i, batch in enumerate(fed):
                 with parallel.sync(i == len(fed) - 1):
@@ -182,10 +182,11 @@ def train_strategy(
             optimizer.zero_grad(set_to_none=True)
         step_loss = total.item()  # after the timer's sync: no wait of its own
         lengths = [len(f["input_ids"]) for f in feats]
-        # this rank's share of n (all ranks' trained tokens): its own micro-batches' targets
+        # this rank's share of n (all ranks' trained tokens): its own micro-batches' targets; what it
+        # fed and executed includes its fillers (the price of uneven micro-batch counts across ranks)
         counts = [timer.times_s[-1], step_loss / world_size, sum(lengths),
-                  sum(int(b["input_ids"].numel()) for b in micro), len(feats), mine,
-                  needed_step_flops(shape, lengths, mine), executed_step_flops(shape, micro, mine, cfg.full_logits)]  # fmt: skip
+                  sum(int(b["input_ids"].numel()) for b in fed), len(feats), mine, needed_step_flops(shape, lengths, mine),
+                  executed_step_flops(shape, fed, mine + extra_items, cfg.full_logits)]  # fmt: skip
         if world_size > 1:  # the step of the slowest rank; tokens, FLOPs and loss summed over ranks
             counts = all_reduce_step(counts, device)
         recorder.record_step(step_time_s=counts[0], loss=counts[1], real_tokens=int(counts[2]),
