@@ -1,7 +1,8 @@
 """Training across ranks (padless.bench.parallel): every bench strategy, in both modes, on two gloo
 ranks under ``torchrun`` whose micro-batch counts differ, finishes and trains as one process does on
-the union of the ranks' examples (same loss, step for step). A Llama: its rotary buffer makes DDP
-broadcast in every forward, so unequal micro-batch counts fail even under ``no_sync``. This file is also the torchrun worker:
+the union of the ranks' examples (same loss, step for step). Without ``no_sync`` and the fillers the
+ranks issue different numbers of all-reduces and gloo hangs (the worker's process group gives up
+after two minutes). This file is also the torchrun worker:
 ``python -m torch.distributed.run --nproc-per-node 2 tests/bench/test_parallel.py OUT``."""
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def _worker(out: str) -> None:
         for name, mode in CASES:
             fills.clear()
             steps = _rank_steps(name, mode, train)[rank]
-            results[f"{name}/{mode}"] = {**_train(name, mode, train, evals, steps, (rank, WORLD)), "fillers": list(fills)}
+            run = _train(name, mode, train, evals, steps, (rank, WORLD))
+            results[f"{name}/{mode}"] = {**run, "fillers": list(fills)}
     finally:
         dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))

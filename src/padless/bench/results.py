@@ -111,7 +111,7 @@ class StrategyRun:
     """Peak memory over this strategy's training: process RSS on CPU, max allocated on an
     accelerator; ``None`` if it could not be measured."""
     memory_method: str
-    """How the peak was measured (``padless.bench.measure.MemoryMethod``)."""
+    """How the peak was measured (``padless.bench.memory.MemoryMethod``)."""
     eval_loss_start: float | None
     """Held-out loss before training (same examples for every strategy); ``None`` if not reached."""
     eval_loss_end: float | None
@@ -172,7 +172,7 @@ class BenchResults:
     """Version of this schema."""
     peak_flops_per_s: float | None = None
     """The machine's measured peak: the fastest of timed GEMMs of the model's shapes on the run's
-    device and dtype, at the start of the run (padless.bench.measure.measure_peak_flops)."""
+    device and dtype, at the start of the run (padless.bench.peak.measure_peak_flops)."""
     peak_gemm: str | None = None
     """The GEMM shape that reached ``peak_flops_per_s`` (``M x K x N dtype``)."""
 

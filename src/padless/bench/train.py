@@ -185,7 +185,8 @@ def train_strategy(
         # this rank's share of n (all ranks' trained tokens): its own micro-batches' targets; what it
         # fed and executed includes its fillers (the price of uneven micro-batch counts across ranks)
         counts = [timer.times_s[-1], step_loss / world_size, sum(lengths),
-                  sum(int(b["input_ids"].numel()) for b in fed), len(feats), mine, needed_step_flops(shape, lengths, mine),
+                  sum(int(b["input_ids"].numel()) for b in fed), len(feats), mine,
+                  needed_step_flops(shape, lengths, mine),
                   executed_step_flops(shape, fed, mine + extra_items, cfg.full_logits)]  # fmt: skip
         if world_size > 1:  # the step of the slowest rank; tokens, FLOPs and loss summed over ranks
             counts = all_reduce_step(counts, device)

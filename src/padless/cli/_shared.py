@@ -61,8 +61,9 @@ def as_flags(message: str, names: Iterable[str] | Mapping[str, str]) -> str:
 
 
 def input_lengths(args: argparse.Namespace, *, default_dist: str | None = "lognormal") -> tuple[np.ndarray, str]:
-    """The lengths the flags of :func:`add_lengths_arguments` ask for, and a short description of where they came from. Without
-    ``--lengths``, ``--data`` or ``--dist``: ``default_dist``, or an error when that is None."""
+    """The lengths the flags of :func:`add_lengths_arguments` ask for, and a short description of
+    where they came from. Without ``--lengths``, ``--data`` or ``--dist``: ``default_dist``, or an
+    error when that is None."""
     from padless.planning.lengths import DISTRIBUTIONS, load_lengths, synthetic_lengths
     from padless.planning.plan import validate_lengths
 

@@ -73,7 +73,7 @@ def reduce_device(labels_device: torch.device | None, backend: str) -> torch.dev
     """Where to all-reduce the token count: on the labels' own device (each rank's GPU under torchrun)
     for backends that reduce device tensors, on the CPU for gloo. NCCL needs a CUDA tensor: labels
     still on the CPU fall back to the current CUDA device, which is the rank's own only if the
-    process called ``torch.cuda.set_device(local_rank)`` (the bench does, in ``_init_distributed``)."""
+    process called ``torch.cuda.set_device(local_rank)`` (the bench does: ``padless.bench.parallel.init_distributed``)."""
     import torch
 
     if backend == "gloo":
