@@ -220,12 +220,15 @@ def alone_logits(model: Any, input_ids: Sequence[int]) -> torch.Tensor:
 
 
 def document_diff(doc: Document, alone: torch.Tensor, logits: torch.Tensor) -> DocumentDiff:
-    """``doc``'s logits in a batch's ``logits [R, L, V]`` against ``alone [n, V]``, compared in float64."""
+    """``doc``'s logits in a batch's ``logits [R, L, V]`` against ``alone [n, V]``, compared in float32
+    or wider (the difference of two close floats is exact in their own precision)."""
     import torch
 
-    got = logits[doc.row, torch.tensor(doc.columns, device=logits.device)]
-    per_token = (got.double() - alone.double()).abs().amax(-1).tolist()
-    return DocumentDiff(doc.index, doc.row, max(per_token), tuple(per_token), alone.double().abs().max().item())
+    wide = torch.promote_types(torch.promote_types(logits.dtype, alone.dtype), torch.float32)
+    got = logits[doc.row, torch.tensor(doc.columns, device=logits.device)].to(wide)
+    alone = alone.to(wide)
+    per_token = (got - alone).abs().amax(-1).tolist()
+    return DocumentDiff(doc.index, doc.row, max(per_token), tuple(per_token), alone.abs().max().item())
 
 
 def padded_logits(model: Any, docs: Sequence[Document]) -> torch.Tensor:
@@ -250,33 +253,42 @@ def compare_documents(
     noise: bool = True,
     tolerance: Tolerance | None = None,
     factor: float = NOISE_FACTOR,
+    alone: Sequence[torch.Tensor] | None = None,
+    padded: torch.Tensor | None = None,
 ) -> LogitCheck:
     """Each of ``docs`` alone against its place in ``logits [R, L, V]`` and, with ``noise``, against
     its row of the documents right-padded together; judged by :func:`judge` with the floor of the
     dtype ``logits`` were computed in (:func:`compute_dtype`). Runs without gradients, in the
-    caller's mode and autocast state."""
+    caller's mode and autocast state. ``alone`` (``[n, V]`` per document) and ``padded`` (``[K, T, V]``,
+    row ``k`` = ``docs[k]``) are the caller's runs of them when it already has them (the verifier
+    takes gradients of the same forwards), else they are run here."""
     import torch
 
     if not docs:
         raise ValueError("no document to compare: the batch holds no document start")
     tol = tolerance_for(compute_dtype(model, logits), tolerance)
     with torch.no_grad():
-        alone = [alone_logits(model, d.input_ids) for d in docs]
-        checked = tuple(document_diff(d, a, logits) for d, a in zip(docs, alone))
-        padded = None
+        if alone is None:
+            alone = [alone_logits(model, d.input_ids) for d in docs]
+        checked = tuple(document_diff(d, a.detach(), logits.detach()) for d, a in zip(docs, alone))
+        noisy = None
         if noise:
-            pl = padded_logits(model, docs)
-            padded = tuple(document_diff(Document(d.index, d.input_ids, k, tuple(range(len(d.input_ids)))), a, pl)
-                           for k, (d, a) in enumerate(zip(docs, alone)))  # fmt: skip
+            if padded is None:
+                padded = padded_logits(model, docs)
+            noisy = tuple(document_diff(Document(d.index, d.input_ids, k, tuple(range(len(d.input_ids)))), a.detach(),
+                                        padded.detach()) for k, (d, a) in enumerate(zip(docs, alone)))  # fmt: skip
     scale = max(d.scale for d in checked)
-    worst_noise = None if padded is None else max(d.max_diff for d in padded)
+    worst_noise = None if noisy is None else max(d.max_diff for d in noisy)
     verdict = judge(max(d.max_diff for d in checked), worst_noise, tol.logit_floor(scale), factor)
-    return LogitCheck(checked, padded, verdict)
+    return LogitCheck(checked, noisy, verdict)
 
 
 def relative_difference(got: torch.Tensor, reference: torch.Tensor) -> float:
-    """``||got - reference|| / ||reference||`` in float64 (0 when both are 0)."""
-    ref = reference.double()
+    """``||got - reference|| / ||reference||`` in float32 or wider (0 when both are 0)."""
+    import torch
+
+    wide = torch.promote_types(torch.promote_types(got.dtype, reference.dtype), torch.float32)
+    ref = reference.to(wide)
     norm = ref.norm().item()
-    diff = (got.double() - ref).norm().item()
+    diff = (got.to(wide) - ref).norm().item()
     return diff / norm if norm > 0 else diff

@@ -149,18 +149,23 @@ def _flat_grads(model: Any) -> torch.Tensor:
     return torch.cat([p.grad.detach().flatten() for p in model.parameters() if p.grad is not None])
 
 
-def _loss_grads(model: Any, batches: Sequence[Any], num_items: Any, compute: _Context) -> torch.Tensor:
-    """Parameter gradients of the token-normalised loss summed over ``batches`` (one step)."""
-    from padless.objectives.loss import model_loss
+def _forward_backward(model: Any, batches: Sequence[Any], num_items: Any, compute: _Context) -> tuple[list[Any], torch.Tensor]:
+    """The logits of each of ``batches`` and the parameter gradients of their token-normalised loss,
+    summed (one optimiser step of those micro-batches), from the same forwards."""
+    from padless.batching.batch import forward_inputs
+    from padless.objectives.loss import causal_lm_loss
 
     model.zero_grad(set_to_none=True)
+    logits = []
     for batch in batches:
         with compute():
-            loss = model_loss(model, batch, num_items)
+            out = model(**forward_inputs(batch)).logits
+            loss = causal_lm_loss(out, batch["labels"], num_items)
         loss.backward()
+        logits.append(out.detach())
     grads = _flat_grads(model)
     model.zero_grad(set_to_none=True)
-    return grads
+    return logits, grads
 
 
 def _switch_backend(model: Any, backend: str, name: str, *, max_length: int | None, layout: str) -> BackendResult | None:
@@ -204,9 +209,7 @@ def _check_backend(
     factor: float,
     compute: _Context,
 ) -> BackendResult:
-    import torch
-
-    from padless.batching.batch import batch_to, forward_inputs
+    from padless.batching.batch import batch_to
     from padless.batching.collate import PackingCollator, PaddingCollator
     from padless.objectives.loss import step_num_items
 
@@ -220,16 +223,15 @@ def _check_backend(
     for i, feature in enumerate(features):
         ((_, row, offset, n),) = batch.placements.of_feature(i)  # overlong="error": one piece each
         docs.append(Document(i, tuple(feature["input_ids"]), row, tuple(range(offset, offset + n))))
-    with compute():
-        with torch.no_grad():
-            packed = model(**forward_inputs(batch)).logits
-        logits = compare_documents(model, packed, docs, tolerance=tol, factor=factor)
     padded = batch_to(PaddingCollator()(features), device)
     num_items = step_num_items([padded], all_ranks=False)
     alone = [batch_to(PaddingCollator()([f]), device) for f in features]
-    g_alone = _loss_grads(model, alone, num_items, compute)
-    g_padded = _loss_grads(model, [padded], num_items, compute)
-    g_packed = _loss_grads(model, [batch], num_items, compute)
+    alone_logits, g_alone = _forward_backward(model, alone, num_items, compute)
+    (padded_logits,), g_padded = _forward_backward(model, [padded], num_items, compute)
+    (packed,), g_packed = _forward_backward(model, [batch], num_items, compute)
+    with compute():
+        logits = compare_documents(model, packed, docs, tolerance=tol, factor=factor, alone=[a[0] for a in alone_logits],
+                                   padded=padded_logits)  # fmt: skip
     grads = judge(relative_difference(g_packed, g_alone), relative_difference(g_padded, g_alone), tol.grad_rtol, factor)
     return _result(backend, logits, grads)
 
@@ -255,7 +257,7 @@ def _check_shared_prompt(model: Any, backend: str, tol: Tolerance, factor: float
 
     from padless.batching.batch import batch_to, forward_inputs
     from padless.batching.preference import RolloutCollator
-    from padless.isolation.compare import padded_logits
+    from padless.isolation.compare import alone_logits, padded_logits
 
     name = f"{backend}+shared_prompt"
     skipped = _switch_backend(model, backend, name, max_length=None, layout="shared_prompt")
@@ -274,25 +276,20 @@ def _check_shared_prompt(model: Any, backend: str, tol: Tolerance, factor: float
         docs.append(Document(f, (*prompt, *comp), r, (*range(prev + 1 - len(prompt), prev + 1), *range(o, o + n))))
         packed_picks.append((r, [prev, *range(o, o + n - 1)], comp))
         alone_picks.append((f, list(range(len(prompt) - 1, len(prompt) + len(comp) - 1)), comp))
-    with compute():
-        with torch.no_grad():
-            packed = model(**forward_inputs(batch)).logits
-        logits = compare_documents(model, packed, docs, tolerance=tol, factor=factor)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def grads(total: torch.Tensor) -> torch.Tensor:
         return torch.cat([g.flatten() for g in torch.autograd.grad(total, params)])
 
+    with compute():  # each forward once: its logits are compared, its log-probs differentiated
+        packed = model(**forward_inputs(batch)).logits
+        padded = padded_logits(model, docs)
+        alone = [alone_logits(model, d.input_ids) for d in docs]
+        sums = (_logprob_sum(packed, packed_picks), _logprob_sum(padded, alone_picks),
+                sum(_logprob_sum(a[None], [(0, cols, t)]) for a, (_, cols, t) in zip(alone, alone_picks)))  # fmt: skip
+    g_packed, g_padded, g_alone = (grads(total) for total in sums)
     with compute():
-        g_packed = grads(_logprob_sum(model(**forward_inputs(batch)).logits, packed_picks))
-    with compute():
-        g_padded = grads(_logprob_sum(padded_logits(model, docs), alone_picks))
-    with compute():
-        from padless.isolation.compare import alone_logits
-
-        alone_total = sum(_logprob_sum(alone_logits(model, d.input_ids)[None], [(0, cols, t)])
-                          for d, (_, cols, t) in zip(docs, alone_picks))  # fmt: skip
-        g_alone = grads(alone_total)
+        logits = compare_documents(model, packed, docs, tolerance=tol, factor=factor, alone=alone, padded=padded)
     verdict = judge(relative_difference(g_packed, g_alone), relative_difference(g_padded, g_alone), tol.grad_rtol, factor)
     return _result(name, logits, verdict)
 
