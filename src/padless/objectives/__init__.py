@@ -1,8 +1,7 @@
 """Objectives: what is trained and measured on packed batches.
 
-- ``loss``: the token / sequence / weighted causal-LM loss, normalised across micro-batches and
-  ranks, and :func:`~padless.objectives.loss.trained_logits` (the LM head on trained positions only);
-- ``logprobs``: per-sequence log-probs read back from packed rows (shared prompts included);
-- ``dpo``: the DPO loss over those log-probs;
-- ``evaluation``: evaluation loss per example from packed rows (equal to each example alone).
+- ``loss``: token / sequence / weighted causal-LM loss across micro-batches and ranks, and ``trained_logits`` (the LM head on trained positions only).
+- ``logprobs``: per-sequence log-probabilities read back from packed rows.
+- ``dpo``: the DPO loss from the log-probs of packed preference pairs.
+- ``evaluation``: per-example evaluation loss computed from packed rows.
 """
