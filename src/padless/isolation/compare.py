@@ -79,15 +79,15 @@ def tolerance_for(dtype: Any, tolerance: Tolerance | None = None) -> Tolerance:
 def compute_dtype(model: Any, logits: torch.Tensor | None = None) -> torch.dtype:
     """The dtype the model computes in: the autocast dtype when autocast is on for the model's
     device, else the dtype of ``logits`` when given (fp32 master weights under autocast give bf16
-    logits), else the model's own dtype."""
+    logits), else the model's own (:func:`padless.attention.select.compute_target`)."""
     import torch
 
+    from padless.attention.select import compute_target
+
     device_type = next(model.parameters()).device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    if logits is not None:
+    if logits is not None and not torch.is_autocast_enabled(device_type):
         return logits.dtype
-    return model.dtype
+    return compute_target(model)[1]
 
 
 def computing_in(model: Any, dtype: torch.dtype) -> AbstractContextManager[Any]:

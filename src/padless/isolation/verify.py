@@ -43,6 +43,7 @@ from padless.isolation.compare import (
     LogitCheck,
     Tolerance,
     compare_documents,
+    compute_dtype,
     judge,
     relative_difference,
     tolerance_for,
@@ -168,14 +169,15 @@ def _forward_backward(model: Any, batches: Sequence[Any], num_items: Any, comput
     return logits, grads
 
 
-def _switch_backend(model: Any, backend: str, name: str, *, max_length: int | None, layout: str) -> BackendResult | None:
+def _switch_backend(model: Any, backend: str, name: str, *, max_length: int | None, layout: str,
+                    dtype: torch.dtype) -> BackendResult | None:  # fmt: skip
     """Switch ``model`` to ``backend`` if the one rule (:func:`padless.check_exact`) accepts it for
     this layout; else the report row saying why not (refused, or not installed here)."""
     from padless.attention.backend import register_padless_attention
     from padless.attention.select import check_exact
 
     try:
-        check_exact(model, backend, device=next(model.parameters()).device, dtype=model.dtype,
+        check_exact(model, backend, device=next(model.parameters()).device, dtype=dtype,
                     max_length=max_length, layout=layout)  # type: ignore[arg-type]  # fmt: skip
     except ValueError as exc:
         return BackendResult(name, "refused", detail=str(exc))
@@ -208,16 +210,18 @@ def _check_backend(
     tol: Tolerance,
     factor: float,
     compute: _Context,
+    autocast: torch.dtype | None,
 ) -> BackendResult:
     from padless.batching.batch import batch_to
     from padless.batching.collate import PackingCollator, PaddingCollator
     from padless.objectives.loss import step_num_items
 
     device = next(model.parameters()).device
-    skipped = _switch_backend(model, backend, backend, max_length=max_length, layout="documents")
+    dtype = compute_dtype(model) if autocast is None else autocast
+    skipped = _switch_backend(model, backend, backend, max_length=max_length, layout="documents", dtype=dtype)
     if skipped is not None:
         return skipped
-    collator = PackingCollator.for_model(model, max_length=max_length, pad_to_max_length=max_length is not None)
+    collator = PackingCollator.for_model(model, dtype=dtype, max_length=max_length, pad_to_max_length=max_length is not None)
     batch = batch_to(collator(features), device)
     docs = []
     for i, feature in enumerate(features):
@@ -249,7 +253,8 @@ def _logprob_sum(logits: torch.Tensor, picks: Sequence[tuple[int, Sequence[int],
     return total
 
 
-def _check_shared_prompt(model: Any, backend: str, tol: Tolerance, factor: float, seed: int, compute: _Context) -> BackendResult:
+def _check_shared_prompt(model: Any, backend: str, tol: Tolerance, factor: float, seed: int, compute: _Context,
+                         autocast: torch.dtype | None) -> BackendResult:  # fmt: skip
     """Shared-prompt rows (:class:`padless.RolloutCollator`): every ``prompt + completion`` run alone
     has the logits of its prompt and completion in the packed row, and the summed completion
     log-probs have the same parameter gradients packed as alone (padded: the noise)."""
@@ -260,13 +265,14 @@ def _check_shared_prompt(model: Any, backend: str, tol: Tolerance, factor: float
     from padless.isolation.compare import alone_logits, padded_logits
 
     name = f"{backend}+shared_prompt"
-    skipped = _switch_backend(model, backend, name, max_length=None, layout="shared_prompt")
+    dtype = compute_dtype(model) if autocast is None else autocast
+    skipped = _switch_backend(model, backend, name, max_length=None, layout="shared_prompt", dtype=dtype)
     if skipped is not None:
         return skipped
     rng = np.random.default_rng(seed)
     draw = lambda n: rng.integers(0, model.config.vocab_size, n).tolist()  # noqa: E731
     groups = [{"prompt_ids": draw(p), "completion_ids": [draw(c) for c in cs]} for p, cs in SHARED_PROMPT_GROUPS]
-    batch = batch_to(RolloutCollator.for_model(model)(groups), next(model.parameters()).device)
+    batch = batch_to(RolloutCollator.for_model(model, dtype=dtype)(groups), next(model.parameters()).device)
     pl = batch.placements
     flat = [(g["prompt_ids"], c) for g in groups for c in g["completion_ids"]]
     docs, packed_picks, alone_picks = [], [], []
@@ -357,8 +363,8 @@ def verify_isolation(
     was_training = model.training
     model.eval()  # dropout off: both sides must compute the same function
     try:
-        results = [_check_backend(model, b, features, max_length, tol, factor, compute) for b in backends]
-        results += [_check_shared_prompt(model, b, tol, factor, seed, compute) for b in backends]
+        results = [_check_backend(model, b, features, max_length, tol, factor, compute, autocast) for b in backends]
+        results += [_check_shared_prompt(model, b, tol, factor, seed, compute, autocast) for b in backends]
     finally:
         model.set_attn_implementation(original)
         model.train(was_training)
