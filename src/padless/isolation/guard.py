@@ -22,9 +22,9 @@ offset 0 are checked last (nothing precedes them to leak from). The checked docu
 right-padded together, and the packed differences are judged against that padding noise and the
 dtype's floor (:mod:`padless.isolation.compare`). The dtype is the one the logits were computed
 in: under ``torch.autocast`` (fp32 master weights, ``Trainer(bf16=True)``) the bf16 logits are
-judged with bf16's floor, and the documents are re-run under the same autocast. Dropout makes any two forwards
-differ, so given logits are refused while dropout is active; ``logits=None`` re-runs the batch with
-the model in eval mode. The cost is measured by benchmarks/guard.py.
+judged with bf16's floor, and the documents are re-run under the same autocast. Dropout makes any
+two forwards differ, so given logits are refused while dropout is active; ``logits=None`` re-runs
+the batch with the model in eval mode. The cost is measured by benchmarks/guard.py.
 """
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ class IsolationGuard:
         self.last = check
         if not check.passed:
             message = (f"step {check.step}: packed documents {check.pieces} differ from the same documents run "
-                       f"alone by {check.max_logit_diff:.3g} (limit {check.tolerance:.3g}; padding's own noise {check.noise or 0:.3g}, {check.dtype}): documents of a "
-                       "packed row are not isolated; run padless.verify_isolation(model) on this backend"
+                       f"alone by {check.max_logit_diff:.3g} (limit {check.tolerance:.3g}; padding's own noise "
+                       f"{check.noise or 0:.3g}, {check.dtype}): documents of a packed row are not isolated; run "
+                       "padless.verify_isolation(model) on this backend"
                        + "".join(f"\n  {e.describe()}" for e in check.evidence))  # fmt: skip
             if self.on_failure == "raise":
                 raise IsolationError(message)
