@@ -11,8 +11,9 @@ Every isolation check of padless (:func:`padless.verify_isolation`, :class:`padl
 Packing is exact in mathematics but not in floating point: a packed row runs other kernels (other
 shapes, other reduction orders) than the document alone, so the difference is never 0 in bf16. The
 reference for "how large may it be" is padding's own noise, measured in the same run: the same
-documents right-padded into one batch (also exact in mathematics, numerically not) against the same
-runs alone. The judgment (:func:`judge`)::
+documents right-padded into one batch as wide as the checked rows (also exact in mathematics,
+numerically not, and run by kernels of the same shapes) against the same runs alone. The judgment
+(:func:`judge`)::
 
     passed  <=>  measured <= max(NOISE_FACTOR x noise, floor)
 
@@ -231,12 +232,14 @@ def document_diff(doc: Document, alone: torch.Tensor, logits: torch.Tensor) -> D
     return DocumentDiff(doc.index, doc.row, max(per_token), tuple(per_token), alone.abs().max().item())
 
 
-def padded_logits(model: Any, docs: Sequence[Document]) -> torch.Tensor:
-    """``[len(docs), T, V]`` logits of the documents right-padded into one batch (row ``k`` = ``docs[k]``)."""
+def padded_logits(model: Any, docs: Sequence[Document], width: int | None = None) -> torch.Tensor:
+    """``[len(docs), T, V]`` logits of the documents right-padded into one batch (row ``k`` = ``docs[k]``),
+    ``T`` = ``width`` (the checked batch's row width, so that padding runs kernels of the packed rows'
+    shapes) or the longest document."""
     import torch
 
     device = next(model.parameters()).device
-    width = max(len(d.input_ids) for d in docs)
+    width = max([len(d.input_ids) for d in docs] + ([width] if width else []))
     ids = torch.zeros(len(docs), width, dtype=torch.long)
     mask = torch.zeros(len(docs), width, dtype=torch.long)
     for k, d in enumerate(docs):
@@ -258,7 +261,8 @@ def compare_documents(
 ) -> LogitCheck:
     """Each of ``docs`` alone against its place in ``logits [R, L, V]`` and, with ``noise``, against
     its row of the documents right-padded together; judged by :func:`judge` with the floor of the
-    dtype ``logits`` were computed in (:func:`compute_dtype`). Runs without gradients, in the
+    dtype ``logits`` were computed in (:func:`compute_dtype`); the padded batch is as wide as the rows of
+    ``logits``. Runs without gradients, in the
     caller's mode and autocast state. ``alone`` (``[n, V]`` per document) and ``padded`` (``[K, T, V]``,
     row ``k`` = ``docs[k]``) are the caller's runs of them when it already has them (the verifier
     takes gradients of the same forwards), else they are run here."""
@@ -274,7 +278,7 @@ def compare_documents(
         noisy = None
         if noise:
             if padded is None:
-                padded = padded_logits(model, docs)
+                padded = padded_logits(model, docs, logits.shape[1] if logits.dim() == 3 else None)
             noisy = tuple(document_diff(Document(d.index, d.input_ids, k, tuple(range(len(d.input_ids)))), a.detach(),
                                         padded.detach()) for k, (d, a) in enumerate(zip(docs, alone)))  # fmt: skip
     scale = max(d.scale for d in checked)

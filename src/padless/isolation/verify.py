@@ -227,7 +227,8 @@ def _check_backend(
     for i, feature in enumerate(features):
         ((_, row, offset, n),) = batch.placements.of_feature(i)  # overlong="error": one piece each
         docs.append(Document(i, tuple(feature["input_ids"]), row, tuple(range(offset, offset + n))))
-    padded = batch_to(PaddingCollator()(features), device)
+    width = int(batch["input_ids"].shape[1])  # padding as wide as the packed rows: kernels of the same shapes
+    padded = batch_to(PaddingCollator(pad_to_multiple_of=width)(features), device)
     num_items = step_num_items([padded], all_ranks=False)
     alone = [batch_to(PaddingCollator()([f]), device) for f in features]
     alone_logits, g_alone = _forward_backward(model, alone, num_items, compute)
@@ -289,7 +290,7 @@ def _check_shared_prompt(model: Any, backend: str, tol: Tolerance, factor: float
 
     with compute():  # each forward once: its logits are compared, its log-probs differentiated
         packed = model(**forward_inputs(batch)).logits
-        padded = padded_logits(model, docs)
+        padded = padded_logits(model, docs, int(batch["input_ids"].shape[1]))
         alone = [alone_logits(model, d.input_ids) for d in docs]
         sums = (_logprob_sum(packed, packed_picks), _logprob_sum(padded, alone_picks),
                 sum(_logprob_sum(a[None], [(0, cols, t)]) for a, (_, cols, t) in zip(alone, alone_picks)))  # fmt: skip
