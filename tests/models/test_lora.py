@@ -38,7 +38,7 @@ def test_with_lora_rejects_a_bad_rank():
 
 
 def test_the_bench_takes_a_lora_rank():
-    """``padless bench --lora R``: every strategy's model goes through with_lora (bench/run.py)."""
+    """``padless bench --lora R``: every strategy's model goes through with_lora (bench/train.py)."""
     from padless.bench.config import RunConfig
 
     assert RunConfig(lora=8).lora == 8 and RunConfig().lora is None
