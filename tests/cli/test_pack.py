@@ -11,7 +11,7 @@ from conftest import row_documents
 
 from padless.cli import main
 from padless.batching.collate import PackingCollator
-from padless.export.sources import SyntheticTokens
+from padless.data.inputs import SyntheticTokens
 
 
 def write_tokens_jsonl(path, lengths, seed=0):

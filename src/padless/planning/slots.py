@@ -131,6 +131,11 @@ class SlotPlan:
         return self.band_row0[band] + r, self.band_start[band] + c * self.band_size[band]
 
 
+def by_row(rows: np.ndarray, num_rows: int) -> np.ndarray:
+    """Stable order of ``rows`` (a counting sort: O(n)), so a writer finds a row range by binary search."""
+    return _binpack.stable_argsort(np.asarray(rows, dtype=np.int64), max(num_rows, 1))
+
+
 def plan_histogram(counts: np.ndarray, max_length: int) -> SlotPlan:
     """Best fit decreasing over ``counts[L]`` sequences of each length ``L`` (``[max_length + 1]``,
     ``counts[0]`` must be 0: an empty sequence has no slot)."""
@@ -162,7 +167,7 @@ def plan_histogram(counts: np.ndarray, max_length: int) -> SlotPlan:
     b = b[np.lexsort((b[:, 3], b[:, 0]))]
     items = b[:, 1] * b[:, 2]
     slot0 = np.concatenate(([0], np.cumsum(items)))
-    size_slot0 = np.concatenate(([0], np.cumsum(counts), [int(counts.sum())]))[: max_length + 2]
+    size_slot0 = np.concatenate(([0], np.cumsum(counts)))  # [max_length + 2]
     plan = SlotPlan(
         max_length=max_length, counts=counts, group_rows=g_rows, group_fill=tok_end[g_pattern],
         group_pieces=pieces[g_pattern], band_size=b[:, 0], band_rows=b[:, 1], band_copies=b[:, 2], band_row0=b[:, 3],
