@@ -100,7 +100,8 @@ def pack_to_parquet(
     check_int(shard_rows, "shard_rows")
     max_length = check_int(max_length, "max_length")
     if max_length > MAX_ROW_LENGTH:
-        raise ValueError(f"max_length {max_length} is above {MAX_ROW_LENGTH} tokens per row")
+        raise ValueError(f"max_length={max_length} is above {MAX_ROW_LENGTH} tokens per row (the plan holds a count "
+                         "for every length up to max_length)")
     if max_shards is not None:
         check_int(max_shards, "max_shards")
     check_choice(overlong, OVERLONG_POLICIES, "overlong policy")
