@@ -135,3 +135,13 @@ def test_a_damaged_token_shard_is_tokenized_again(tmp_path):
     ids.write_bytes(ids.read_bytes()[:-8])
     assert pack(src, out)["complete"]
     every_token_once(out, lengths)
+
+
+def test_a_list_of_examples_packs_too(tmp_path):
+    examples = [{"input_ids": [i] * n, "labels": [-100] + [i] * (n - 1)} for i, n in enumerate([3, 9, 4, 7, 1, 8])]
+    summary = pack_to_parquet(examples, tmp_path / "out", 12, rows_per_shard=2, progress=False)
+    assert summary["complete"] and summary["stats"]["num_rows"] == 3 and summary["tokens_accounted"]
+    rows = [r for p in shards(tmp_path / "out") for r in pq.read_table(p).to_pylist()]
+    docs = sorted((tuple(r["input_ids"][a : a + n]), tuple(r["labels"][a : a + n])) for r in rows
+                  for a, n in zip(np.cumsum([0, *r["seq_lengths"][:-1]]), r["seq_lengths"]))  # fmt: skip
+    assert docs == sorted((tuple(e["input_ids"]), tuple(e["labels"])) for e in examples)

@@ -1,5 +1,6 @@
 """Real data, offline: the GPT-2 and SmolLM2 tokenizers, built-in corpora (tweets, dialogues, tool
-calls, agent traces), the user's files, chat templates with assistant-only labels, a token cache.
+calls, agent traces), the user's files, chat templates with assistant-only labels, a token cache, and
+the inputs of ``padless pack`` cut into logical shards (``inputs``).
 
     >>> from padless.data import load_corpus, load_tokenizer
     >>> tok = load_tokenizer("gpt2")

@@ -1,1 +1,2 @@
-"""Packing to disk: ``sources`` (inputs to stream from) and ``parquet`` (atomic, resumable shards)."""
+"""Packing to disk (``padless pack``): ``parquet`` (the driver: map -> plan -> place -> write, resumable),
+``stages`` (each stage on one shard), ``engine`` (local or Ray tasks), ``state`` (lock, job, checksums)."""
