@@ -46,12 +46,12 @@ from typing import Any
 
 from padless.data.inputs import PackInput
 from padless.export.engine import make_engine
-from padless.export.stages import (SHARD_PATTERN, checksum, histogram_of, map_shard, marker_ok, place_shard,
+from padless.export.stages import (SHARD_PATTERN, checksum, map_shard, marker_ok, place_shard, prefix_histograms,
                                    write_json, write_shard)  # fmt: skip
 from padless.export.state import STATE_FILE, SUMMARY_FILE, WORK, FolderLock, check_job, clear
 from padless.planning.checks import check_choice, check_int
 from padless.planning.plan import OVERLONG_POLICIES
-from padless.planning.slots import merge_histograms, plan_histogram
+from padless.planning.slots import plan_histogram
 
 MAX_ROW_LENGTH = 1 << 24
 """Longest row ``pack_to_parquet`` plans (the histogram holds ``max_length + 1`` counts)."""
@@ -177,7 +177,7 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         seconds["map"] = time.perf_counter() - t
         # 2. plan on the driver, from the merged histograms
         t = time.perf_counter()
-        total, before = merge_histograms([histogram_of(markers[s.index], M) for s in shards], M)
+        total = prefix_histograms(work, [markers[s.index] for s in shards], M)
         plan = plan_histogram(total, M)
         digest = plan.digest()
         seconds["plan"] = time.perf_counter() - t
@@ -186,7 +186,7 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         state["plan"] = digest
         # 3. place: every token shard places its own sequences
         t = time.perf_counter()
-        todo_place = [(s.index, before[s.index]) for s in shards
+        todo_place = [s.index for s in shards
                       if (m := marker_ok(work / "place" / f"{s.index:05d}.json")) is None or m["plan"] != digest]
         eng.run(place_shard, todo_place, work, plan)
         seconds["place"] = time.perf_counter() - t

@@ -137,10 +137,25 @@ def histogram_of(marker: dict[str, Any], max_length: int) -> np.ndarray:
     return hist
 
 
-def place_shard(work: Path, plan: SlotPlan, item: tuple[int, np.ndarray]) -> dict[str, Any]:
-    """Place token shard ``index``'s sequences (rule of :meth:`SlotPlan.place`; ``item`` is ``(index,
-    counts of each length in the shards before it)``); files sorted by row."""
-    index, before = item
+def prefix_histograms(work: Path, markers: list[dict[str, Any]], max_length: int) -> np.ndarray:
+    """The merged histogram of the shards (``markers`` in shard order); each shard's prefix sum (the
+    counts of the shards before it) goes to ``work/before.npy`` (``[shards, max_length + 1]``, written
+    row by row, so the driver never holds them all: 15,000 shards of rows of 8,192 would be 1 GB)."""
+    rows = np.lib.format.open_memmap(work / "before.npy", mode="w+", dtype=np.int64,
+                                     shape=(len(markers), max_length + 1))  # fmt: skip
+    total = np.zeros(max_length + 1, dtype=np.int64)
+    for i, marker in enumerate(markers):
+        rows[i] = total
+        total += histogram_of(marker, max_length)
+    rows.flush()
+    del rows
+    return total
+
+
+def place_shard(work: Path, plan: SlotPlan, index: int) -> dict[str, Any]:
+    """Place token shard ``index``'s sequences (rule of :meth:`SlotPlan.place`, from its row of
+    ``work/before.npy``); files sorted by row."""
+    before = np.asarray(np.load(work / "before.npy", mmap_mode="r")[index])
     offsets = np.load(work / "tokens" / f"{index:05d}.offsets.npy")
     rows, offs = plan.place(np.diff(offsets), before)
     order = by_row(rows, plan.num_rows)
