@@ -145,3 +145,20 @@ def test_a_list_of_examples_packs_too(tmp_path):
     docs = sorted((tuple(r["input_ids"][a : a + n]), tuple(r["labels"][a : a + n])) for r in rows
                   for a, n in zip(np.cumsum([0, *r["seq_lengths"][:-1]]), r["seq_lengths"]))  # fmt: skip
     assert docs == sorted((tuple(e["input_ids"]), tuple(e["labels"])) for e in examples)
+
+
+def test_the_writer_refuses_placements_that_do_not_tile_the_plan_rows(tmp_path):
+    """The write stage checks the plan's promise (every slot of its rows filled once) instead of trusting it."""
+    from padless.export.stages import write_shard
+    from padless.planning.slots import plan_histogram
+
+    src, lengths = write_input(tmp_path / "in.jsonl", n=300)
+    out = tmp_path / "out"
+    pack(src, out, max_shards=1)
+    counts = np.bincount(lengths, minlength=65)
+    other = plan_histogram(np.concatenate([counts, np.zeros(40, dtype=np.int64)]), 104)  # rows of another length
+    with pytest.raises(AssertionError, match="do not tile its rows"):
+        write_shard(out / ".work", tmp_path, other, 40, 3, 0)
+    right = plan_histogram(counts, 64)
+    assert write_shard(out / ".work", tmp_path, right, 40, 3, 0)["blake2b"] == \
+        json.loads((out / "state.json").read_text())["shards"]["shard-00000.parquet"]["blake2b"]

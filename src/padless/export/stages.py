@@ -72,10 +72,15 @@ def marker_ok(marker: Path) -> dict[str, Any] | None:
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenated ``arange(s, s + n)`` for every ``(s, n)``, without a Python loop."""
+    """Concatenated ``arange(s, s + n)`` for every ``(s, n)`` (each ``n >= 1``), without a Python loop:
+    one cumulative sum of steps that are 1 inside a range and jump at each range's first element."""
     total = int(lengths.sum())
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(starts, lengths) + within
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    step = np.ones(total, dtype=np.int64)
+    step[0] = starts[0]
+    step[np.cumsum(lengths[:-1])] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
+    return np.cumsum(step)
 
 
 def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, shard: InputShard) -> dict[str, Any]:
@@ -182,7 +187,6 @@ def write_shard(work: Path, out: Path, plan: SlotPlan, rows_per_shard: int, num_
     row_base = np.concatenate(([0], np.cumsum(fills)))
     ids_out = np.empty(int(row_base[-1]), dtype=np.int32)
     labels_out = np.empty_like(ids_out)
-    written = np.zeros(ids_out.size, dtype=np.int8)
     doc_row, doc_off, doc_len = [], [], []
     tokens, place = work / "tokens", work / "place"
     for s in range(num_inputs):
@@ -201,17 +205,24 @@ def write_shard(work: Path, out: Path, plan: SlotPlan, rows_per_shard: int, num_
         ids_out[dst] = ids[src]
         label_file = tokens / f"{s:05d}.labels.npy"
         labels_out[dst] = np.load(label_file, mmap_mode="r")[src] if label_file.exists() else ids_out[dst]
-        written[dst] += 1
         doc_row.append(r)
         doc_off.append(off)
         doc_len.append(n)
-    if not (written == 1).all():  # the plan's promise: every slot of these rows filled exactly once
-        raise AssertionError(f"output shard {o}: {int((written != 1).sum())} token places filled {written.max()} "
-                             "or 0 times; the placement files do not match the plan")  # fmt: skip
     r_all = np.concatenate(doc_row) if doc_row else np.zeros(0, dtype=np.int64)
-    key = r_all * (plan.max_length + 1) + (np.concatenate(doc_off) if doc_off else r_all)
-    docs = (np.concatenate(doc_len) if doc_len else r_all)[np.argsort(key, kind="stable")]
+    off_all = np.concatenate(doc_off) if doc_off else r_all
+    by_place = np.lexsort((off_all, r_all))
+    r_all, off_all = r_all[by_place], off_all[by_place]
+    docs = (np.concatenate(doc_len) if doc_len else r_all)[by_place]
     doc_offsets = np.concatenate(([0], np.cumsum(np.bincount(r_all, minlength=b - a))))
+    # The plan's promise, checked: the documents of each row tile it from 0 to its fill, without gap or
+    # overlap, so every token place of the shard was written exactly once.
+    ends = np.cumsum(docs)
+    before_in_row = np.repeat(np.concatenate(([0], ends))[doc_offsets[:-1]], np.diff(doc_offsets))
+    tiled = np.array_equal(off_all, ends - docs - before_in_row)
+    filled = np.array_equal(np.bincount(r_all, weights=docs, minlength=b - a).astype(np.int64), fills)
+    if not (tiled and filled):
+        raise AssertionError(f"output shard {o}: the placed documents do not tile its rows; the placement files "
+                             "do not match the plan")  # fmt: skip
     tok = pa.array(row_base.astype(np.int32))
     table = pa.table({
         "input_ids": pa.ListArray.from_arrays(tok, pa.array(ids_out)),
