@@ -143,6 +143,8 @@ def _verified(out: Path, state: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any] | None, max_shards: int | None,
          shard_rows: int, engine: str, num_workers: int | None, ray_address: str | None,
          progress: bool) -> dict[str, Any]:  # fmt: skip
+    from tqdm.auto import tqdm
+
     started = time.perf_counter()
     state = state or {"job": job, "plan": None, "shards": {}, "complete": False, "wall_s": 0.0}
     earlier = state["wall_s"]
@@ -172,8 +174,10 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         shards = source.shards(shard_rows)
         markers = {s.index: m for s in shards if (m := marker_ok(work / "tokens" / f"{s.index:05d}.json"))}
         todo = [s for s in shards if s.index not in markers]
-        for s, m in zip(todo, eng.run(map_shard, todo, source, work, M, job["overlong"])):
-            markers[s.index] = m
+        with tqdm(total=len(todo), unit="shard", desc=f"reading {source.name}", disable=not progress) as bar:
+            for s, m in zip(todo, eng.run(map_shard, todo, source, work, M, job["overlong"],
+                                          done=lambda item, result: bar.update(1))):  # fmt: skip
+                markers[s.index] = m
         seconds["map"] = time.perf_counter() - t
         # 2. plan on the driver, from the merged histograms
         t = time.perf_counter()
@@ -201,12 +205,17 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         if max_shards is not None:
             todo_write = todo_write[:max_shards]
 
+        bar = tqdm(total=len(names), initial=len(names) - len(todo_write), unit="shard", desc=f"writing {out}",
+                   disable=not progress)  # fmt: skip
+
         def done(o: int, rec: dict[str, Any]) -> None:
             state["shards"][rec["file"]] = rec
             state["wall_s"] = earlier + time.perf_counter() - started
             write_json(out / STATE_FILE, state)
+            bar.update(1)
 
-        eng.run(write_shard, todo_write, work, out, plan, R, len(shards), done=done)
+        with bar:
+            eng.run(write_shard, todo_write, work, out, plan, R, len(shards), done=done)
         seconds["write"] = time.perf_counter() - t
         workers = eng.workers
     finally:
