@@ -2,7 +2,9 @@
 
 Both run the same functions (:mod:`padless.export.stages`) on the same shards, so the files they
 write are the same; only where and how many at once differ. An engine's :meth:`run` calls
-``fn(*shared, item)`` for every item and hands each result to ``done`` as it arrives.
+``fn(*shared, item)`` for every item and hands each result to ``done`` as it arrives (then lets it
+go: a driver of 15,000 shards keeps what it needs of each, not every result), or returns the results
+in item order when no ``done`` is given.
 
 Why Ray tasks and not Ray Data: the stages are a map over *our* logical shards with one marker per
 shard (what a resume checks), then a barrier (the plan), then a map over output shards that each read
@@ -50,7 +52,8 @@ class LocalEngine:
             result = fn(*shared, item)
             if done is not None:
                 done(item, result)
-            out.append(result)
+            else:
+                out.append(result)
         return out
 
     def close(self) -> None:
@@ -92,13 +95,15 @@ class RayEngine:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
                 i = pending.pop(ref)
-                results[i] = ray.get(ref)
-                if results[i][0] == "ok" and done is not None:
-                    done(items[i], results[i][1])
+                status, value = ray.get(ref)
+                if status == "ok" and done is not None:
+                    done(items[i], value)
+                else:
+                    results[i] = (status, value)
         errors = [results[i][1] for i in sorted(results) if results[i][0] == "error"]
         if errors:
             raise ValueError(errors[0])
-        return [results[i][1] for i in range(len(items))]
+        return [] if done is not None else [results[i][1] for i in range(len(items))]
 
     def close(self) -> None:
         if self._started:

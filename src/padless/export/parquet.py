@@ -44,9 +44,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from padless.data.inputs import PackInput
 from padless.export.engine import make_engine
-from padless.export.stages import (SHARD_PATTERN, checksum, map_shard, marker_ok, place_shard, prefix_histograms,
+from padless.export.stages import (SHARD_PATTERN, checksum, histogram_of, map_shard, marker_ok, place_shard, prefix_histograms,
                                    write_json, write_shard)  # fmt: skip
 from padless.export.state import STATE_FILE, SUMMARY_FILE, WORK, FolderLock, check_job, clear
 from padless.planning.checks import check_choice, check_int
@@ -172,16 +174,33 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         # 1. map: tokenize every shard whose marker does not hold
         t = time.perf_counter()
         shards = source.shards(shard_rows)
-        markers = {s.index: m for s in shards if (m := marker_ok(work / "tokens" / f"{s.index:05d}.json"))}
-        todo = [s for s in shards if s.index not in markers]
+        # the driver keeps each shard's counts, and its histogram in a memory-mapped [shards, M + 1] file
+        hists = np.lib.format.open_memmap(work / "hist.npy", mode="w+", dtype=np.int64, shape=(len(shards), M + 1))
+        counts = dict.fromkeys(COUNTS, 0)
+
+        def keep(index: int, marker: dict[str, Any]) -> None:
+            hists[index] = histogram_of(marker, M)
+            for k in COUNTS:
+                counts[k] += int(marker[k])
+
+        todo = []
+        for s in shards:
+            if (m := marker_ok(work / "tokens" / f"{s.index:05d}.json")) is not None:
+                keep(s.index, m)
+            else:
+                todo.append(s)
         with tqdm(total=len(todo), unit="shard", desc=f"reading {source.name}", disable=not progress) as bar:
-            for s, m in zip(todo, eng.run(map_shard, todo, source, work, M, job["overlong"],
-                                          done=lambda item, result: bar.update(1))):  # fmt: skip
-                markers[s.index] = m
+
+            def mapped(shard: Any, marker: dict[str, Any]) -> None:
+                keep(shard.index, marker)
+                bar.update(1)
+
+            eng.run(map_shard, todo, source, work, M, job["overlong"], done=mapped)
         seconds["map"] = time.perf_counter() - t
         # 2. plan on the driver, from the merged histograms
         t = time.perf_counter()
-        total = prefix_histograms(work, [markers[s.index] for s in shards], M)
+        total = prefix_histograms(work, hists)
+        del hists
         plan = plan_histogram(total, M)
         digest = plan.digest()
         seconds["plan"] = time.perf_counter() - t
@@ -222,7 +241,6 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         eng.close()
     complete = len(state["shards"]) == len(names)
     state["wall_s"] = earlier + time.perf_counter() - started
-    counts = {k: sum(int(markers[s.index][k]) for s in shards) for k in COUNTS}
     stats = plan.stats(num_sequences=counts["sequences"], truncated_sequences=counts["truncated_sequences"],
                        truncated_tokens=counts["truncated_tokens"], split_sequences=counts["split_sequences"],
                        dropped_sequences=counts["dropped_sequences"], dropped_tokens=counts["dropped_tokens"])

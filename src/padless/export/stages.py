@@ -142,16 +142,16 @@ def histogram_of(marker: dict[str, Any], max_length: int) -> np.ndarray:
     return hist
 
 
-def prefix_histograms(work: Path, markers: list[dict[str, Any]], max_length: int) -> np.ndarray:
-    """The merged histogram of the shards (``markers`` in shard order); each shard's prefix sum (the
-    counts of the shards before it) goes to ``work/before.npy`` (``[shards, max_length + 1]``, written
-    row by row, so the driver never holds them all: 15,000 shards of rows of 8,192 would be 1 GB)."""
-    rows = np.lib.format.open_memmap(work / "before.npy", mode="w+", dtype=np.int64,
-                                     shape=(len(markers), max_length + 1))  # fmt: skip
-    total = np.zeros(max_length + 1, dtype=np.int64)
-    for i, marker in enumerate(markers):
+def prefix_histograms(work: Path, hists: np.ndarray) -> np.ndarray:
+    """The merged histogram of the shards' histograms ``hists`` (``[shards, max_length + 1]``, a
+    memory map); each shard's prefix sum (the counts of the shards before it) goes to
+    ``work/before.npy``, row by row, so the driver never holds them all (15,000 shards of rows of 8,192
+    tokens would be 1 GB)."""
+    rows = np.lib.format.open_memmap(work / "before.npy", mode="w+", dtype=np.int64, shape=hists.shape)
+    total = np.zeros(hists.shape[1], dtype=np.int64)
+    for i in range(hists.shape[0]):
         rows[i] = total
-        total += histogram_of(marker, max_length)
+        total += hists[i]
     rows.flush()
     del rows
     return total
