@@ -107,19 +107,22 @@ def engines(tmp: Path, sequences: int, texts: int) -> list[str]:
     return lines
 
 
-def serial() -> list[str]:
+def serial(tmp: Path) -> list[str]:
+    from padless.export.stages import prefix_histograms
     from padless.planning.lengths import draw_lengths
-    from padless.planning.slots import merge_histograms, plan_histogram
+    from padless.planning.slots import plan_histogram
 
-    lines = ["", "serial parts on the driver (histogram of 1M lognormal lengths, median 60, scaled; rows of 1024)"]
+    lines = ["", "serial parts on the driver (histogram of 1M lognormal lengths, median 60, scaled; rows of 1024;",
+             "the driver's own code: shard histograms in a memory-mapped file, prefix sums, plan, hash)"]
     base = np.bincount(np.minimum(draw_lengths("lognormal", 1_000_000, np.random.default_rng(0), ()), 1024),
                        minlength=1025).astype(np.int64)  # fmt: skip
     for total, shards in ((100_000_000, 1_526), (1_000_000_000, 15_259)):  # shards of 65,536 sequences
-        per_shard = base * (total // 1_000_000) // shards
-        hists = [per_shard] * shards
+        hists = np.lib.format.open_memmap(tmp / "hist.npy", mode="w+", dtype=np.int64, shape=(shards, 1025))
+        hists[:] = base * (total // 1_000_000) // shards
         t = time.perf_counter()
-        merged, _ = merge_histograms(hists, 1024)
+        merged = prefix_histograms(tmp, hists)
         merge_s = time.perf_counter() - t
+        del hists
         t = time.perf_counter()
         plan = plan_histogram(merged, 1024)
         plan_s = time.perf_counter() - t
@@ -198,7 +201,7 @@ def main() -> None:
     print(machine(), flush=True)
     with tempfile.TemporaryDirectory(prefix="padless-cluster-") as tmp:
         for part in parts:
-            lines = {"engines": lambda: engines(Path(tmp), args.sequences, args.texts), "serial": serial,
+            lines = {"engines": lambda: engines(Path(tmp), args.sequences, args.texts), "serial": lambda: serial(Path(tmp)),
                      "dataset": lambda: dataset(args.rows)}[part]()  # fmt: skip
             print("\n".join(lines), flush=True)
     print(machine())
