@@ -24,6 +24,7 @@ An empty sequence is an error naming its row.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -239,9 +240,8 @@ class PackInput:
         else:
             from padless.data.encode import EncodeOptions, encode_records
             from padless.data.records import RecordError
-            from padless.data.tokenizer import load_tokenizer
 
-            tok = load_tokenizer(self.tokenizer)
+            tok = _tokenizer(self.tokenizer)
             opts = EncodeOptions(train_on=self.train_on)  # type: ignore[arg-type]
             try:
                 x_all, y_all, _ = encode_records(records, tok, opts, indices=rows, progress=False)
@@ -366,10 +366,16 @@ def _first_jsonl_record(path: Path) -> tuple[int, Any]:
     raise ValueError(f"{path} holds no records")
 
 
-def _tokenizer_vocab(tokenizer: str) -> int:
+@functools.lru_cache(maxsize=4)
+def _tokenizer(name: str) -> Any:
+    """One tokenizer per process and name (a worker reading many shards loads it once)."""
     from padless.data.tokenizer import load_tokenizer
 
-    return len(load_tokenizer(tokenizer))
+    return load_tokenizer(name)
+
+
+def _tokenizer_vocab(tokenizer: str) -> int:
+    return len(_tokenizer(tokenizer))
 
 
 def open_input(
