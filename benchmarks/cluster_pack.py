@@ -144,7 +144,7 @@ def serial(tmp: Path) -> list[str]:
     return lines
 
 
-def dataset(rows: int) -> list[str]:
+def dataset(rows: int, repeats: int) -> list[str]:
     import pyarrow as pa
     from datasets import Dataset
     from datasets.table import InMemoryTable
@@ -171,7 +171,7 @@ def dataset(rows: int) -> list[str]:
             pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
         ds = Dataset(InMemoryTable(pa.table({"input_ids": ids, "labels": ids})))
         best = {}
-        for _ in range(2):  # side by side, twice; the best of each
+        for _ in range(repeats):  # side by side, `repeats` times; the best of each
             t = time.perf_counter()
             ours = padless.pack_dataset(ds, 2048)
             best["padless"] = min(best.get("padless", 1e9), time.perf_counter() - t)
@@ -196,13 +196,14 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=1_000_000, help="synthetic sequences (engines)")
     parser.add_argument("--texts", type=int, default=210_000, help="texts of the text corpus (engines)")
     parser.add_argument("--rows", type=int, default=300_000, help="dataset rows (dataset)")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per tool, best kept (dataset)")
     args = parser.parse_args()
     parts = args.part or ["engines", "serial", "dataset"]
     print(machine(), flush=True)
     with tempfile.TemporaryDirectory(prefix="padless-cluster-") as tmp:
         for part in parts:
             lines = {"engines": lambda: engines(Path(tmp), args.sequences, args.texts), "serial": lambda: serial(Path(tmp)),
-                     "dataset": lambda: dataset(args.rows)}[part]()  # fmt: skip
+                     "dataset": lambda: dataset(args.rows, args.repeats)}[part]()  # fmt: skip
             print("\n".join(lines), flush=True)
     print(machine())
 
