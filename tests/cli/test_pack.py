@@ -258,3 +258,12 @@ def test_resume_refuses_an_input_whose_bytes_changed(tmp_path, capsys):
     assert src.stat().st_size == stat.st_size
     assert pack(*args) == 2
     assert "holds a packing made with INPUT" in capsys.readouterr().err
+
+
+def test_a_jsonl_mixing_text_and_token_rows_exits_2_naming_the_line(tmp_path, capsys):
+    rows = [{"text": "a b c"}, {"text": "d e"}, {"input_ids": [1, 2, 3]}, {"text": "f"}]
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert pack(tmp_path / "mixed.jsonl", "--out", tmp_path / "out", "--max-length", 32) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "mixed.jsonl, line 3 has 'input_ids', but the input's first record has 'text'" in err
+    assert not (tmp_path / "out").exists()
