@@ -18,6 +18,7 @@ EXTRAS: dict[str, str] = {
     "accelerate": "trainer",
     "trl": "trl",
     "peft": "peft",
+    "ray": "ray",
 }
 """Top-level package -> the padless extra that installs it."""
 
