@@ -55,9 +55,15 @@ KINDS: dict[str, str] = {
     "Qwen3_5GatedDeltaNet": "gated_deltanet",
     "Qwen3_5MoeGatedDeltaNet": "gated_deltanet",
     "Qwen3NextGatedDeltaNet": "gated_deltanet",
+    "LaraMiniGatedDeltaNet": "gated_deltanet",
+    "OlmoHybridGatedDeltaNet": "gated_deltanet",
+    "Qwen4ExpTextGatedDeltaNet": "gated_deltanet",
     "KimiLinearDeltaAttention": "kimi_delta_attention",
+    "BailingHybridDeltaAttention": "kimi_delta_attention",
+    "Glm5NextTextLinearAttention": "kimi_delta_attention",
     "Lfm2ShortConv": "short_conv",
     "Lfm2MoeShortConv": "short_conv",
+    "Lfm3ShortConv": "short_conv",
     "MambaMixer": "mamba",
     "FalconMambaMixer": "mamba",
     "JambaMambaMixer": "mamba",
@@ -84,8 +90,8 @@ _KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 """Kinds whose transformers code hands its ``**kwargs`` to CUDA kernels that separate documents."""
 
-_SUSPECT_SUFFIXES = ("Mixer", "MambaLayer", "ShortConv", "DeltaNet", "DeltaAttention", "LinearAttention",
-                     "LightningAttention", "RecurrentBlock", "Rglru", "Retention", "Hyena", "LSTMLayer")  # fmt: skip
+_SUSPECT_SUFFIXES = ("Mixer", "MambaLayer", "ShortConv", "DeltaNet", "DeltaAttention", "LightningAttention",
+                     "RecurrentBlock", "Rglru", "Retention", "Hyena", "LSTMLayer")  # fmt: skip
 """Class-name endings of token mixers of kinds padless does not know (reported ``unknown``)."""
 _CACHE_ARGS = ("cache", "cache_params", "past_key_values", "past_key_value", "layer_past")
 _STATE_ARGS = ("state",)

@@ -1,0 +1,323 @@
+"""Token mixers without a mask (gated DeltaNet, Mamba, short convolutions, ...) run on each packed
+document alone: packed logits equal each document alone after ``enable_per_document_mixers`` and are
+contaminated without it, for every hybrid and state-space family of transformers 5.24 with a tiny
+config that keeps the family's own layer pattern (a mixer and an attention layer where it has both)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+from conftest import make_features
+from hypothesis import given
+from hypothesis import strategies as st
+
+import padless
+from padless.attention import mixers
+from padless.attention.mixers import (
+    KERNEL,
+    PER_DOCUMENT,
+    MixerInfo,
+    disable_per_document_mixers,
+    enable_per_document_mixers,
+    group_documents,
+    mixer_layers,
+)
+from padless.layout import lengths_from_position_ids
+from padless.models.factory import tiny_config
+
+VOCAB = 128
+EXACT, CONTAMINATED = 1e-5, 1e-3
+# initializer_range 0.1 (not 0.02): with tiny weights a short convolution's leak is below 1e-3
+_COMMON = dict(initializer_range=0.1, vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+               num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=8, mamba_expand=2)
+_DELTANET = dict(head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                 linear_value_head_dim=8, linear_conv_kernel_dim=4)  # fmt: skip
+_HYBRID = ["linear_attention", "full_attention"]
+
+CONFIGS = {
+    "qwen3_5_text": lambda: T.Qwen3_5TextConfig(**_COMMON, num_hidden_layers=2, layer_types=_HYBRID, **_DELTANET),
+    "qwen3_next": lambda: T.Qwen3NextConfig(**_COMMON, num_hidden_layers=2, layer_types=_HYBRID, **_DELTANET,
+                                            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                            shared_expert_intermediate_size=32),  # fmt: skip
+    "lfm2": lambda: T.Lfm2Config(**_COMMON, num_hidden_layers=2, layer_types=["conv", "full_attention"], conv_L_cache=3),
+    "bamba": lambda: T.BambaConfig(**_COMMON, num_hidden_layers=2, attn_layer_indices=[1], **_MAMBA2),
+    "falcon_h1": lambda: T.FalconH1Config(**_COMMON, num_hidden_layers=2, head_dim=8, mamba_d_ssm=64, **_MAMBA2),
+    "granitemoehybrid": lambda: T.GraniteMoeHybridConfig(**_COMMON, num_hidden_layers=2, layer_types=["mamba", "attention"],
+                                                         num_local_experts=0, **_MAMBA2),  # fmt: skip
+    "jamba": lambda: T.JambaConfig(**_COMMON, num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1,
+                                   expert_layer_period=2, expert_layer_offset=1, num_experts=2, mamba_d_state=8,
+                                   mamba_d_conv=4, mamba_expand=2),  # fmt: skip
+    "nemotron_h": lambda: T.NemotronHConfig(**_COMMON, num_hidden_layers=3, hybrid_override_pattern="M*-", head_dim=8,
+                                            mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=1,
+                                            chunk_size=8, expand=2),  # fmt: skip
+    "zamba": lambda: T.ZambaConfig(**_COMMON, num_hidden_layers=3, layers_block_type=["linear_attention", "hybrid", "hybrid"],
+                                   mamba_d_state=8, n_mamba_heads=2, mamba_expand=2),  # fmt: skip
+    "zamba2": lambda: T.Zamba2Config(**_COMMON, num_hidden_layers=2, layers_block_type=["mamba", "hybrid"], mamba_d_state=8,
+                                     mamba_ngroups=1, mamba_headdim=16, n_mamba_heads=4, chunk_size=8),  # fmt: skip
+    "minimax": lambda: T.MiniMaxConfig(**_COMMON, num_hidden_layers=2, layer_types=_HYBRID, head_dim=8,
+                                       num_local_experts=2, num_experts_per_tok=1, block_size=8),  # fmt: skip
+    "recurrent_gemma": lambda: T.RecurrentGemmaConfig(initializer_range=0.1, vocab_size=VOCAB, hidden_size=32,
+                                                      intermediate_size=64, num_attention_heads=4, num_key_value_heads=1,
+                                                      num_hidden_layers=2, block_types=["recurrent", "attention"],
+                                                      lru_width=32, conv1d_width=4, attention_window_size=64,
+                                                      pad_token_id=0),  # fmt: skip
+    "kimi_linear": lambda: T.KimiLinearConfig(**{**_COMMON, "num_key_value_heads": 4}, num_hidden_layers=2, layer_types=_HYBRID,
+                                              kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                                              linear_head_dim=8, linear_num_heads=4, num_experts=4, num_experts_per_tok=2,
+                                              moe_intermediate_size=32, mlp_layer_types=["dense", "sparse"]),  # fmt: skip
+    # state-space / recurrent models without attention (and without position_ids)
+    "mamba": lambda: T.MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4),
+    "mamba2": lambda: T.Mamba2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2,
+                                     num_heads=4, head_dim=16, n_groups=1, chunk_size=8, conv_kernel=4),  # fmt: skip
+    "falcon_mamba": lambda: T.FalconMambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8,
+                                                expand=2, conv_kernel=4),  # fmt: skip
+    "rwkv": lambda: T.RwkvConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                                 intermediate_size=64, context_length=256),  # fmt: skip
+    "xlstm": lambda: T.xLSTMConfig(vocab_size=VOCAB, hidden_size=32, embedding_dim=32, num_hidden_layers=2, num_heads=2,
+                                   chunk_size=8, qk_dim_factor=0.5, v_dim_factor=1.0),  # fmt: skip
+}
+NO_ATTENTION = {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"}
+LENGTHS = [7, 13, 5, 11]  # one row; default grouping: [13, 11] and [7, 5], both right-padded
+
+
+def build(family: str, attn: str | None) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = CONFIGS[family]()
+    kwargs = {} if attn is None else {"attn_implementation": attn}
+    return T.AutoModelForCausalLM.from_config(config, **kwargs).eval()
+
+
+def packed_batch(attn: str | None, lengths=LENGTHS, max_length=None, seed=0) -> dict:
+    """What the model-free collator sends: mask4d for sdpa/eager, varlen for padless, and position ids
+    alone for models without attention (their documents come from ``packed_documents``)."""
+    attention = "varlen" if attn == "padless" else "mask4d"
+    collator = padless.PackingCollator(max_length=max_length, attention=attention)
+    batch = collator(make_features(lengths, vocab_size=VOCAB, seed=seed))
+    if attn is None:
+        batch.pop("attention_mask", None)
+    return batch
+
+
+def packed_logits(model, batch: dict, attn: str | None) -> torch.Tensor:
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    if attn is None:  # the forward takes no position_ids: boundaries from the context
+        position_ids = inputs.pop("position_ids")
+        with padless.packed_documents(position_ids=position_ids):
+            return model(**inputs).logits
+    return model(**inputs).logits
+
+
+def alone_logits(model, batch: dict) -> torch.Tensor:
+    """``[B, L, V]``: each document of each row run alone (no packing, no mask), put back in place."""
+    rows = []
+    for ids, pos in zip(batch["input_ids"], batch["position_ids"], strict=True):
+        parts, at = [], 0
+        for n in lengths_from_position_ids(pos.numpy()):
+            parts.append(model(ids[None, at : at + n], use_cache=False).logits[0])
+            at += int(n)
+        rows.append(torch.cat(parts))
+    return torch.stack(rows)
+
+
+def max_diff(model, batch, attn) -> float:
+    with torch.no_grad():
+        return (packed_logits(model, batch, attn) - alone_logits(model, batch)).abs().max().item()
+
+
+CASES = [(f, a) for f in CONFIGS if f not in NO_ATTENTION for a in ("sdpa", "eager")]
+CASES += [(f, None) for f in sorted(NO_ATTENTION)]
+
+
+@pytest.mark.parametrize(("family", "attn"), CASES, ids=[f"{f}-{a or 'none'}" for f, a in CASES])
+def test_packed_equals_alone(family, attn):
+    model = build(family, attn)
+    batch = packed_batch(attn)
+    before = max_diff(model, batch, attn)
+    assert before > CONTAMINATED, f"{family}: the unpatched model is not contaminated ({before:.2e}), the test cannot fail"
+    names = enable_per_document_mixers(model)
+    layers = mixer_layers(model)
+    assert names == [m.name for m in layers] and names
+    assert all(m.how == PER_DOCUMENT for m in layers)
+    if family not in NO_ATTENTION:  # the family's own pattern: softmax attention beside the mixers
+        attention = [n for n, m in model.named_modules() if type(m).__name__.endswith("Attention") and n not in names]
+        assert attention, f"{family}: the tiny config has no attention layer"
+    after = max_diff(model, batch, attn)
+    assert after <= EXACT, f"{family} {attn}: packed vs alone {after:.2e} after enable_per_document_mixers"
+
+
+PADLESS_FAMILIES = ["qwen3_5_text", "qwen3_next", "lfm2", "bamba", "falcon_h1", "jamba", "nemotron_h", "zamba2", "minimax"]
+
+
+@pytest.mark.parametrize("family", PADLESS_FAMILIES)
+def test_padless_backend_cu_seq_lens(family):
+    """With padless attention the collator sends cu_seq_lens_q/k: the mixers take their documents
+    from them (and strip them, so the torch fallbacks do not refuse them)."""
+    padless.register_padless_attention()
+    model = build(family, "padless")
+    batch = packed_batch("padless", lengths=[7, 13, 5, 11, 6], max_length=20)
+    assert batch["input_ids"].shape[0] > 1  # documents of several rows share padded groups
+    enable_per_document_mixers(model)
+    assert max_diff(model, batch, "padless") <= EXACT
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "bamba", "lfm2", "rwkv", "recurrent_gemma"])
+@pytest.mark.parametrize("max_padding", [0.0, 1000.0])
+def test_grouping_does_not_change_outputs(family, max_padding):
+    """``max_padding=0``: every document of its own length runs alone (the slow reference);
+    ``1000``: all documents in one group padded to the longest (the most padding)."""
+    attn = None if family in NO_ATTENTION else "sdpa"
+    model = build(family, attn)
+    batch = packed_batch(attn, lengths=[7, 13, 5, 11, 6], max_length=20)
+    enable_per_document_mixers(model, max_padding=max_padding)
+    assert max_diff(model, batch, attn) <= EXACT
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "bamba", "lfm2", "mamba"])
+def test_packed_gradients_equal_alone(family):
+    """A training step: the summed token loss of the packed row has the gradients of the documents
+    trained alone."""
+    attn = None if family in NO_ATTENTION else "sdpa"
+    model = build(family, attn).train()
+    enable_per_document_mixers(model)
+    batch = packed_batch(attn)
+
+    def loss(logits, ids):
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1), reduction="sum")
+
+    model.zero_grad()
+    logits = packed_logits(model, batch, attn)[0]
+    at, total = 0, 0
+    for n in LENGTHS:
+        total = total + loss(logits[None, at : at + n], batch["input_ids"][:, at : at + n])
+        at += n
+    total.backward()
+    packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    at = 0
+    for n in LENGTHS:
+        ids = batch["input_ids"][:, at : at + n]
+        loss(model(ids, use_cache=False).logits, ids).backward()
+        at += n
+    alone = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert packed.keys() == alone.keys() and packed
+    for name in packed:
+        torch.testing.assert_close(packed[name], alone[name], atol=EXACT, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "bamba", "mamba"])
+def test_unpacked_batch_runs_unchanged(family):
+    """One document per row (no position_ids, or positions counting from 0 in every row): the patched
+    layers run exactly as before, bit for bit."""
+    attn = None if family in NO_ATTENTION else "sdpa"
+    model = build(family, attn)
+    ids = torch.randint(3, VOCAB, (2, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = model(ids, use_cache=False).logits
+        enable_per_document_mixers(model)
+        assert torch.equal(model(ids, use_cache=False).logits, plain)
+        positions = torch.arange(17).expand(2, -1)
+        with padless.packed_documents(position_ids=positions):
+            assert torch.equal(model(ids, use_cache=False).logits, plain)
+
+
+def test_enable_is_idempotent_and_disable_restores():
+    model = build("bamba", "sdpa")
+    batch = packed_batch("sdpa")
+    first = enable_per_document_mixers(model)
+    assert enable_per_document_mixers(model) == first == ["model.layers.0.mamba"]
+    assert max_diff(model, batch, "sdpa") <= EXACT
+    assert disable_per_document_mixers(model) == first
+    assert max_diff(model, batch, "sdpa") > CONTAMINATED
+    assert disable_per_document_mixers(model) == []
+
+
+def test_documents_from_packed_documents_cu_seqlens():
+    model = build("mamba2", None)
+    batch = packed_batch(None)
+    enable_per_document_mixers(model)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(LENGTHS)]), dtype=torch.int32)
+    with torch.no_grad():
+        with padless.packed_documents(cu_seqlens=cu):
+            logits = model(input_ids=batch["input_ids"]).logits
+        assert (logits - alone_logits(model, batch)).abs().max().item() <= EXACT
+
+
+def test_positions_of_another_length_are_refused():
+    model = build("mamba", None)
+    enable_per_document_mixers(model)
+    ids = torch.randint(3, VOCAB, (1, 12))
+    with padless.packed_documents(position_ids=torch.tensor([[0, 1, 2, 0, 1]])), pytest.raises(ValueError, match="cover 5 tokens"):
+        model(ids)
+
+
+def test_attention_only_model_has_no_mixers():
+    model = T.AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=VOCAB))
+    assert mixer_layers(model) == [] and enable_per_document_mixers(model) == []
+
+
+class FooMixer(torch.nn.Module):
+    def forward(self, hidden_states):
+        return hidden_states.cumsum(1)
+
+
+@pytest.mark.parametrize("layer", [FooMixer(), torch.nn.Conv1d(32, 32, 4, padding=3, groups=32)], ids=["suffix", "conv1d"])
+def test_unknown_token_mixer_is_refused(layer):
+    model = T.AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=VOCAB))
+    model.model.layers[0].extra = layer
+    assert mixer_layers(model) == [MixerInfo("model.layers.0.extra", "unknown", mixers._how("unknown", "cpu"))]
+    assert mixer_layers(model)[0].how.startswith("unsupported: ")
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.extra .*padded batches"):
+        enable_per_document_mixers(model)
+
+
+def test_how_names_the_cuda_kernels_where_installed(monkeypatch):
+    monkeypatch.setattr(mixers.importlib.util, "find_spec", lambda name: object())
+    assert mixers._how("mamba2", "cuda") == mixers._how("gated_deltanet", "cuda") == KERNEL
+    assert mixers._how("mamba2", "cpu") == mixers._how("short_conv", "cuda") == PER_DOCUMENT
+    monkeypatch.setattr(mixers.importlib.util, "find_spec", lambda name: None)
+    assert mixers._how("mamba2", "cuda") == PER_DOCUMENT
+
+
+@pytest.mark.parametrize(("kind", "cu_kwargs"), [("gated_deltanet", True), ("mamba2", False)])
+def test_kernel_call_flattens_the_row_and_passes_boundaries(kind, cu_kwargs):
+    """The CUDA path cannot run here (no kernels): its plumbing is checked with a stand-in layer that
+    records what the kernels would be given."""
+    seen = {}
+
+    def layer(hidden_states, cache=None, attention_mask=None, **kwargs):
+        seen.update(kwargs, shape=tuple(hidden_states.shape), cache=cache, mask=attention_mask)
+        return hidden_states * 2
+
+    hidden = torch.randn(2, 6, 4)
+    cu = torch.tensor([0, 2, 6, 9, 12], dtype=torch.int32)
+    out = mixers._kernel_call(layer, {"hidden_states": hidden, "cache": object(), "attention_mask": torch.ones(2, 6),
+                                      "cu_seq_lens_q": cu, "cu_seq_lens_k": cu}, "hidden_states", kind, cu)  # fmt: skip
+    assert torch.equal(out, hidden * 2)
+    assert seen["shape"] == (1, 12, 4) and seen["cache"] is None and seen["mask"] is None
+    assert seen["seq_idx"].tolist() == [[0, 0, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3]]
+    assert ("cu_seq_lens_q" in seen) == cu_kwargs
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.sampled_from([0.0, 0.1, 0.25, 1.0, 10.0]))
+def test_group_documents_places_every_document_once(lengths, max_padding):
+    groups = group_documents(lengths, max_padding)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        width, tokens = max(lengths[i] for i in g), sum(lengths[i] for i in g)
+        assert lengths[g[0]] == width  # the first is the longest: the padded width
+        assert width * len(g) <= (1 + max_padding) * tokens + 1e-9
+        if max_padding == 0:
+            assert {lengths[i] for i in g} == {width}
+
+
+def test_group_documents_batches_similar_lengths():
+    assert group_documents([7, 13, 5, 11], 0.25) == [[1, 3], [0, 2]]
+    assert group_documents([4, 4, 4], 0.0) == [[0, 1, 2]]
+
+
+def test_max_padding_must_not_be_negative():
+    with pytest.raises(ValueError, match="max_padding"):
+        enable_per_document_mixers(torch.nn.Linear(2, 2), max_padding=-0.5)
