@@ -71,6 +71,10 @@ _EXPORTS: dict[str, str] = {
     "reference_varlen_attention": "padless.attention.varlen",
     "padless_attention": "padless.attention.backend",
     "packed_documents": "padless.attention.backend",
+    "enable_per_document_mixers": "padless.attention.mixers",
+    "disable_per_document_mixers": "padless.attention.mixers",
+    "mixer_layers": "padless.attention.mixers",
+    "MixerInfo": "padless.attention.mixers",
     "BACKENDS": "padless.attention.select",
     # data
     "load_tokenizer": "padless.data.tokenizer",

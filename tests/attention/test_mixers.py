@@ -207,6 +207,27 @@ def test_packed_gradients_equal_alone(family):
         torch.testing.assert_close(packed[name], alone[name], atol=EXACT, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.parametrize("family", ["bamba", "mamba", "recurrent_gemma"])
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_gradient_checkpointing_recomputes_per_document(family, reentrant):
+    """Checkpointing re-runs each decoder layer in backward, outside the forward (and outside the
+    packed_documents context of the attention-free models): the recomputation must split the same
+    documents, so the gradients equal those without checkpointing."""
+    attn = None if family in NO_ATTENTION else "sdpa"
+    batch = packed_batch(attn)
+    grads = []
+    for checkpointing in (False, True):
+        model = build(family, attn).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        enable_per_document_mixers(model)
+        packed_logits(model, batch, attn).square().mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("family", ["qwen3_5_text", "bamba", "mamba"])
 def test_unpacked_batch_runs_unchanged(family):
     """One document per row (no position_ids, or positions counting from 0 in every row): the patched

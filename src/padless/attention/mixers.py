@@ -100,6 +100,7 @@ _BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_lengt
 _MARK = "_padless_per_document"
 
 _MODEL_POSITIONS: ContextVar[Any] = ContextVar("padless_model_positions", default=None)
+_LAYER_DOCUMENTS: ContextVar[tuple[Any] | None] = ContextVar("padless_layer_documents", default=None)
 _FROM_POSITIONS = _LastValue()  # position_ids -> cu_seqlens, once per forward
 _PLANS = _LastValue()  # cu_seqlens -> gather / scatter indices, once per forward
 
@@ -187,6 +188,7 @@ def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25) -> list
             + "; packed rows would leak across documents in them, so train this model with padded batches"
         )  # fmt: skip
     _capture_model_positions(model)
+    _hook_checkpointed_layers(model, [m.name for m in layers])
     names = []
     for info in layers:
         module = model.get_submodule(info.name)
@@ -244,10 +246,11 @@ def _capture_model_positions(model: Any) -> None:
 
 @contextmanager
 def _no_positions() -> Iterator[None]:
-    token = _MODEL_POSITIONS.set(None)
+    token, layer_token = _MODEL_POSITIONS.set(None), _LAYER_DOCUMENTS.set(None)
     try:
         yield
     finally:
+        _LAYER_DOCUMENTS.reset(layer_token)
         _MODEL_POSITIONS.reset(token)
 
 
@@ -257,18 +260,24 @@ def _text_positions(pos: torch.Tensor) -> torch.Tensor:
 
 
 def layer_documents(hidden: torch.Tensor, call: dict[str, Any]) -> torch.Tensor | None:
-    """``[N + 1]`` offsets of the documents over the flat ``B * L`` tokens of a mixer's input
-    ``hidden`` ``[B, L, ...]``, or ``None`` when every row holds one document. ``call``: the mixer's
-    arguments by name (see the module docstring for where documents come from)."""
-    batch, length = hidden.shape[:2]
+    """``[N + 1]`` offsets of the documents over the flat ``B * L`` tokens of a layer's input
+    ``hidden`` ``[B, L, ...]``, or ``None`` when every row holds one document. ``call``: the layer's
+    arguments by name. Sources, first found wins: ``cu_seq_lens_q`` or ``position_ids`` among
+    ``call``; the documents the enclosing decoder layer resolved (see :func:`_hook_checkpointed_layers`);
+    a :func:`padless.packed_documents` context; the ``position_ids`` given to the model's forward."""
     cu = sent_boundaries(call) if "cu_seq_lens_q" in call else None
     pos = call.get("position_ids")
     if cu is None and pos is None:
+        enclosing = _LAYER_DOCUMENTS.get()
+        if enclosing is not None:
+            cu = enclosing[0]
+            return None if cu is None else _checked(cu, hidden)
         context = _CONTEXT.get()
         if context is not None:
             pos, cu, _ = context
         else:
             pos = _MODEL_POSITIONS.get()
+    batch, length = hidden.shape[:2]
     if cu is None and pos is not None:
         pos = _text_positions(pos)
         if pos.shape[-1] != length:
@@ -277,11 +286,77 @@ def layer_documents(hidden: torch.Tensor, call: dict[str, Any]) -> torch.Tensor 
                 "packed documents cannot be told apart (a chunked or cached forward of a packed row)"
             )
         cu = _FROM_POSITIONS.get(pos, batch, lambda: cu_seqlens_from_position_ids(pos, batch))
-    if cu is None or cu.numel() - 1 == batch:  # one document per row (cu_seqlens starts each row)
+    return None if cu is None else _checked(cu, hidden)
+
+
+def _checked(cu: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
+    batch, length = hidden.shape[:2]
+    if cu.numel() - 1 == batch:  # one document per row (cu_seqlens starts every row)
         return None
     if int(cu[-1]) != batch * length:
         raise ValueError(f"document boundaries cover {int(cu[-1])} tokens but the layer got {batch} x {length}")
     return cu
+
+
+def _hook_checkpointed_layers(model: Any, mixer_names: list[str]) -> None:
+    """Gradient checkpointing re-runs a decoder layer's forward during backward, outside the model's
+    forward and outside any :func:`padless.packed_documents` context: the mixers would then see no
+    documents and recompute other values (wrong gradients, or a CheckpointError). So the decoder layer
+    around each mixer (a transformers ``GradientCheckpointingLayer``) resolves the documents in a
+    forward pre-hook, and its checkpoint function is wrapped so that the function it checkpoints runs,
+    in forward and in recomputation alike, with the documents of the forward that called it."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    for name in mixer_names:
+        parts = name.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            layer = model.get_submodule(".".join(parts[:cut]))
+            if isinstance(layer, GradientCheckpointingLayer):
+                break
+        else:
+            continue
+        if getattr(layer, "_padless_documents_hook", False):
+            continue
+        tokens: list[Any] = []
+
+        def before(mod, args, kwargs, tokens=tokens):
+            first = args[0] if args else kwargs.get("hidden_states")
+            cu = layer_documents(first, kwargs) if _is_tensor(first) and first.ndim >= 2 else None
+            tokens.append(_LAYER_DOCUMENTS.set((cu,)))
+            checkpoint = mod.__dict__.get("_gradient_checkpointing_func")
+            if checkpoint is not None and not getattr(checkpoint, "_padless", False):
+                mod._gradient_checkpointing_func = _checkpoint_with_documents(checkpoint)
+
+        def after(mod, args, kwargs, output, tokens=tokens):
+            if tokens:
+                _LAYER_DOCUMENTS.reset(tokens.pop())
+
+        layer.register_forward_pre_hook(before, with_kwargs=True)
+        layer.register_forward_hook(after, with_kwargs=True, always_call=True)
+        layer._padless_documents_hook = True
+
+
+def _checkpoint_with_documents(checkpoint: Callable) -> Callable:
+    def run_checkpointed(function: Callable, *args: Any, **kwargs: Any) -> Any:
+        documents = _LAYER_DOCUMENTS.get()  # this forward's, for the recomputation in backward too
+
+        def with_documents(*a: Any, **k: Any) -> Any:
+            token = _LAYER_DOCUMENTS.set(documents)
+            try:
+                return function(*a, **k)
+            finally:
+                _LAYER_DOCUMENTS.reset(token)
+
+        return checkpoint(with_documents, *args, **kwargs)
+
+    run_checkpointed._padless = True
+    return run_checkpointed
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
 
 
 # -- grouping documents of similar length -----------------------------------------------------------
