@@ -244,6 +244,28 @@ def test_unpacked_batch_runs_unchanged(family):
             assert torch.equal(model(ids, use_cache=False).logits, plain)
 
 
+@pytest.mark.parametrize("family", ["qwen3_5_text", "bamba", "recurrent_gemma"])
+def test_left_padded_generation_runs_unchanged(family):
+    """Left padding restarts position_ids too (generation computes them from the mask): with a 2D
+    padding mask they mark padding, not documents (transformers' own rule), so nothing is split."""
+    model = build(family, "sdpa")
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    ids[0, :4], mask[0, :4] = 0, 0
+    plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    enable_per_document_mixers(model)
+    assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False), plain)
+
+
+def test_packed_row_with_a_cache_is_refused():
+    model = build("bamba", "sdpa")
+    enable_per_document_mixers(model)
+    batch = packed_batch("sdpa")
+    batch["use_cache"] = True
+    with pytest.raises(ValueError, match="use_cache=False"):
+        packed_logits(model, batch, "sdpa")
+
+
 def test_enable_is_idempotent_and_disable_restores():
     model = build("bamba", "sdpa")
     batch = packed_batch("sdpa")
@@ -262,7 +284,7 @@ def test_documents_from_packed_documents_cu_seqlens():
     cu = torch.tensor(np.concatenate([[0], np.cumsum(LENGTHS)]), dtype=torch.int32)
     with torch.no_grad():
         with padless.packed_documents(cu_seqlens=cu):
-            logits = model(input_ids=batch["input_ids"]).logits
+            logits = model(input_ids=batch["input_ids"], use_cache=False).logits
         assert (logits - alone_logits(model, batch)).abs().max().item() <= EXACT
 
 

@@ -99,8 +99,9 @@ _MASK_ARGS = ("attention_mask", "mask")
 _BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "cu_seqlens")
 _MARK = "_padless_per_document"
 
-_MODEL_POSITIONS: ContextVar[Any] = ContextVar("padless_model_positions", default=None)
-_LAYER_DOCUMENTS: ContextVar[tuple[Any] | None] = ContextVar("padless_layer_documents", default=None)
+_MODEL_POSITIONS: ContextVar[tuple[Any, bool]] = ContextVar("padless_model_positions", default=(None, False))
+"""The ``position_ids`` the model's forward was given, and whether it was given a 2D padding mask."""
+_LAYER_DOCUMENTS: ContextVar[Any] = ContextVar("padless_layer_documents", default=None)
 _FROM_POSITIONS = _LastValue()  # position_ids -> cu_seqlens, once per forward
 _PLANS = _LastValue()  # cu_seqlens -> gather / scatter indices, once per forward
 
@@ -229,11 +230,13 @@ def _capture_model_positions(model: Any) -> None:
         if "position_ids" not in params:
             continue
         tokens: list[Any] = []
-        position = list(params).index("position_ids")
+        names = list(params)
 
-        def before(mod, args, kwargs, tokens=tokens, position=position):
-            pos = kwargs.get("position_ids", args[position] if len(args) > position else None)
-            tokens.append(_MODEL_POSITIONS.set(pos))
+        def before(mod, args, kwargs, tokens=tokens, names=names):
+            given = dict(zip(names, args)) | kwargs
+            mask = given.get("attention_mask")
+            padded = _is_tensor(mask) and mask.ndim == 2 and not bool(mask.all())
+            tokens.append(_MODEL_POSITIONS.set((given.get("position_ids"), padded)))
 
         def after(mod, args, kwargs, output, tokens=tokens):
             if tokens:
@@ -246,7 +249,7 @@ def _capture_model_positions(model: Any) -> None:
 
 @contextmanager
 def _no_positions() -> Iterator[None]:
-    token, layer_token = _MODEL_POSITIONS.set(None), _LAYER_DOCUMENTS.set(None)
+    token, layer_token = _MODEL_POSITIONS.set((None, False)), _LAYER_DOCUMENTS.set(None)
     try:
         yield
     finally:
@@ -259,24 +262,37 @@ def _text_positions(pos: torch.Tensor) -> torch.Tensor:
     return pos[0] if pos.ndim == 3 else pos
 
 
-def layer_documents(hidden: torch.Tensor, call: dict[str, Any]) -> torch.Tensor | None:
-    """``[N + 1]`` offsets of the documents over the flat ``B * L`` tokens of a layer's input
-    ``hidden`` ``[B, L, ...]``, or ``None`` when every row holds one document. ``call``: the layer's
-    arguments by name. Sources, first found wins: ``cu_seq_lens_q`` or ``position_ids`` among
-    ``call``; the documents the enclosing decoder layer resolved (see :func:`_hook_checkpointed_layers`);
-    a :func:`padless.packed_documents` context; the ``position_ids`` given to the model's forward."""
+@dataclass(frozen=True)
+class Documents:
+    """Where the documents of a layer's input lie, and how padless learned it."""
+
+    cu_seqlens: torch.Tensor | None
+    """``[N + 1]`` offsets over the flat ``B * L`` tokens; ``None``: one document per row."""
+    explicit: bool
+    """Sent as boundaries (``cu_seq_lens_q``, :func:`padless.packed_documents`), not inferred from
+    ``position_ids`` restarts (which also happen under left padding)."""
+
+
+def layer_documents(hidden: torch.Tensor, call: dict[str, Any]) -> Documents:
+    """The documents of a layer's input ``hidden`` ``[B, L, ...]``; ``call``: the layer's arguments by
+    name. Sources, first found wins: ``cu_seq_lens_q`` or ``position_ids`` among ``call``; the
+    documents the enclosing decoder layer resolved (see :func:`_hook_checkpointed_layers`); a
+    :func:`padless.packed_documents` context; the ``position_ids`` given to the model's forward. A new
+    document starts wherever a position is not its predecessor + 1, unless a 2D padding mask was given
+    (transformers' rule: position_ids mark packed documents only without a mask)."""
     cu = sent_boundaries(call) if "cu_seq_lens_q" in call else None
+    explicit = cu is not None
     pos = call.get("position_ids")
     if cu is None and pos is None:
         enclosing = _LAYER_DOCUMENTS.get()
         if enclosing is not None:
-            cu = enclosing[0]
-            return None if cu is None else _checked(cu, hidden)
+            return enclosing
         context = _CONTEXT.get()
         if context is not None:
             pos, cu, _ = context
+            explicit = True
         else:
-            pos = _MODEL_POSITIONS.get()
+            pos = _MODEL_POSITIONS.get()[0]
     batch, length = hidden.shape[:2]
     if cu is None and pos is not None:
         pos = _text_positions(pos)
@@ -285,8 +301,10 @@ def layer_documents(hidden: torch.Tensor, call: dict[str, Any]) -> torch.Tensor 
                 f"position_ids cover {pos.shape[-1]} tokens but a token-mixing layer got {length}; "
                 "packed documents cannot be told apart (a chunked or cached forward of a packed row)"
             )
+        if not explicit and _MODEL_POSITIONS.get()[1]:
+            return Documents(None, False)  # the model got a padding mask: restarts are padding, not packing
         cu = _FROM_POSITIONS.get(pos, batch, lambda: cu_seqlens_from_position_ids(pos, batch))
-    return None if cu is None else _checked(cu, hidden)
+    return Documents(None if cu is None else _checked(cu, hidden), explicit)
 
 
 def _checked(cu: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -321,8 +339,8 @@ def _hook_checkpointed_layers(model: Any, mixer_names: list[str]) -> None:
 
         def before(mod, args, kwargs, tokens=tokens):
             first = args[0] if args else kwargs.get("hidden_states")
-            cu = layer_documents(first, kwargs) if _is_tensor(first) and first.ndim >= 2 else None
-            tokens.append(_LAYER_DOCUMENTS.set((cu,)))
+            found = layer_documents(first, kwargs) if _is_tensor(first) and first.ndim >= 2 else Documents(None, False)
+            tokens.append(_LAYER_DOCUMENTS.set(found))
             checkpoint = mod.__dict__.get("_gradient_checkpointing_func")
             if checkpoint is not None and not getattr(checkpoint, "_padless", False):
                 mod._gradient_checkpointing_func = _checkpoint_with_documents(checkpoint)
@@ -424,14 +442,34 @@ def _per_document_forward(module: Any, original: Callable, kind: str, max_paddin
         extra = arguments.pop(next((n for n, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), ""), {})
         arguments.update(extra)
         hidden = arguments[hidden_name]
-        cu = layer_documents(hidden, arguments)
-        if cu is None:
+        documents = layer_documents(hidden, arguments)
+        cu = documents.cu_seqlens
+        if cu is None or (not documents.explicit and _padding_mask(arguments)):
+            # transformers' own rule: restarted position_ids mark packed documents only without a
+            # padding mask (left-padded generation restarts them too)
             return original(*args, **kwargs)
+        if _has_cache(arguments):
+            raise ValueError(
+                f"{type(module).__name__} got a packed row (documents restart inside it) together with a cache "
+                "or recurrent state, which would hold the state of several documents; call the model with "
+                "use_cache=False (padless' collators send it)"
+            )
         if hidden.device.type == "cuda" and kernels_available(kind):
             return _kernel_call(original, arguments, hidden_name, kind, cu)
         return _split_call(original, arguments, hidden_name, cu, max_padding)
 
     return forward
+
+
+def _padding_mask(arguments: dict[str, Any]) -> bool:
+    """A 2D padding mask with some padding reached the layer (transformers passes mixers ``None`` when
+    there is no padding or the mask is 4D)."""
+    mask = next((arguments[n] for n in _MASK_ARGS if arguments.get(n) is not None), None)
+    return mask is not None and mask.ndim == 2 and not bool(mask.all())
+
+
+def _has_cache(arguments: dict[str, Any]) -> bool:
+    return arguments.get("use_cache") is True or any(arguments.get(n) is not None for n in _CACHE_ARGS + _STATE_ARGS)
 
 
 def _is_token_tensor(value: Any, batch: int, length: int) -> bool:
