@@ -36,6 +36,8 @@ _MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups
 _DELTANET = dict(head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
                  linear_value_head_dim=8, linear_conv_kernel_dim=4)  # fmt: skip
 _HYBRID = ["linear_attention", "full_attention"]
+_NO_FFN = {k: v for k, v in _COMMON.items() if k != "intermediate_size"}  # MoE-only configs
+_MOE = dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
 
 CONFIGS = {
     "qwen3_5_text": lambda: T.Qwen3_5TextConfig(**_COMMON, num_hidden_layers=2, layer_types=_HYBRID, **_DELTANET),
@@ -68,6 +70,18 @@ CONFIGS = {
                                               kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
                                               linear_head_dim=8, linear_num_heads=4, num_experts=4, num_experts_per_tok=2,
                                               moe_intermediate_size=32, mlp_layer_types=["dense", "sparse"]),  # fmt: skip
+    "qwen3_5_moe_text": lambda: T.Qwen3_5MoeTextConfig(**_NO_FFN, num_hidden_layers=2, layer_types=_HYBRID, **_DELTANET, **_MOE),
+    "olmo_hybrid": lambda: T.OlmoHybridConfig(**_COMMON, num_hidden_layers=2, layer_types=_HYBRID,
+                                              **{k: v for k, v in _DELTANET.items() if k != "head_dim"}),  # fmt: skip
+    "lara_mini": lambda: T.LaraMiniConfig(**_NO_FFN, num_hidden_layers=2, layer_types=_HYBRID, **_DELTANET, **_MOE),
+    "lfm2_moe": lambda: T.Lfm2MoeConfig(**_COMMON, num_hidden_layers=2, layer_types=["conv", "full_attention"],
+                                        moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2),
+    "lfm3": lambda: T.Lfm3Config(**_COMMON, num_hidden_layers=2, layer_types=["conv", "full_attention"], head_dim=8),
+    "bailing_hybrid": lambda: T.BailingHybridConfig(**{**_COMMON, "num_key_value_heads": 4}, num_hidden_layers=2,
+                                                    layer_types=_HYBRID, mlp_layer_types=["dense", "dense"],
+                                                    qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, head_dim=8,
+                                                    moe_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                                                    num_mtp_layers=0, layer_group_size=2),  # fmt: skip
     # state-space / recurrent models without attention (and without position_ids)
     "mamba": lambda: T.MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4),
     "mamba2": lambda: T.Mamba2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2,
