@@ -10,8 +10,6 @@ import pytest
 import torch
 import transformers as T
 from conftest import make_features
-from hypothesis import given
-from hypothesis import strategies as st
 
 import padless
 from padless.attention import mixers
@@ -21,7 +19,6 @@ from padless.attention.mixers import (
     MixerInfo,
     disable_per_document_mixers,
     enable_per_document_mixers,
-    group_documents,
     mixer_layers,
 )
 from padless.layout import lengths_from_position_ids
@@ -336,43 +333,6 @@ def test_how_names_the_cuda_kernels_where_installed(monkeypatch):
     assert mixers._how("mamba2", "cpu") == mixers._how("short_conv", "cuda") == PER_DOCUMENT
     monkeypatch.setattr(mixers.importlib.util, "find_spec", lambda name: None)
     assert mixers._how("mamba2", "cuda") == PER_DOCUMENT
-
-
-@pytest.mark.parametrize(("kind", "cu_kwargs"), [("gated_deltanet", True), ("mamba2", False)])
-def test_kernel_call_flattens_the_row_and_passes_boundaries(kind, cu_kwargs):
-    """The CUDA path cannot run here (no kernels): its plumbing is checked with a stand-in layer that
-    records what the kernels would be given."""
-    seen = {}
-
-    def layer(hidden_states, cache=None, attention_mask=None, **kwargs):
-        seen.update(kwargs, shape=tuple(hidden_states.shape), cache=cache, mask=attention_mask)
-        return hidden_states * 2
-
-    hidden = torch.randn(2, 6, 4)
-    cu = torch.tensor([0, 2, 6, 9, 12], dtype=torch.int32)
-    out = mixers._kernel_call(layer, {"hidden_states": hidden, "cache": object(), "attention_mask": torch.ones(2, 6),
-                                      "cu_seq_lens_q": cu, "cu_seq_lens_k": cu}, "hidden_states", kind, cu)  # fmt: skip
-    assert torch.equal(out, hidden * 2)
-    assert seen["shape"] == (1, 12, 4) and seen["cache"] is None and seen["mask"] is None
-    assert seen["seq_idx"].tolist() == [[0, 0, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3]]
-    assert ("cu_seq_lens_q" in seen) == cu_kwargs
-
-
-@given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.sampled_from([0.0, 0.1, 0.25, 1.0, 10.0]))
-def test_group_documents_places_every_document_once(lengths, max_padding):
-    groups = group_documents(lengths, max_padding)
-    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-    for g in groups:
-        width, tokens = max(lengths[i] for i in g), sum(lengths[i] for i in g)
-        assert lengths[g[0]] == width  # the first is the longest: the padded width
-        assert width * len(g) <= (1 + max_padding) * tokens + 1e-9
-        if max_padding == 0:
-            assert {lengths[i] for i in g} == {width}
-
-
-def test_group_documents_batches_similar_lengths():
-    assert group_documents([7, 13, 5, 11], 0.25) == [[1, 3], [0, 2]]
-    assert group_documents([4, 4, 4], 0.0) == [[0, 1, 2]]
 
 
 def test_max_padding_must_not_be_negative():
