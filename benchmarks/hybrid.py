@@ -47,10 +47,11 @@ _PATTERN = ["linear_attention"] * 3 + ["full_attention"]
 
 CONFIGS: dict[str, Callable[[], T.PretrainedConfig]] = {
     "qwen3_5_text": lambda: T.Qwen3_5TextConfig(**_COMMON, layer_types=_PATTERN, head_dim=32, linear_num_value_heads=8,
-                                                linear_num_key_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-                                                linear_conv_kernel_dim=4),  # fmt: skip
-    "bamba": lambda: T.BambaConfig(**_COMMON, attn_layer_indices=[3], mamba_n_heads=8, mamba_d_head=64, mamba_d_state=32,
-                                   mamba_n_groups=1, mamba_chunk_size=64, mamba_expand=2),  # fmt: skip
+                                                linear_num_key_heads=4, linear_key_head_dim=32,
+                                                linear_value_head_dim=32, linear_conv_kernel_dim=4),  # fmt: skip
+    "bamba": lambda: T.BambaConfig(**_COMMON, attn_layer_indices=[3], mamba_n_heads=8, mamba_d_head=64,
+                                   mamba_d_state=32, mamba_n_groups=1, mamba_chunk_size=64,
+                                   mamba_expand=2),  # fmt: skip
     "lfm2": lambda: T.Lfm2Config(**_COMMON, layer_types=["conv"] * 3 + ["full_attention"], conv_L_cache=3),
 }
 
@@ -124,8 +125,9 @@ def run(families: list[str], repeats: int, bucket: int, seed: int) -> list[str]:
     lines = [f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
              f"transformers {T.__version__}, threads {torch.get_num_threads()}",
              f"loadavg before: {loadavg()}", ""]  # fmt: skip
-    header = f"{'family':14s} {'way':12s} {'rows x len':>12s} {'padded tok':>10s} {'real tok':>8s} {'step ms':>9s} {'tok/s':>8s} {'vs packed':>9s} {'loss diff':>9s}"  # noqa: E501
-    lines.append(header)
+    columns = ["rows x len", "padded tok", "real tok", "step ms", "tok/s", "vs packed", "loss diff"]
+    widths = [12, 10, 8, 9, 8, 9, 9]
+    lines.append(f"{'family':14s} {'way':12s} " + " ".join(f"{c:>{w}s}" for c, w in zip(columns, widths, strict=True)))
     for family in families:
         doc_lengths = lengths(seed)
         feats = features(doc_lengths, seed)

@@ -36,59 +36,59 @@ _HYBRID = ["linear_attention", "full_attention"]
 _NO_FFN = {k: v for k, v in _COMMON.items() if k != "intermediate_size"}  # MoE-only configs
 _MOE = dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
 
-CONFIGS = {
-    "qwen3_5_text": lambda: T.Qwen3_5TextConfig(**_COMMON, num_hidden_layers=2, layer_types=_HYBRID, **_DELTANET),
-    "qwen3_next": lambda: T.Qwen3NextConfig(**_COMMON, num_hidden_layers=2, layer_types=_HYBRID, **_DELTANET,
-                                            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                            shared_expert_intermediate_size=32),  # fmt: skip
-    "lfm2": lambda: T.Lfm2Config(**_COMMON, num_hidden_layers=2, layer_types=["conv", "full_attention"], conv_L_cache=3),
-    "bamba": lambda: T.BambaConfig(**_COMMON, num_hidden_layers=2, attn_layer_indices=[1], **_MAMBA2),
-    "falcon_h1": lambda: T.FalconH1Config(**_COMMON, num_hidden_layers=2, head_dim=8, mamba_d_ssm=64, **_MAMBA2),
-    "granitemoehybrid": lambda: T.GraniteMoeHybridConfig(**_COMMON, num_hidden_layers=2, layer_types=["mamba", "attention"],
-                                                         num_local_experts=0, **_MAMBA2),  # fmt: skip
-    "jamba": lambda: T.JambaConfig(**_COMMON, num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1,
-                                   expert_layer_period=2, expert_layer_offset=1, num_experts=2, mamba_d_state=8,
-                                   mamba_d_conv=4, mamba_expand=2),  # fmt: skip
-    "nemotron_h": lambda: T.NemotronHConfig(**_COMMON, num_hidden_layers=3, hybrid_override_pattern="M*-", head_dim=8,
-                                            mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=1,
-                                            chunk_size=8, expand=2),  # fmt: skip
-    "zamba": lambda: T.ZambaConfig(**_COMMON, num_hidden_layers=3, layers_block_type=["linear_attention", "hybrid", "hybrid"],
-                                   mamba_d_state=8, n_mamba_heads=2, mamba_expand=2),  # fmt: skip
-    "zamba2": lambda: T.Zamba2Config(**_COMMON, num_hidden_layers=2, layers_block_type=["mamba", "hybrid"], mamba_d_state=8,
-                                     mamba_ngroups=1, mamba_headdim=16, n_mamba_heads=4, chunk_size=8),  # fmt: skip
-    "minimax": lambda: T.MiniMaxConfig(**_COMMON, num_hidden_layers=2, layer_types=_HYBRID, head_dim=8,
-                                       num_local_experts=2, num_experts_per_tok=1, block_size=8),  # fmt: skip
-    "recurrent_gemma": lambda: T.RecurrentGemmaConfig(initializer_range=0.1, vocab_size=VOCAB, hidden_size=32,
-                                                      intermediate_size=64, num_attention_heads=4, num_key_value_heads=1,
-                                                      num_hidden_layers=2, block_types=["recurrent", "attention"],
-                                                      lru_width=32, conv1d_width=4, attention_window_size=64,
-                                                      pad_token_id=0),  # fmt: skip
-    "kimi_linear": lambda: T.KimiLinearConfig(**{**_COMMON, "num_key_value_heads": 4}, num_hidden_layers=2, layer_types=_HYBRID,
-                                              kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
-                                              linear_head_dim=8, linear_num_heads=4, num_experts=4, num_experts_per_tok=2,
-                                              moe_intermediate_size=32, mlp_layer_types=["dense", "sparse"]),  # fmt: skip
-    "qwen3_5_moe_text": lambda: T.Qwen3_5MoeTextConfig(**_NO_FFN, num_hidden_layers=2, layer_types=_HYBRID, **_DELTANET, **_MOE),
-    "olmo_hybrid": lambda: T.OlmoHybridConfig(**_COMMON, num_hidden_layers=2, layer_types=_HYBRID,
-                                              **{k: v for k, v in _DELTANET.items() if k != "head_dim"}),  # fmt: skip
-    "lara_mini": lambda: T.LaraMiniConfig(**_NO_FFN, num_hidden_layers=2, layer_types=_HYBRID, **_DELTANET, **_MOE),
-    "lfm2_moe": lambda: T.Lfm2MoeConfig(**_COMMON, num_hidden_layers=2, layer_types=["conv", "full_attention"],
-                                        moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2),
-    "lfm3": lambda: T.Lfm3Config(**_COMMON, num_hidden_layers=2, layer_types=["conv", "full_attention"], head_dim=8),
-    "bailing_hybrid": lambda: T.BailingHybridConfig(**{**_COMMON, "num_key_value_heads": 4}, num_hidden_layers=2,
-                                                    layer_types=_HYBRID, mlp_layer_types=["dense", "dense"],
-                                                    qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, head_dim=8,
-                                                    moe_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
-                                                    num_mtp_layers=0, layer_group_size=2),  # fmt: skip
+_TWO = dict(num_hidden_layers=2)
+_SSM = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2)
+_MLA = dict(qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+_KV4 = {**_COMMON, "num_key_value_heads": 4}
+
+CONFIGS: dict[str, tuple[type, dict]] = {
+    # family -> (config class, its tiny kwargs): a mixer layer and an attention layer where it has both
+    "qwen3_5_text": (T.Qwen3_5TextConfig, dict(**_COMMON, **_TWO, layer_types=_HYBRID, **_DELTANET)),
+    "qwen3_next": (T.Qwen3NextConfig, dict(**_NO_FFN, **_TWO, layer_types=_HYBRID, **_DELTANET, **_MOE)),
+    "qwen3_5_moe_text": (T.Qwen3_5MoeTextConfig, dict(**_NO_FFN, **_TWO, layer_types=_HYBRID, **_DELTANET, **_MOE)),
+    "lara_mini": (T.LaraMiniConfig, dict(**_NO_FFN, **_TWO, layer_types=_HYBRID, **_DELTANET, **_MOE)),
+    "olmo_hybrid": (T.OlmoHybridConfig, dict(**_COMMON, **_TWO, layer_types=_HYBRID,
+                                             **{k: v for k, v in _DELTANET.items() if k != "head_dim"})),
+    "kimi_linear": (T.KimiLinearConfig, dict(**_KV4, **_TWO, layer_types=_HYBRID, kv_lora_rank=16, **_MLA,
+                                             linear_head_dim=8, linear_num_heads=4, num_experts=4,
+                                             num_experts_per_tok=2, moe_intermediate_size=32,
+                                             mlp_layer_types=["dense", "sparse"])),
+    "bailing_hybrid": (T.BailingHybridConfig, dict(**_KV4, **_TWO, layer_types=_HYBRID, **_MLA, head_dim=8,
+                                                   mlp_layer_types=["dense", "dense"], moe_intermediate_size=32,
+                                                   num_local_experts=4, num_experts_per_tok=2, num_mtp_layers=0,
+                                                   layer_group_size=2)),
+    "lfm2": (T.Lfm2Config, dict(**_COMMON, **_TWO, layer_types=["conv", "full_attention"], conv_L_cache=3)),
+    "lfm2_moe": (T.Lfm2MoeConfig, dict(**_COMMON, **_TWO, layer_types=["conv", "full_attention"], num_dense_layers=1,
+                                       moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)),
+    "lfm3": (T.Lfm3Config, dict(**_COMMON, **_TWO, layer_types=["conv", "full_attention"], head_dim=8)),
+    "bamba": (T.BambaConfig, dict(**_COMMON, **_TWO, attn_layer_indices=[1], **_MAMBA2)),
+    "falcon_h1": (T.FalconH1Config, dict(**_COMMON, **_TWO, head_dim=8, mamba_d_ssm=64, **_MAMBA2)),
+    "granitemoehybrid": (T.GraniteMoeHybridConfig, dict(**_COMMON, **_TWO, layer_types=["mamba", "attention"],
+                                                        num_local_experts=0, **_MAMBA2)),
+    "jamba": (T.JambaConfig, dict(**_COMMON, **_TWO, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                                  expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_d_conv=4,
+                                  mamba_expand=2)),
+    "nemotron_h": (T.NemotronHConfig, dict(**_COMMON, num_hidden_layers=3, hybrid_override_pattern="M*-", head_dim=8,
+                                           mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=1,
+                                           chunk_size=8, expand=2)),
+    "zamba": (T.ZambaConfig, dict(**_COMMON, num_hidden_layers=3, mamba_d_state=8, n_mamba_heads=2, mamba_expand=2,
+                                  layers_block_type=["linear_attention", "hybrid", "hybrid"])),
+    "zamba2": (T.Zamba2Config, dict(**_COMMON, **_TWO, layers_block_type=["mamba", "hybrid"], mamba_d_state=8,
+                                    mamba_ngroups=1, mamba_headdim=16, n_mamba_heads=4, chunk_size=8)),
+    "minimax": (T.MiniMaxConfig, dict(**_COMMON, **_TWO, layer_types=_HYBRID, head_dim=8, num_local_experts=2,
+                                      num_experts_per_tok=1, block_size=8)),
+    "recurrent_gemma": (T.RecurrentGemmaConfig, dict(**_SSM, initializer_range=0.1, intermediate_size=64,
+                                                     num_attention_heads=4, num_key_value_heads=1, lru_width=32,
+                                                     block_types=["recurrent", "attention"], conv1d_width=4,
+                                                     attention_window_size=64, pad_token_id=0)),
     # state-space / recurrent models without attention (and without position_ids)
-    "mamba": lambda: T.MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4),
-    "mamba2": lambda: T.Mamba2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2,
-                                     num_heads=4, head_dim=16, n_groups=1, chunk_size=8, conv_kernel=4),  # fmt: skip
-    "falcon_mamba": lambda: T.FalconMambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8,
-                                                expand=2, conv_kernel=4),  # fmt: skip
-    "rwkv": lambda: T.RwkvConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
-                                 intermediate_size=64, context_length=256),  # fmt: skip
-    "xlstm": lambda: T.xLSTMConfig(vocab_size=VOCAB, hidden_size=32, embedding_dim=32, num_hidden_layers=2, num_heads=2,
-                                   chunk_size=8, qk_dim_factor=0.5, v_dim_factor=1.0),  # fmt: skip
+    "mamba": (T.MambaConfig, dict(**_SSM, state_size=8, expand=2, conv_kernel=4)),
+    "mamba2": (T.Mamba2Config, dict(**_SSM, state_size=8, expand=2, num_heads=4, head_dim=16, n_groups=1, chunk_size=8,
+                                    conv_kernel=4)),
+    "falcon_mamba": (T.FalconMambaConfig, dict(**_SSM, state_size=8, expand=2, conv_kernel=4)),
+    "rwkv": (T.RwkvConfig, dict(**_SSM, attention_hidden_size=32, intermediate_size=64, context_length=256)),
+    "xlstm": (T.xLSTMConfig, dict(**_SSM, embedding_dim=32, num_heads=2, chunk_size=8, qk_dim_factor=0.5,
+                                  v_dim_factor=1.0)),
 }
 NO_ATTENTION = {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"}
 LENGTHS = [7, 13, 5, 11]  # one row; default grouping: [13, 11] and [7, 5], both right-padded
@@ -96,9 +96,10 @@ LENGTHS = [7, 13, 5, 11]  # one row; default grouping: [13, 11] and [7, 5], both
 
 def build(family: str, attn: str | None) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = CONFIGS[family]()
-    kwargs = {} if attn is None else {"attn_implementation": attn}
-    return T.AutoModelForCausalLM.from_config(config, **kwargs).eval()
+    config_class, kwargs = CONFIGS[family]
+    config = config_class(**kwargs)
+    backend = {} if attn is None else {"attn_implementation": attn}
+    return T.AutoModelForCausalLM.from_config(config, **backend).eval()
 
 
 def packed_batch(attn: str | None, lengths=LENGTHS, max_length=None, seed=0) -> dict:
@@ -147,7 +148,7 @@ def test_packed_equals_alone(family, attn):
     model = build(family, attn)
     batch = packed_batch(attn)
     before = max_diff(model, batch, attn)
-    assert before > CONTAMINATED, f"{family}: the unpatched model is not contaminated ({before:.2e}), the test cannot fail"
+    assert before > CONTAMINATED, f"{family}: the unpatched model is not contaminated ({before:.2e})"
     names = enable_per_document_mixers(model)
     layers = mixer_layers(model)
     assert names == [m.name for m in layers] and names
@@ -159,7 +160,8 @@ def test_packed_equals_alone(family, attn):
     assert after <= EXACT, f"{family} {attn}: packed vs alone {after:.2e} after enable_per_document_mixers"
 
 
-PADLESS_FAMILIES = ["qwen3_5_text", "qwen3_next", "lfm2", "bamba", "falcon_h1", "jamba", "nemotron_h", "zamba2", "minimax"]
+PADLESS_FAMILIES = ["qwen3_5_text", "qwen3_next", "lfm2", "bamba", "falcon_h1", "jamba", "nemotron_h", "zamba2",
+                    "minimax"]  # fmt: skip
 
 
 @pytest.mark.parametrize("family", PADLESS_FAMILIES)
@@ -196,7 +198,8 @@ def test_packed_gradients_equal_alone(family):
     batch = packed_batch(attn)
 
     def loss(logits, ids):
-        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1), reduction="sum")
+        predicted, targets = logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)
+        return torch.nn.functional.cross_entropy(predicted, targets, reduction="sum")
 
     model.zero_grad()
     logits = packed_logits(model, batch, attn)[0]
@@ -303,7 +306,8 @@ def test_positions_of_another_length_are_refused():
     model = build("mamba", None)
     enable_per_document_mixers(model)
     ids = torch.randint(3, VOCAB, (1, 12))
-    with padless.packed_documents(position_ids=torch.tensor([[0, 1, 2, 0, 1]])), pytest.raises(ValueError, match="cover 5 tokens"):
+    positions = torch.tensor([[0, 1, 2, 0, 1]])
+    with padless.packed_documents(position_ids=positions), pytest.raises(ValueError, match="cover 5 tokens"):
         model(ids)
 
 
@@ -317,7 +321,8 @@ class FooMixer(torch.nn.Module):
         return hidden_states.cumsum(1)
 
 
-@pytest.mark.parametrize("layer", [FooMixer(), torch.nn.Conv1d(32, 32, 4, padding=3, groups=32)], ids=["suffix", "conv1d"])
+@pytest.mark.parametrize("layer", [FooMixer(), torch.nn.Conv1d(32, 32, 4, padding=3, groups=32)],
+                         ids=["suffix", "conv1d"])  # fmt: skip
 def test_unknown_token_mixer_is_refused(layer):
     model = T.AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=VOCAB))
     model.model.layers[0].extra = layer

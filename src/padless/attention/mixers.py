@@ -220,7 +220,8 @@ def _per_document_forward(module: Any, original: Callable, kind: str, max_paddin
                 "use_cache=False (padless' collators send it)"
             )
         if hidden.device.type == "cuda" and kernels_available(kind):
-            return run_with_boundaries(original, arguments, hidden_name, cu, cu_kwargs=_KERNELS[kind][1] == "cu_seqlens")
+            cu_kwargs = _KERNELS[kind][1] == "cu_seqlens"
+            return run_with_boundaries(original, arguments, hidden_name, cu, cu_kwargs=cu_kwargs)
         return run_per_document(original, arguments, hidden_name, cu, max_padding)
 
     return forward
