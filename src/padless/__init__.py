@@ -74,6 +74,7 @@ _EXPORTS: dict[str, str] = {
     "enable_per_document_mixers": "padless.attention.mixers",
     "disable_per_document_mixers": "padless.attention.mixers",
     "mixer_layers": "padless.attention.mixers",
+    "mixer_refusal": "padless.attention.mixers",
     "MixerInfo": "padless.attention.mixers",
     "BACKENDS": "padless.attention.select",
     # data

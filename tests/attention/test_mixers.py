@@ -20,6 +20,7 @@ from padless.attention.mixers import (
     disable_per_document_mixers,
     enable_per_document_mixers,
     mixer_layers,
+    mixer_refusal,
 )
 from padless.layout import lengths_from_position_ids
 from padless.models.factory import tiny_config
@@ -343,3 +344,14 @@ def test_how_names_the_cuda_kernels_where_installed(monkeypatch):
 def test_max_padding_must_not_be_negative():
     with pytest.raises(ValueError, match="max_padding"):
         enable_per_document_mixers(torch.nn.Linear(2, 2), max_padding=-0.5)
+
+
+def test_mixer_refusal_until_enabled():
+    model = build("bamba", "sdpa")
+    reason = mixer_refusal(model)
+    assert reason is not None and "mamba2" in reason and "enable_per_document_mixers" in reason
+    enable_per_document_mixers(model)
+    assert mixer_refusal(model) is None
+    disable_per_document_mixers(model)
+    assert mixer_refusal(model) == reason
+    assert mixer_refusal(T.AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=VOCAB))) is None

@@ -29,6 +29,7 @@ _MODEL_POSITIONS: ContextVar[tuple[Any, bool]] = ContextVar("padless_model_posit
 _LAYER_DOCUMENTS: ContextVar[Any] = ContextVar("padless_layer_documents", default=None)
 """The :class:`Documents` the enclosing decoder layer resolved (``None``: no enclosing layer)."""
 _FROM_POSITIONS = _LastValue()  # position_ids -> cu_seqlens, once per forward
+_CHECKED = _LastValue()  # cu_seqlens checked against the layer's tokens, once per forward
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ def layer_documents(hidden: torch.Tensor, call: dict[str, Any]) -> Documents:
         if not explicit and _MODEL_POSITIONS.get()[1]:
             return Documents(None, False)  # the model got a padding mask: restarts are padding, not packing
         cu = _FROM_POSITIONS.get(pos, batch, lambda: cu_seqlens_from_position_ids(pos, batch))
-    return Documents(None if cu is None else _checked(cu, hidden), explicit)
+    if cu is None:
+        return Documents(None, explicit)
+    return Documents(_CHECKED.get(cu, (batch, length), lambda: _checked(cu, hidden)), explicit)
 
 
 def _checked(cu: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:

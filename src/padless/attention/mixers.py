@@ -183,6 +183,21 @@ def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25) -> list
     return names
 
 
+def mixer_refusal(model: Any) -> str | None:
+    """Why packed rows would not be exact in ``model``'s token mixers (``None``: it has none, or every
+    one is patched by :func:`enable_per_document_mixers`): for the exactness rule to cite."""
+    layers = mixer_layers(model)
+    unknown = [m.name for m in layers if m.kind == "unknown"]
+    if unknown:
+        return f"layers {', '.join(unknown)} mix tokens in a way padless cannot split by document"
+    unpatched = [m.name for m in layers if getattr(model.get_submodule(m.name), _MARK, None) is None]
+    if unpatched:
+        kinds = sorted({m.kind for m in layers if m.name in unpatched})
+        return (f"{len(unpatched)} token-mixing layers ({', '.join(kinds)}) carry state along the whole row, "
+                "across documents; call padless.enable_per_document_mixers(model) first")  # fmt: skip
+    return None
+
+
 def disable_per_document_mixers(model: Any) -> list[str]:
     """Undo :func:`enable_per_document_mixers`: the layers run their own forward again over the whole
     row (the hooks it added stay, inert); return the names restored."""
