@@ -144,6 +144,7 @@ def run(families: list[str], repeats: int, bucket: int, seed: int) -> list[str]:
             lines.append(f"{family:14s} {name:12s} {shape:>12s} {padded:10d} {real:8d} {t * 1e3:9.1f} "
                          f"{real / t:8.0f} {t / times['packed']:8.2f}x {diffs[name]:9.1e}")  # fmt: skip
         lines.append("")
+        print("\n".join(lines[-len(plan) - 1 :]), flush=True)  # progress: a family's rows as soon as measured
     lines.append(f"loadavg after: {loadavg()}")
     lines.append("'vs packed': step time / packed step time (>1: slower than packed). 'loss diff': max |token loss - "
                  "padded's| over the sorted token losses of the step, checked before timing.")  # fmt: skip
@@ -160,7 +161,7 @@ def main() -> None:
     args = parser.parse_args()
     lines = run(args.families.split(","), args.repeats, args.bucket, args.seed)
     text = "\n".join(lines) + "\n"
-    print(text, end="")
+    print("\n" + text, end="")
     if args.out:
         with open(args.out, "w") as f:
             f.write(f"$ PYTHONPATH=src python benchmarks/hybrid.py {' '.join(sys.argv[1:])}\n\n{text}")
