@@ -355,3 +355,22 @@ def test_mixer_refusal_until_enabled():
     disable_per_document_mixers(model)
     assert mixer_refusal(model) == reason
     assert mixer_refusal(T.AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=VOCAB))) is None
+
+
+def test_a_deep_copy_runs_its_own_weights():
+    """A DPO reference model is often ``copy.deepcopy(policy)``: its patched layers must use the copy's
+    weights, not the original's."""
+    import copy
+    import pickle
+
+    model = build("bamba", "sdpa")
+    enable_per_document_mixers(model)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.model.layers[0].mamba.parameters():
+            p.mul_(1.5)
+    batch = packed_batch("sdpa")
+    assert max_diff(twin, batch, "sdpa") <= EXACT and max_diff(model, batch, "sdpa") <= EXACT
+    with torch.no_grad():
+        assert (packed_logits(twin, batch, "sdpa") - packed_logits(model, batch, "sdpa")).abs().max() > CONTAMINATED
+    assert max_diff(pickle.loads(pickle.dumps(model)), batch, "sdpa") <= EXACT

@@ -107,21 +107,9 @@ def _capture_model_positions(model: Any) -> None:
         params = inspect.signature(module.forward).parameters
         if "position_ids" not in params:
             continue
-        tokens: list[Any] = []
-        names = list(params)
-
-        def before(mod, args, kwargs, tokens=tokens, names=names):
-            given = dict(zip(names, args)) | kwargs
-            mask = given.get("attention_mask")
-            padded = _is_tensor(mask) and mask.ndim == 2 and not bool(mask.all())
-            tokens.append(_MODEL_POSITIONS.set((given.get("position_ids"), padded)))
-
-        def after(mod, args, kwargs, output, tokens=tokens):
-            if tokens:
-                _MODEL_POSITIONS.reset(tokens.pop())
-
-        module.register_forward_pre_hook(before, with_kwargs=True)
-        module.register_forward_hook(after, with_kwargs=True, always_call=True)
+        hook = _ModelPositionsHook(list(params))
+        module.register_forward_pre_hook(hook.before, with_kwargs=True)
+        module.register_forward_hook(hook.after, with_kwargs=True, always_call=True)
         module._padless_positions_hook = True
 
 
@@ -159,40 +147,71 @@ def _hook_checkpointed_layers(model: Any, mixer_names: list[str]) -> None:
             continue
         if getattr(layer, "_padless_documents_hook", False):
             continue
-        tokens: list[Any] = []
-
-        def before(mod, args, kwargs, tokens=tokens):
-            first = args[0] if args else kwargs.get("hidden_states")
-            found = layer_documents(first, kwargs) if _is_tensor(first) and first.ndim >= 2 else Documents(None, False)
-            tokens.append(_LAYER_DOCUMENTS.set(found))
-            checkpoint = mod.__dict__.get("_gradient_checkpointing_func")
-            if checkpoint is not None and not getattr(checkpoint, "_padless", False):
-                mod._gradient_checkpointing_func = _checkpoint_with_documents(checkpoint)
-
-        def after(mod, args, kwargs, output, tokens=tokens):
-            if tokens:
-                _LAYER_DOCUMENTS.reset(tokens.pop())
-
-        layer.register_forward_pre_hook(before, with_kwargs=True)
-        layer.register_forward_hook(after, with_kwargs=True, always_call=True)
+        hook = _LayerDocumentsHook()
+        layer.register_forward_pre_hook(hook.before, with_kwargs=True)
+        layer.register_forward_hook(hook.after, with_kwargs=True, always_call=True)
         layer._padless_documents_hook = True
 
 
-def _checkpoint_with_documents(checkpoint: Callable) -> Callable:
-    def run_checkpointed(function: Callable, *args: Any, **kwargs: Any) -> Any:
-        documents = _LAYER_DOCUMENTS.get()  # this forward's, for the recomputation in backward too
+class _ModelPositionsHook:
+    """Sets what a base model's forward was given (position ids, a padding mask?) for its duration.
+    Hooks are small classes, not closures, so a patched model still pickles."""
 
-        def with_documents(*a: Any, **k: Any) -> Any:
-            token = _LAYER_DOCUMENTS.set(documents)
-            try:
-                return function(*a, **k)
-            finally:
-                _LAYER_DOCUMENTS.reset(token)
+    def __init__(self, names: list[str]) -> None:
+        self.names = names  # the forward's parameter names, for positional arguments
+        self.tokens: list[Any] = []
 
-        return checkpoint(with_documents, *args, **kwargs)
+    def before(self, module: Any, args: tuple, kwargs: dict) -> None:
+        given = dict(zip(self.names, args, strict=False)) | kwargs
+        mask = given.get("attention_mask")
+        padded = _is_tensor(mask) and mask.ndim == 2 and not bool(mask.all())
+        self.tokens.append(_MODEL_POSITIONS.set((given.get("position_ids"), padded)))
 
-    run_checkpointed._padless = True
-    return run_checkpointed
+    def after(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        if self.tokens:
+            _MODEL_POSITIONS.reset(self.tokens.pop())
+
+
+class _LayerDocumentsHook:
+    """Resolves a decoder layer's documents for its duration, and wraps its checkpoint function."""
+
+    def __init__(self) -> None:
+        self.tokens: list[Any] = []
+
+    def before(self, module: Any, args: tuple, kwargs: dict) -> None:
+        first = args[0] if args else kwargs.get("hidden_states")
+        found = layer_documents(first, kwargs) if _is_tensor(first) and first.ndim >= 2 else Documents(None, False)
+        self.tokens.append(_LAYER_DOCUMENTS.set(found))
+        checkpoint = module.__dict__.get("_gradient_checkpointing_func")
+        if checkpoint is not None and not isinstance(checkpoint, _CheckpointWithDocuments):
+            module._gradient_checkpointing_func = _CheckpointWithDocuments(checkpoint)
+
+    def after(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        if self.tokens:
+            _LAYER_DOCUMENTS.reset(self.tokens.pop())
+
+
+class _CheckpointWithDocuments:
+    """A checkpoint function whose checkpointed function runs, in forward and in recomputation alike,
+    with the documents of the forward that called it."""
+
+    def __init__(self, checkpoint: Callable) -> None:
+        self.checkpoint = checkpoint
+
+    def __call__(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
+        return self.checkpoint(_WithDocuments(function, _LAYER_DOCUMENTS.get()), *args, **kwargs)
+
+
+class _WithDocuments:
+    def __init__(self, function: Callable, documents: Any) -> None:
+        self.function, self.documents = function, documents
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        token = _LAYER_DOCUMENTS.set(self.documents)
+        try:
+            return self.function(*args, **kwargs)
+        finally:
+            _LAYER_DOCUMENTS.reset(token)
 
 
 def _is_tensor(value: Any) -> bool:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +83,9 @@ _KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
 _SUSPECT_SUFFIXES = ("Mixer", "MambaLayer", "ShortConv", "DeltaNet", "DeltaAttention", "LightningAttention",
                      "RecurrentBlock", "Rglru", "Retention", "Hyena", "LSTMLayer")  # fmt: skip
 """Class-name endings of token mixers of kinds padless does not know (reported ``unknown``)."""
-_MARK = "_padless_per_document"
+_MARK = "_padless_per_document"  # on a patched layer: (kind, max_padding)
+_CLASSES: dict[type, type] = {}  # layer class -> its per-document subclass
+_SIGNATURES: dict[type, tuple[inspect.Signature, str, str | None]] = {}
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class MixerInfo:
 def _kind_of(module: Any) -> str | None:
     import torch
 
-    name = type(module).__name__
+    name = _base_class(module).__name__
     if name in KINDS:
         return KINDS[name]
     if name.endswith(_SUSPECT_SUFFIXES):
@@ -174,11 +175,8 @@ def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25) -> list
     names = []
     for info in layers:
         module = model.get_submodule(info.name)
-        original = getattr(module, _MARK, None)
-        if original is None:
-            original = module.forward
-            setattr(module, _MARK, original)
-        module.forward = _per_document_forward(module, original, info.kind, max_padding)
+        module.__class__ = _per_document_class(_base_class(module))
+        setattr(module, _MARK, (info.kind, max_padding))
         names.append(info.name)
     return names
 
@@ -203,43 +201,65 @@ def disable_per_document_mixers(model: Any) -> list[str]:
     row (the hooks it added stay, inert); return the names restored."""
     names = []
     for name, module in model.named_modules():
-        original = getattr(module, _MARK, None)
-        if original is not None:
-            module.forward = original
+        if getattr(module, _MARK, None) is not None:
+            module.__class__ = _base_class(module)
             delattr(module, _MARK)
             names.append(name)
     return names
 
 
-def _per_document_forward(module: Any, original: Callable, kind: str, max_padding: float) -> Callable:
-    """``module``'s forward, splitting packed rows by document (see the module docstring)."""
-    signature = inspect.signature(original)
-    hidden_name = next(iter(signature.parameters))
-    var_keyword = next((n for n, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None)
+def _base_class(module: Any) -> type:
+    return getattr(type(module), "_padless_base", type(module))
 
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        arguments = dict(signature.bind(*args, **kwargs).arguments)
-        arguments.update(arguments.pop(var_keyword, None) or {})
-        hidden = arguments[hidden_name]
-        documents = layer_documents(hidden, arguments)
-        cu = documents.cu_seqlens
-        if cu is None or (not documents.explicit and _padding_mask(arguments)):
-            # transformers' own rule: restarted position_ids mark packed documents only without a
-            # padding mask (left-padded generation restarts them too)
-            return original(*args, **kwargs)
-        if _has_cache(arguments):
-            raise ValueError(
-                f"{type(module).__name__} got a packed row (documents restart inside it) together with a cache "
-                "or recurrent state, which would hold the state of several documents; call the model with "
-                "use_cache=False (padless' collators send it)"
-            )
-        if hidden.device.type == "cuda" and kernels_available(kind):
-            cu_kwargs = _KERNELS[kind][1] == "cu_seqlens"
-            return run_with_boundaries(original, arguments, hidden_name, cu, cu_kwargs=cu_kwargs)
-        return run_per_document(original, arguments, hidden_name, cu, max_padding)
 
-    return forward
+def _per_document_class(base: type) -> type:
+    """``base`` with :func:`_per_document_forward` as its forward. A patched layer changes class rather
+    than holding a closure over itself, so ``copy.deepcopy`` (a DPO reference model) copies a layer
+    that runs its own weights; the class is named in this module, so pickling finds it."""
+    name = f"PerDocument{base.__name__}"
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = type(name, (base,), {"forward": _per_document_forward, "_padless_base": base, "__module__": __name__})
+        _CLASSES[base] = globals()[name] = cls
+    return cls
+
+
+def _signature(base: type) -> tuple[inspect.Signature, str, str | None]:
+    """The layer class's forward signature, the name of its hidden-states argument, its ``**`` name."""
+    if base not in _SIGNATURES:
+        signature = inspect.signature(base.forward)
+        names = list(signature.parameters)[1:]  # after self
+        var_keyword = next((n for n, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None)
+        _SIGNATURES[base] = (signature, names[0], var_keyword)
+    return _SIGNATURES[base]
+
+
+def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A patched layer's forward: packed rows split by document (see the module docstring)."""
+    base = type(self)._padless_base
+    kind, max_padding = getattr(self, _MARK)
+    signature, hidden_name, var_keyword = _signature(base)
+    arguments = dict(signature.bind(self, *args, **kwargs).arguments)
+    del arguments[next(iter(signature.parameters))]
+    arguments.update(arguments.pop(var_keyword, None) or {})
+    hidden = arguments[hidden_name]
+    documents = layer_documents(hidden, arguments)
+    cu = documents.cu_seqlens
+    if cu is None or (not documents.explicit and _padding_mask(arguments)):
+        # transformers' own rule: restarted position_ids mark packed documents only without a
+        # padding mask (left-padded generation restarts them too)
+        return base.forward(self, *args, **kwargs)
+    if _has_cache(arguments):
+        raise ValueError(
+            f"{base.__name__} got a packed row (documents restart inside it) together with a cache or recurrent "
+            "state, which would hold the state of several documents; call the model with use_cache=False "
+            "(padless' collators send it)"
+        )
+    original = functools.partial(base.forward, self)
+    if hidden.device.type == "cuda" and kernels_available(kind):
+        cu_kwargs = _KERNELS[kind][1] == "cu_seqlens"
+        return run_with_boundaries(original, arguments, hidden_name, cu, cu_kwargs=cu_kwargs)
+    return run_per_document(original, arguments, hidden_name, cu, max_padding)
 
 
 def _padding_mask(arguments: dict[str, Any]) -> bool:
