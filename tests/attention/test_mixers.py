@@ -161,8 +161,11 @@ def test_packed_equals_alone(family, attn):
     assert after <= EXACT, f"{family} {attn}: packed vs alone {after:.2e} after enable_per_document_mixers"
 
 
-PADLESS_FAMILIES = ["qwen3_5_text", "qwen3_next", "lfm2", "bamba", "falcon_h1", "jamba", "nemotron_h", "zamba2",
-                    "minimax"]  # fmt: skip
+PADLESS_FAMILIES = [f for f in CONFIGS if f not in NO_ATTENTION and f not in {
+    # padless attention itself cannot run these (not the mixers): the MLA value head differs from the
+    # query head (kimi_linear, bailing_hybrid); the decoder layers pass attention no position_ids or
+    # boundaries (granitemoehybrid, zamba, recurrent_gemma)
+    "kimi_linear", "bailing_hybrid", "granitemoehybrid", "zamba", "recurrent_gemma"}]  # fmt: skip
 
 
 @pytest.mark.parametrize("family", PADLESS_FAMILIES)
