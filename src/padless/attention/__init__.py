@@ -1,3 +1,17 @@
-"""Attention over packed rows: ``masks`` (dense reference and 4D masks), ``varlen`` (padless' varlen
-kernels), ``backend`` (the ``"padless"`` attention function for transformers) and ``select`` (the one
-rule that says whether a model + backend + layout is exact, or refuses it)."""
+"""Attention over packed rows: every token sees only earlier tokens of its own document.
+
+- ``masks``: the dense boolean reference mask and the 4D additive block-causal mask (windows carried).
+- ``varlen``: padless' varlen kernels (grouped SDPA on CPU, torch varlen / flash-attn on CUDA).
+- ``kernels``: which fused kernels run here (sm80+, head size, dtype) and whether a model's flash path
+  hands them the document boundaries.
+- ``host``: host copies of the boundary tensors, so a forward reads them with one device sync at most.
+- ``backend``: the ``"padless"`` attention function registered with transformers, and its mask function.
+- ``rules``: what a model's own attention computes (windows, soft-capping, ALiBi...), read from its config.
+- ``positions``: how a model encodes positions, and when a packed row keeps ALiBi models exact.
+- ``select``: the ONE rule that says whether a model + backend + layout is exact, or refuses it.
+- ``mixers``: layers that mix tokens without the mask (gated DeltaNet, Mamba, short convolutions, RWKV...),
+  found and patched to run on each packed document alone.
+- ``mixer_documents``: where a forward's documents lie, seen from a layer inside it.
+- ``per_document``: a layer run per document: grouped by length, right-padded, scattered back.
+- ``tree``: shared-prompt (tree) attention: completions attend to one prompt, not to each other.
+"""
