@@ -83,6 +83,9 @@ class RunConfig:
     pad_to_multiple_of: int | None = None
     """Round every strategy's row length up to a multiple of this (padded, bucketed, packed and
     flattened rows alike): fewer distinct shapes for compile, more padding."""
+    lora: int | None = None
+    """Train every strategy's model through a LoRA adapter of this rank (padless.models.lora.with_lora,
+    peft's default modules, base weights frozen; needs padless[peft]); unset: full fine-tuning."""
     world_size: int = 1
     """Data-parallel processes (torchrun) the run found; per-step figures are summed over them."""
 
@@ -94,6 +97,8 @@ class RunConfig:
         for name, allowed in (("mode", Mode), ("allocator", Allocator), ("compile", Compile)):
             if getattr(self, name) not in typing.get_args(allowed):
                 raise ValueError(f"{name} {getattr(self, name)!r}: choose one of {', '.join(typing.get_args(allowed))}")
+        if self.lora is not None and (isinstance(self.lora, bool) or not isinstance(self.lora, int) or self.lora < 1):
+            raise ValueError(f"lora={self.lora!r} must be a LoRA rank >= 1 (an integer)")
         for name in ("steps", "batch_size", "max_length", "eval_examples", "grad_accumulation", "world_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
