@@ -336,12 +336,13 @@ def test_unknown_token_mixer_is_refused(layer):
         enable_per_document_mixers(model)
 
 
-def test_how_names_the_cuda_kernels_where_installed(monkeypatch):
+def test_how_names_the_cuda_kernels_only_when_opted_in_and_installed(monkeypatch):
     monkeypatch.setattr(mixers.importlib.util, "find_spec", lambda name: object())
-    assert mixers._how("mamba2", "cuda") == mixers._how("gated_deltanet", "cuda") == KERNEL
-    assert mixers._how("mamba2", "cpu") == mixers._how("short_conv", "cuda") == PER_DOCUMENT
+    assert mixers._how("mamba2", "cuda", True) == mixers._how("gated_deltanet", "cuda", True) == KERNEL
+    assert mixers._how("mamba2", "cuda") == mixers._how("gated_deltanet", "cuda") == PER_DOCUMENT  # the default
+    assert mixers._how("mamba2", "cpu", True) == mixers._how("short_conv", "cuda", True) == PER_DOCUMENT
     monkeypatch.setattr(mixers.importlib.util, "find_spec", lambda name: None)
-    assert mixers._how("mamba2", "cuda") == PER_DOCUMENT
+    assert mixers._how("mamba2", "cuda", True) == PER_DOCUMENT
 
 
 def test_max_padding_must_not_be_negative():
@@ -377,3 +378,83 @@ def test_a_deep_copy_runs_its_own_weights():
     with torch.no_grad():
         assert (packed_logits(twin, batch, "sdpa") - packed_logits(model, batch, "sdpa")).abs().max() > CONTAMINATED
     assert max_diff(pickle.loads(pickle.dumps(model)), batch, "sdpa") <= EXACT
+
+
+# --- the exactness rule given a model: its mixers decide (issue 20) ------------------------------
+
+WIRED = ["qwen3_5_text", "bamba", "lfm2"]
+
+
+@pytest.mark.parametrize("family", WIRED)
+def test_check_exact_follows_the_models_mixers(family):
+    model = build(family, "sdpa")
+    with pytest.raises(ValueError, match=r"enable_per_document_mixers\(model\).*for_model"):
+        padless.check_exact(model, "sdpa")
+    enable_per_document_mixers(model)
+    padless.check_exact(model, "sdpa")
+    padless.check_exact(model, "eager")
+    with pytest.raises(ValueError, match="mix tokens without the attention mask"):  # a bare config cannot tell
+        padless.check_exact(model.config, "sdpa")
+    disable_per_document_mixers(model)
+    with pytest.raises(ValueError, match="enable_per_document_mixers"):
+        padless.check_exact(model, "sdpa")
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", WIRED)
+def test_for_model_patches_the_mixers_and_packs_exactly(family, attn):
+    model = build(family, attn)
+    assert mixer_refusal(model) is not None
+    collator = padless.PackingCollator.for_model(model, max_length=32)
+    assert mixer_refusal(model) is None
+    padless.PackingCollator.for_model(model, max_length=32)  # idempotent
+    assert all(m.how == PER_DOCUMENT for m in mixer_layers(model))
+    batch = collator(make_features(LENGTHS, vocab_size=VOCAB, seed=3))
+    padless.check_batch(model, batch)
+    assert max_diff(model, batch, attn) <= EXACT
+
+
+def test_for_model_with_the_padless_backend_on_a_hybrid():
+    padless.register_padless_attention()
+    model = build("lfm2", "padless")
+    batch = padless.PackingCollator.for_model(model, max_length=32)(make_features(LENGTHS, vocab_size=VOCAB, seed=4))
+    assert max_diff(model, batch, "padless") <= EXACT
+
+
+def test_check_batch_refuses_a_model_free_batch_on_unpatched_mixers():
+    model = build("qwen3_5_text", "sdpa")
+    batch = packed_batch("sdpa")
+    with pytest.raises(ValueError, match="enable_per_document_mixers"):
+        padless.check_batch(model, batch)
+    assert max_diff(model, batch, "sdpa") > CONTAMINATED  # what the refusal prevents
+    enable_per_document_mixers(model)
+    padless.check_batch(model, batch)
+    assert max_diff(model, batch, "sdpa") <= EXACT
+
+
+@pytest.mark.parametrize("family", ["granitemoehybrid", "recurrent_gemma", "zamba", "kimi_linear", "bailing_hybrid"])
+def test_padless_attention_is_refused_where_it_cannot_separate_documents(family):
+    model = build(family, "sdpa")
+    enable_per_document_mixers(model)
+    padless.check_exact(model, "sdpa")
+    with pytest.raises(ValueError, match="attention backend 'padless' cannot"):
+        padless.check_exact(model, "padless")
+
+
+def test_padless_attention_refuses_value_heads_unlike_query_heads():
+    config = T.DeepseekV3Config(**_KV4, **_TWO, kv_lora_rank=16, q_lora_rank=None, **_MLA, n_routed_experts=4,
+                                num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=2)  # fmt: skip
+    with pytest.raises(ValueError, match=r"value heads as large as query/key heads.* 8 and 16"):
+        padless.check_exact(config, "padless")
+    padless.check_exact(config, "sdpa")
+    same = T.DeepseekV3Config(**{**_KV4, **_TWO, **_MLA, "v_head_dim": 16}, kv_lora_rank=16, q_lora_rank=None)
+    padless.check_exact(same, "padless")
+
+
+def test_kernel_path_is_opt_in():
+    model = build("bamba", "sdpa")
+    enable_per_document_mixers(model)
+    assert {getattr(model.get_submodule(m.name), mixers._MARK)[2] for m in mixer_layers(model)} == {False}
+    enable_per_document_mixers(model, kernels=True)
+    assert {getattr(model.get_submodule(m.name), mixers._MARK)[2] for m in mixer_layers(model)} == {True}
+    assert all(m.how == PER_DOCUMENT for m in mixer_layers(model))  # on the CPU whatever is asked

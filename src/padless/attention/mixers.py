@@ -20,11 +20,14 @@ only without a 2D padding mask (transformers' own rule; left-padded generation r
 A forward with one document per row, or with padding, runs the layer unchanged; a packed row that
 comes with a cache or recurrent state is refused (the state would span documents).
 
-On CUDA, where the kernel package the model's code would use is installed and the model passes
-boundaries to it (``fla`` for gated DeltaNet: ``cu_seqlens``; ``mamba_ssm`` + ``causal_conv1d`` for
-Mamba2 mixers: ``seq_idx``), the row is flattened to one ``[1, B * L, H]`` sequence and the boundaries
-are handed to the kernel instead (``how="kernel_cu_seqlens"``). Those kernels are not installed where
-this module was written: that path is written from the model code and not exercised by the tests.
+The per-document torch path is the default on every device, CUDA included. Opt-in and
+**unverified**: ``enable_per_document_mixers(model, kernels=True)`` on CUDA, where the kernel package
+the model's code would use is installed and the model passes boundaries to it (``fla`` for gated
+DeltaNet: ``cu_seqlens``; ``mamba_ssm`` + ``causal_conv1d`` for Mamba2 mixers: ``seq_idx``), flattens
+the row to one ``[1, B * L, H]`` sequence and hands the boundaries to the kernel instead
+(``how="kernel_cu_seqlens"``). Those kernels were not installed where this module was written: that
+path is written from the model code and has never run; check it with :func:`padless.verify_isolation`
+before training with it.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ _KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
 _SUSPECT_SUFFIXES = ("Mixer", "MambaLayer", "ShortConv", "DeltaNet", "DeltaAttention", "LightningAttention",
                      "RecurrentBlock", "Rglru", "Retention", "Hyena", "LSTMLayer")  # fmt: skip
 """Class-name endings of token mixers of kinds padless does not know (reported ``unknown``)."""
-_MARK = "_padless_per_document"  # on a patched layer: (kind, max_padding)
+_MARK = "_padless_per_document"  # on a patched layer: (kind, max_padding, kernels)
 _CLASSES: dict[type, type] = {}  # layer class -> its per-document subclass
 _SIGNATURES: dict[type, tuple[inspect.Signature, str, str | None]] = {}
 
@@ -122,10 +125,10 @@ def kernels_available(kind: str) -> bool:
     return spec is not None and all(importlib.util.find_spec(p) is not None for p in spec[0])
 
 
-def _how(kind: str, device_type: str) -> str:
+def _how(kind: str, device_type: str, kernels: bool = False) -> str:
     if kind == "unknown":
         return "unsupported: not a layer kind padless knows how to split by document"
-    if device_type == "cuda" and kernels_available(kind):
+    if kernels and device_type == "cuda" and kernels_available(kind):
         return KERNEL
     return PER_DOCUMENT
 
@@ -150,16 +153,21 @@ def mixer_layers(model: Any) -> list[MixerInfo]:
         if kind is None:
             continue
         inside.append(name)
-        found.append(MixerInfo(name=name, kind=kind, how=_how(kind, device_type)))
+        mark = getattr(module, _MARK, None)
+        kernels = bool(mark[2]) if mark is not None else False
+        found.append(MixerInfo(name=name, kind=kind, how=_how(kind, device_type, kernels)))
     return found
 
 
-def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25) -> list[str]:
+def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25, kernels: bool = False) -> list[str]:
     """Patch every known token mixer of ``model`` (see :func:`mixer_layers`) in place so that a packed
     forward runs it on each document alone; return the names patched (idempotent: already-patched
     layers are named again, not patched twice). A forward with one document per row runs unchanged.
     ``max_padding``: documents share a padded group while padding stays at most this fraction of the
-    group's real tokens (``0``: only documents of equal length share a group). Raises ``ValueError``
+    group's real tokens (``0``: only documents of equal length share a group). ``kernels=True``
+    (opt-in, unverified: never run): on CUDA, hand the boundaries to the installed ``fla`` /
+    ``mamba_ssm`` kernels instead (see the module docstring); a second call may change both settings.
+    Raises ``ValueError``
     naming any token mixer of unknown kind, before patching anything."""
     if max_padding < 0:
         raise ValueError(f"max_padding must be >= 0, got {max_padding}")
@@ -176,7 +184,7 @@ def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25) -> list
     for info in layers:
         module = model.get_submodule(info.name)
         module.__class__ = _per_document_class(_base_class(module))
-        setattr(module, _MARK, (info.kind, max_padding))
+        setattr(module, _MARK, (info.kind, max_padding, kernels))
         names.append(info.name)
     return names
 
@@ -237,7 +245,7 @@ def _signature(base: type) -> tuple[inspect.Signature, str, str | None]:
 def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     """A patched layer's forward: packed rows split by document (see the module docstring)."""
     base = type(self)._padless_base
-    kind, max_padding = getattr(self, _MARK)
+    kind, max_padding, kernels = getattr(self, _MARK)
     signature, hidden_name, var_keyword = _signature(base)
     arguments = dict(signature.bind(self, *args, **kwargs).arguments)
     del arguments[next(iter(signature.parameters))]
@@ -256,7 +264,7 @@ def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             "(padless' collators send it)"
         )
     original = functools.partial(base.forward, self)
-    if hidden.device.type == "cuda" and kernels_available(kind):
+    if kernels and hidden.device.type == "cuda" and kernels_available(kind):  # opt-in, unverified
         cu_kwargs = _KERNELS[kind][1] == "cu_seqlens"
         return run_with_boundaries(original, arguments, hidden_name, cu, cu_kwargs=cu_kwargs)
     return run_per_document(original, arguments, hidden_name, cu, max_padding)

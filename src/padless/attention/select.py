@@ -49,6 +49,10 @@ class _Target:
     """The backend being judged (set by :func:`_reason`)."""
     layout: str = "documents"
     """:data:`Layout` of the rows."""
+    mixers: str | None = None
+    """What the model's token mixers that are not softmax attention need (:mod:`padless.attention.mixers`):
+    ``None`` none found (a bare config: unknown), ``""`` found and every one runs per document, else
+    :func:`padless.attention.mixers.mixer_refusal`'s reason."""
 
 
 @dataclass(frozen=True)
@@ -85,11 +89,58 @@ def _refuse_model(t: _Target) -> str | None:
     if r.offset_positions:
         return ("the model numbers positions from padding_idx + 1 when it computes them itself (RoBERTa family), "
                 "so position ids restarted at 0 would give each packed document other positions than it has alone")  # fmt: skip
-    if r.other_layer_types:
-        kinds = ", ".join(map(repr, r.other_layer_types))
+    if t.mixers:  # found and not all per-document
+        return t.mixers
+    others = r.other_layer_types if t.mixers is None else tuple(x for x in r.other_layer_types if x not in MIXER_LAYER_TYPES)
+    if others:
+        kinds = ", ".join(map(repr, others))
+        fix = ""
+        if t.mixers is None and any(x in MIXER_LAYER_TYPES for x in others):
+            fix = ("; on a model (not a bare config), padless.enable_per_document_mixers(model) runs them on each "
+                   "document alone (PackingCollator.for_model calls it)")
         return (f"layers of type {kinds} mix tokens without the attention mask (recurrent, linear, convolution or "
-                "sparse-indexed layers), so their state runs along the whole row, across documents")  # fmt: skip
+                f"sparse-indexed layers), so their state runs along the whole row, across documents{fix}")  # fmt: skip
     return None
+
+
+MIXER_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "mamba", "attention")
+"""``config.layer_types`` entries exact once every token mixer found in the model runs per document
+(:func:`padless.enable_per_document_mixers`): gated DeltaNet / Kimi delta / lightning attention / Mamba
+mixers (``linear_attention``, ``mamba``), LFM2 short convolutions (``conv``), Falcon-H1 / Zamba's
+parallel or shared blocks (``hybrid``) and GraniteMoeHybrid's name for softmax attention
+(``attention``). Other non-attention types (``indexed_attention``, compressed attention) stay refused."""
+
+
+def _mixer_state(model_or_config: Any) -> str | None:
+    """:attr:`_Target.mixers` for a model or config."""
+    if model_or_config is None or not hasattr(model_or_config, "named_modules"):
+        return None
+    from padless.attention.mixers import mixer_layers, mixer_refusal
+
+    if not mixer_layers(model_or_config):
+        return None
+    reason = mixer_refusal(model_or_config)
+    if reason is None:
+        return ""
+    if "enable_per_document_mixers" in reason:
+        reason += " (PackingCollator.for_model and the other collators' for_model call it)"
+    return reason
+
+
+_PADLESS_NO_BOUNDARIES = ("granitemoehybrid", "zamba", "recurrent_gemma")
+"""Models (transformers 5.24) whose decoder layers call attention without the ``position_ids`` /
+``cu_seq_lens`` padless attention separates documents by, although the class declares
+``_supports_attention_backend`` (found running tests/attention/test_mixers.py)."""
+
+
+def _head_sizes(config: Any) -> tuple[int | None, int | None]:
+    """(query/key head size, value head size) where a config declares them apart (MLA: Kimi-Linear,
+    Bailing-hybrid, DeepSeek-V3), else ``(None, None)``."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    qk, v = getattr(text, "qk_head_dim", None), getattr(text, "v_head_dim", None)
+    if isinstance(qk, int) and isinstance(v, int):
+        return qk, v
+    return None, None
 
 
 def _flash_softcap_dropout(t: _Target) -> str | None:
@@ -101,6 +152,13 @@ def _flash_softcap_dropout(t: _Target) -> str | None:
 def _refuse_padless(t: _Target) -> str | None:
     if _lacks(t, "_supports_attention_backend"):
         return f"{t.model_class.__name__} does not pass position_ids and attention kwargs to its attention layers"
+    model_type = getattr(t.config.get_text_config() if hasattr(t.config, "get_text_config") else t.config, "model_type", None)
+    if model_type in _PADLESS_NO_BOUNDARIES:
+        return f"{model_type} decoder layers pass its attention no position_ids or document boundaries"
+    qk, v = _head_sizes(t.config)
+    if qk is not None and v is not None and qk != v:
+        return (f"padless attention needs value heads as large as query/key heads, and this model's are {v} and {qk} "
+                "(v_head_dim != qk_head_dim)")  # fmt: skip
     if t.rules.chunk_size is not None:
         return "the model uses chunked attention"
     if t.rules.sinks:
@@ -221,7 +279,8 @@ def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | Non
     config = config_of(model_or_config)
     device, dtype = compute_target(model_or_config, device, dtype)
     return _Target(device, dtype, config, model_class_of(model_or_config), max_length,
-                   attention_rules(model_or_config), head_dim=head_dim_of(config), layout=layout)  # fmt: skip
+                   attention_rules(model_or_config), head_dim=head_dim_of(config), layout=layout,
+                   mixers=_mixer_state(model_or_config))  # fmt: skip
 
 
 def _reason(target: _Target, backend: str) -> str | None:

@@ -179,12 +179,21 @@ class RowFormat:
         weights sit now (a collator is often built before the model is moved); default: the model's
         device and ``model.dtype``.
 
+        Hybrid and state-space models (gated DeltaNet, Mamba / Mamba2 mixers, short convolutions, ...)
+        just work: their token mixers are first patched to run on each packed document alone
+        (:func:`padless.enable_per_document_mixers`, in place and idempotent; a model without such
+        layers is untouched, and one with a mixer of unknown kind is refused), so
+        ``PackingCollator.for_model`` and the preference / rollout collators' ``for_model`` pack them.
+
         The one sequence: the exactness rule (:func:`padless.attention.select.check_exact`, which
         raises ``ValueError`` naming a backend that is exact when this one is not) -> the inputs the
         backend needs (a different ``attention`` given is refused) -> the mask's dtype and, for a 4D
         mask, the model's sliding windows -> the vocabulary size for token validation."""
+        from padless.attention.mixers import enable_per_document_mixers, mixer_layers
         from padless.attention.select import check_exact, mask_windows, model_inputs
 
+        if mixer_layers(model):
+            enable_per_document_mixers(model)  # idempotent; keeps no-mixer models untouched
         backend = model.config._attn_implementation
         max_length = options.get("max_length")
         weights_dtype = getattr(model, "dtype", None)
