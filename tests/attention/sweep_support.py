@@ -305,6 +305,9 @@ def _reason_class(detail: str) -> str:
     rules = [
         ("prompt learning", "adapter: prompt learning"),
         ("mix tokens without", "recurrent / linear / conv / indexed layers"),
+        ("carry state along the whole row", "token mixers not run per document"),
+        ("padless cannot split by document", "token mixers of unknown kind"),
+        ("value heads as large", "value heads unlike query heads"),
         ("takes no position_ids", "forward takes no position_ids"),
         ("padding_idx + 1", "positions start at padding_idx + 1"),
         ("ALiBi", "ALiBi"),

@@ -458,3 +458,13 @@ def test_kernel_path_is_opt_in():
     enable_per_document_mixers(model, kernels=True)
     assert {getattr(model.get_submodule(m.name), mixers._MARK)[2] for m in mixer_layers(model)} == {True}
     assert all(m.how == PER_DOCUMENT for m in mixer_layers(model))  # on the CPU whatever is asked
+
+
+def test_padless_attention_refuses_value_heads_at_run_time_too():
+    from padless.attention.backend import padless_attention
+
+    q = k = torch.randn(1, 2, 6, 8)
+    v = torch.randn(1, 2, 6, 4)
+    module = torch.nn.Module()
+    with pytest.raises(ValueError, match="value heads of size 4 and query heads of size 8"):
+        padless_attention(module, q, k, v, None, scaling=8**-0.5, position_ids=torch.arange(6)[None])

@@ -29,7 +29,8 @@ import sweep_support as S  # noqa: E402
 DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "exactness.md"
 QUICK = (
     "llama", "gpt2", "mistral", "gemma2", "gemma3_text", "gpt_oss", "cohere2", "llama4_text", "roberta",
-    "bloom", "mpt", "qwen3_next", "lfm2", "mamba", "bart", "qwen2", "phi3", "opt", "qwen3_5_text",
+    "bloom", "mpt", "qwen3_next", "lfm2", "mamba", "bart", "qwen2", "phi3", "opt", "qwen3_5_text", "bamba",
+    "deepseek_v32",
 )  # fmt: skip
 """About 20 architectures, one or more per rule of the exactness rule."""
 
@@ -62,10 +63,14 @@ def test_quick_sweep_knows_what_is_exact_and_what_is_refused(quick):
     for model_type in ("llama", "gpt2", "mistral", "gemma3_text", "qwen2"):
         assert status[(model_type, "for_model", "sdpa")].status == "exact", status[(model_type, "for_model", "sdpa")]
         assert status[(model_type, "for_model", "padless")].status == "exact"
-    for model_type, needle in (("roberta", "padding_idx + 1"), ("qwen3_next", "mix tokens without"), ("bart", "no position_ids"),
-                               ("bloom", "ALiBi"), ("mamba", "no position_ids")):  # fmt: skip
+    for model_type, needle in (("roberta", "padding_idx + 1"), ("deepseek_v32", "mix tokens without"),
+                               ("bart", "no position_ids"), ("bloom", "ALiBi"), ("mamba", "no position_ids")):  # fmt: skip
         o = status[(model_type, "for_model", "eager")]  # every model has eager (BLOOM, Mamba: no sdpa)
         assert o.status == "refused" and needle in o.detail, o
+    # hybrids: for_model runs their token mixers on each document alone (padless.enable_per_document_mixers)
+    for model_type in ("qwen3_5_text", "qwen3_next", "bamba", "lfm2"):
+        assert status[(model_type, "for_model", "sdpa")].status == "exact", status[(model_type, "for_model", "sdpa")]
+        assert status[(model_type, "for_model", "eager")].status == "exact"
     # chunked attention (Llama 4) is carried by restarted position_ids on sdpa; padless attention refuses it
     assert status[("llama4_text", "for_model", "sdpa")].status == "exact"
     assert "chunked attention" in status[("llama4_text", "for_model", "padless")].detail

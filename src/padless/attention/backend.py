@@ -202,6 +202,11 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, **kw
             f"padless attention got {length} queries but {key.shape[2]} keys: a KV-cache (generation) step or "
             "cross-attention, where packed documents do not apply; generate with attn_implementation='sdpa'"
         )
+    if value.shape[-1] != dim:
+        raise ValueError(
+            f"padless attention got value heads of size {value.shape[-1]} and query heads of size {dim}; it needs "
+            "them equal (check_exact refuses such models: v_head_dim != qk_head_dim); use backend 'sdpa'"
+        )
     if attention_mask is not None:
         raise ValueError(
             f"padless attention got an attention_mask of shape {tuple(attention_mask.shape)} that it would have to "
