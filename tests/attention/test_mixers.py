@@ -468,3 +468,14 @@ def test_padless_attention_refuses_value_heads_at_run_time_too():
     module = torch.nn.Module()
     with pytest.raises(ValueError, match="value heads of size 4 and query heads of size 8"):
         padless_attention(module, q, k, v, None, scaling=8**-0.5, position_ids=torch.arange(6)[None])
+
+
+def test_4d_mask_dict_without_the_mixer_layer_types_is_refused_not_crashed():
+    """A model whose layers differ in window takes a dict of 4D masks looked up by layer type, mixer
+    types included (LFM3, Lara-mini): padless' dict has none for them, so the 4D path is refused."""
+    config = T.Lfm3Config(**{**_COMMON, "num_hidden_layers": 3}, head_dim=8, sliding_window=4,
+                          layer_types=["conv", "sliding_attention", "full_attention"])  # fmt: skip
+    model = T.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    with pytest.raises(ValueError, match=r"none for the token-mixer layers \('conv'\)"):
+        padless.PackingCollator.for_model(model, max_length=32)
+    padless.check_exact(model, "sdpa", max_length=4)  # a window no shorter than the documents: one mask

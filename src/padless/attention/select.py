@@ -183,6 +183,10 @@ def _refuse_mask4d(t: _Target, name: str, flag: str | None) -> str | None:
     if isinstance(windows, dict) and not t.rules.accepts_mask_dict:
         owner = t.model_class.__name__ if t.model_class is not None else "this model"
         return f"layers differ in sliding window ({windows}) and {owner} takes no 4D mask per layer type"
+    mixer_types = [x for x in t.rules.other_layer_types if x in MIXER_LAYER_TYPES]
+    if isinstance(windows, dict) and mixer_types:
+        return (f"layers differ in sliding window ({windows}) and the per-layer-type 4D masks have none for the "
+                f"token-mixer layers ({', '.join(map(repr, mixer_types))}), which the model looks up by layer type")  # fmt: skip
     if name == "sdpa" and t.rules.softcap is not None:
         return "sdpa has no attention logit soft-capping"
     return None

@@ -182,7 +182,7 @@ class RowFormat:
         Hybrid and state-space models (gated DeltaNet, Mamba / Mamba2 mixers, short convolutions, ...)
         just work: their token mixers are first patched to run on each packed document alone
         (:func:`padless.enable_per_document_mixers`, in place and idempotent; a model without such
-        layers is untouched, and one with a mixer of unknown kind is refused), so
+        layers is untouched, and one with a mixer of unknown kind is refused by the rule), so
         ``PackingCollator.for_model`` and the preference / rollout collators' ``for_model`` pack them.
 
         The one sequence: the exactness rule (:func:`padless.attention.select.check_exact`, which
@@ -192,7 +192,8 @@ class RowFormat:
         from padless.attention.mixers import enable_per_document_mixers, mixer_layers
         from padless.attention.select import check_exact, mask_windows, model_inputs
 
-        if mixer_layers(model):
+        layers = mixer_layers(model)
+        if layers and all(m.kind != "unknown" for m in layers):  # unknown kinds: check_exact says why not
             enable_per_document_mixers(model)  # idempotent; keeps no-mixer models untouched
         backend = model.config._attn_implementation
         max_length = options.get("max_length")
