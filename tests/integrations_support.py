@@ -142,21 +142,45 @@ def _load_example(name: str) -> Any:
     return module
 
 
-def accelerate_first_step(attn: str, *, rows_per_batch: int, grad_accum: int) -> dict[str, Any]:
-    """The first step of examples/accelerate_loop.py's ``train``: its loss and gradients on this rank."""
+def accelerate_first_step(attn: str, *, rows_per_batch: int, grad_accum: int, fsdp: bool = False) -> dict[str, Any]:
+    """The first step of examples/accelerate_loop.py's ``train``: its loss and (whole) gradients on this
+    rank; ``fsdp``: the model sharded with FSDP2."""
     from accelerate import Accelerator
+
+    from padless.models.fsdp import full_tensors, is_sharded
 
     loop = _load_example("accelerate_loop")
     accelerator = Accelerator(cpu=True)
     net, seen = model(attn), {}
 
     def before_step(step, wrapped, num_items):
-        if step == 0:
-            seen.update(grads=grads(getattr(wrapped, "module", wrapped)), num_items=int(num_items))
+        if step == 0:  # full_tensors gathers the shards (every rank calls it)
+            seen.update(grads=full_tensors(wrapped, grads=True), num_items=int(num_items), sharded=is_sharded(wrapped))
 
     losses = loop.train(net, examples(), accelerator=accelerator, max_length=MAX_LENGTH, rows_per_batch=rows_per_batch,
-                        grad_accum=grad_accum, steps=1, pad_token_id=50256, before_step=before_step)  # fmt: skip
+                        grad_accum=grad_accum, steps=1, pad_token_id=50256, fsdp=fsdp,
+                        before_step=before_step)  # fmt: skip
     return {"loss": losses[0], **seen, "rank": accelerator.process_index, "world": accelerator.num_processes}
+
+
+def padded_accelerate_step(*, world_size: int = 2, micro_batches: int = 2) -> dict[str, Any]:
+    """What :func:`accelerate_first_step` (1 row per micro-batch) must equal: one process padding
+    exactly the examples of the step's rows (``micro_batches`` x ``world_size``) into one batch."""
+    from padless.batching.collate import PaddingCollator
+    from padless.objectives.loss import model_loss, trained_tokens
+    from padless.planning.schedule import schedule_epoch
+
+    feats = examples()
+    sched = schedule_epoch([len(f["input_ids"]) for f in feats], MAX_LENGTH, world_size=world_size, rows_per_batch=1)
+    rows = [row for step in sched.batches[:micro_batches] for rank_rows in step for row in rank_rows if row >= 0]
+    chosen = sorted(i for row in rows for i in sched.plan.row(row)[0].tolist())
+    net = model("sdpa")
+    batch = PaddingCollator(pad_token_id=50256)([feats[i] for i in chosen])
+    total = trained_tokens(batch["labels"])
+    loss = model_loss(net, batch, total)
+    loss.backward()
+    return {"loss": loss.item(), "grads": grads(net), "num_items": int(total), "examples": len(chosen),
+            "all_rows": len(rows) == sched.plan.num_rows, "of": len(feats)}  # fmt: skip
 
 
 def main(out_dir: str) -> None:

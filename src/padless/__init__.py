@@ -92,6 +92,10 @@ _EXPORTS: dict[str, str] = {
     "PackedRowView": "padless.batching.rows",
     "schedule_epoch": "padless.planning.schedule",
     "world_info": "padless.batching.samplers",
+    "init_distributed": "padless.models.fsdp",
+    "shard_model": "padless.models.fsdp",
+    "sync_gradients": "padless.models.fsdp",
+    "full_tensors": "padless.models.fsdp",
     # models
     "build_model": "padless.models.factory",
     "load_tokenizer_for": "padless.models.factory",
@@ -135,6 +139,7 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.bench.report import write_report
     from padless.bench.results import BenchResults, load_results
     from padless.models.compile import compile_layers
+    from padless.models.fsdp import full_tensors, init_distributed, shard_model, sync_gradients
     from padless.data.corpora import CORPORA
     from padless.data.load import corpus_lengths, CorpusReport, load_corpus, TokenizedCorpus
     from padless.data.records import RecordError
