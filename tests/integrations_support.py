@@ -142,15 +142,28 @@ def _load_example(name: str) -> Any:
     return module
 
 
-def accelerate_first_step(attn: str, *, rows_per_batch: int, grad_accum: int, fsdp: bool = False) -> dict[str, Any]:
+def accelerate_first_step(attn: str, *, rows_per_batch: int, grad_accum: int, fsdp: bool = False,
+                          plugin: bool = False) -> dict[str, Any]:  # fmt: skip
     """The first step of examples/accelerate_loop.py's ``train``: its loss and (whole) gradients on this
-    rank; ``fsdp``: the model sharded with FSDP2."""
-    from accelerate import Accelerator
+    rank; ``fsdp``: the model sharded with FSDP2 by padless; ``plugin``: by accelerate's FSDP2 plugin.
+
+    accelerate applies its FSDP plugin on GPUs only (on a CPU its state stays ``MULTI_CPU`` and
+    ``prepare`` wraps the model in DDP); with ``plugin`` the state is switched to FSDP after the
+    ``Accelerator`` is built, so accelerate's own FSDP2 preparation runs on the CPU, over gloo. Call it
+    last in a process: the state is shared by every ``Accelerator`` of the process."""
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+    from accelerate.utils import DistributedType
 
     from padless.models.fsdp import full_tensors, is_sharded
 
     loop = _load_example("accelerate_loop")
-    accelerator = Accelerator(cpu=True)
+    if plugin:
+        fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+        accelerator = Accelerator(cpu=True, fsdp_plugin=fsdp_plugin)
+        accelerator.state.distributed_type, accelerator.state.fsdp_plugin = DistributedType.FSDP, fsdp_plugin
+        assert accelerator.is_fsdp2
+    else:
+        accelerator = Accelerator(cpu=True)
     net, seen = model(attn), {}
 
     def before_step(step, wrapped, num_items):

@@ -3,7 +3,8 @@ tiny model with :func:`padless.shard_model`, train the first optimiser step of
 :class:`padless.DistributedPackedBatchSampler`'s plan (2 micro-batches per rank, gradients kept
 local on the first) with the token-normalised loss, and end with the gradients and, after one SGD
 step, the whole (unsharded) parameters of one process over both ranks' rows. The
-examples/accelerate_loop.py ``--fsdp`` step is held to its padded one-process step the same way.
+examples/accelerate_loop.py ``--fsdp`` step (sharded by padless, and by accelerate's
+FSDP2 plugin) is held to its padded one-process step the same way.
 
 The torchrun worker is this file's ``main`` (``python -m torch.distributed.run --nproc-per-node 2
 tests/integrations/test_fsdp.py OUT``); the parent compares what each rank saved.
@@ -101,6 +102,7 @@ def main(out_dir: str) -> None:
     for case in CASES:
         results[case] = _loop_step(case)
     results["accelerate"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, fsdp=True)
+    results["plugin"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, plugin=True)  # last
     torch.save(results, os.path.join(out_dir, f"rank{results[next(iter(CASES))]['rank']}.pt"))
 
 
@@ -184,13 +186,15 @@ def test_fsdp2_step_on_two_ranks_equals_one_process_over_both_ranks_rows(ranks, 
     assert _gap(got[0]["naive"], want["grads"]) > 1e-2 * scale
 
 
-def test_accelerate_example_with_fsdp_equals_one_padded_process(ranks):
-    """examples/accelerate_loop.py ``train(..., fsdp=True)``: step 1 of 2 micro-batches x 1 row per rank
-    equals one process padding exactly those 4 rows' examples."""
+@pytest.mark.parametrize("sharder", ["accelerate", "plugin"])
+def test_accelerate_example_with_fsdp_equals_one_padded_process(ranks, sharder):
+    """examples/accelerate_loop.py sharded by ``train(..., fsdp=True)`` (padless.shard_model) or by
+    accelerate's FSDP2 plugin in ``prepare``: step 1 of 2 micro-batches x 1 row per rank equals one
+    process padding exactly those 4 rows' examples."""
     from test_transformers import assert_same_step
 
     want = support.padded_accelerate_step(world_size=2, micro_batches=2)
-    got = [r["accelerate"] for r in ranks]
+    got = [r[sharder] for r in ranks]
     assert want["examples"] < want["of"] or want["all_rows"]
     assert got[0]["loss"] == got[1]["loss"]  # reduced over the ranks
     for g in got:
