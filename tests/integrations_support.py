@@ -71,7 +71,9 @@ def grads(model: Any) -> dict[str, Any]:
 def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, batch_size: int = NUM_EXAMPLES,
                grad_accum: int = 1, features: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Loss (summed over this rank's micro-batches), gradients and ``num_items_in_batch`` of the first
-    optimiser step. ``kind``: ``trainer-padded``, ``trainer-packed``, ``sft-padded``, ``sft-packed``,
+    optimiser step. ``kind``: ``trainer-padded``, ``trainer-packed``, ``trainer-fsdp`` (PackedTrainer on a
+    model sharded by :func:`padless.shard_model`), ``trainer-fsdp-plugin`` (sharded by accelerate's FSDP2
+    plugin, :func:`force_accelerate_fsdp2`: last in a process), ``sft-padded``, ``sft-packed``,
     ``sft-padding-free`` or ``trl-padded`` (TRL's own SFTTrainer, no fix)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -79,11 +81,14 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
     from padless.integrations.transformers import PackedTrainer, count_shifted_labels
 
     class Capture(TrainerCallback):
-        grads = None
+        grads, sharded = None, None
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
             if self.grads is None:
-                self.grads = grads(model)
+                from padless.models.fsdp import full_tensors, is_sharded
+
+                self.grads = full_tensors(model, grads=True)  # gathered from the shards under FSDP
+                self.sharded = is_sharded(model)
 
     features = features if features is not None else examples()
     net, capture = model(attn), Capture()
@@ -99,9 +104,20 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
             trainer = Trainer(model=net, args=args, train_dataset=features, data_collator=collator, callbacks=[capture])
         else:
             common["per_device_train_batch_size"] = rows_per_batch
+            if kind == "trainer-fsdp":  # sharded by padless before Trainer gets it
+                from padless.models.fsdp import shard_model
+
+                shard_model(net)
+            elif kind == "trainer-fsdp-plugin":  # sharded by accelerate's FSDP2 plugin in prepare
+                common.update(fsdp=True, fsdp_config={"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"})
             args = TrainingArguments(**common)
             trainer = PackedTrainer(model=net, args=args, train_dataset=features, max_length=MAX_LENGTH,
                                     callbacks=[capture])  # fmt: skip
+            if kind == "trainer-fsdp-plugin":
+                from accelerate.utils import FullyShardedDataParallelPlugin
+
+                force_accelerate_fsdp2(trainer.accelerator, FullyShardedDataParallelPlugin(**args.fsdp_plugin_args))
+                trainer.is_fsdp_enabled = True
     else:
         offline_hub()
         import trl
@@ -130,7 +146,7 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
     trainer.training_step = record
     trainer.train()
     return {"loss": sum(losses), "grads": capture.grads, "num_items": counts[0], "micro_batches": len(losses),
-            "rank": trainer.args.process_index, "world": trainer.args.world_size}
+            "rank": trainer.args.process_index, "world": trainer.args.world_size, "sharded": capture.sharded}
 
 
 def _load_example(name: str) -> Any:
@@ -142,26 +158,31 @@ def _load_example(name: str) -> Any:
     return module
 
 
+def force_accelerate_fsdp2(accelerator: Any, plugin: Any) -> Any:
+    """Switch ``accelerator`` to FSDP with ``plugin`` (FSDP2) on a CPU and return it. accelerate applies
+    its FSDP plugin on GPUs only: on a CPU its state stays ``MULTI_CPU`` and ``prepare`` wraps the model
+    in DDP. Switched, accelerate's own FSDP2 preparation runs over gloo, as it would over NCCL. The
+    state is shared by every ``Accelerator`` of the process: do this last in a process."""
+    from accelerate.utils import DistributedType
+
+    accelerator.state.distributed_type, accelerator.state.fsdp_plugin = DistributedType.FSDP, plugin
+    assert accelerator.is_fsdp2
+    return accelerator
+
+
 def accelerate_first_step(attn: str, *, rows_per_batch: int, grad_accum: int, fsdp: bool = False,
                           plugin: bool = False) -> dict[str, Any]:  # fmt: skip
     """The first step of examples/accelerate_loop.py's ``train``: its loss and (whole) gradients on this
-    rank; ``fsdp``: the model sharded with FSDP2 by padless; ``plugin``: by accelerate's FSDP2 plugin.
-
-    accelerate applies its FSDP plugin on GPUs only (on a CPU its state stays ``MULTI_CPU`` and
-    ``prepare`` wraps the model in DDP); with ``plugin`` the state is switched to FSDP after the
-    ``Accelerator`` is built, so accelerate's own FSDP2 preparation runs on the CPU, over gloo. Call it
-    last in a process: the state is shared by every ``Accelerator`` of the process."""
+    rank; ``fsdp``: the model sharded with FSDP2 by padless; ``plugin``: by accelerate's FSDP2 plugin
+    (:func:`force_accelerate_fsdp2`: call it last in a process)."""
     from accelerate import Accelerator, FullyShardedDataParallelPlugin
-    from accelerate.utils import DistributedType
 
     from padless.models.fsdp import full_tensors, is_sharded
 
     loop = _load_example("accelerate_loop")
     if plugin:
         fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
-        accelerator = Accelerator(cpu=True, fsdp_plugin=fsdp_plugin)
-        accelerator.state.distributed_type, accelerator.state.fsdp_plugin = DistributedType.FSDP, fsdp_plugin
-        assert accelerator.is_fsdp2
+        accelerator = force_accelerate_fsdp2(Accelerator(cpu=True, fsdp_plugin=fsdp_plugin), fsdp_plugin)
     else:
         accelerator = Accelerator(cpu=True)
     net, seen = model(attn), {}

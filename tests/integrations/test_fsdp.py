@@ -3,8 +3,8 @@ tiny model with :func:`padless.shard_model`, train the first optimiser step of
 :class:`padless.DistributedPackedBatchSampler`'s plan (2 micro-batches per rank, gradients kept
 local on the first) with the token-normalised loss, and end with the gradients and, after one SGD
 step, the whole (unsharded) parameters of one process over both ranks' rows. The
-examples/accelerate_loop.py ``--fsdp`` step (sharded by padless, and by accelerate's
-FSDP2 plugin) is held to its padded one-process step the same way.
+examples/accelerate_loop.py ``--fsdp`` step and PackedTrainer's (each sharded by padless,
+and by accelerate's FSDP2 plugin) are held to their padded one-process step the same way.
 
 The torchrun worker is this file's ``main`` (``python -m torch.distributed.run --nproc-per-node 2
 tests/integrations/test_fsdp.py OUT``); the parent compares what each rank saved.
@@ -102,7 +102,13 @@ def main(out_dir: str) -> None:
     for case in CASES:
         results[case] = _loop_step(case)
     results["accelerate"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, fsdp=True)
-    results["plugin"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, plugin=True)  # last
+    per_rank = -(-support.num_rows(support.examples()) // 2)  # one optimiser step holds every row
+    results["trainer"] = support.first_step("trainer-fsdp", "padless", os.path.join(out_dir, "t"),
+                                            rows_per_batch=per_rank)  # fmt: skip
+    # last: these switch the process's accelerate state to FSDP (support.force_accelerate_fsdp2)
+    results["trainer-plugin"] = support.first_step("trainer-fsdp-plugin", "padless", os.path.join(out_dir, "p"),
+                                                   rows_per_batch=per_rank)  # fmt: skip
+    results["plugin"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, plugin=True)
     torch.save(results, os.path.join(out_dir, f"rank{results[next(iter(CASES))]['rank']}.pt"))
 
 
@@ -202,6 +208,22 @@ def test_accelerate_example_with_fsdp_equals_one_padded_process(ranks, sharder):
         assert_same_step(g, want)
 
 
+@pytest.mark.parametrize("sharder", ["trainer", "trainer-plugin"])
+def test_packed_trainer_under_fsdp2_equals_one_padded_process(ranks, sharder, tmp_path):
+    """PackedTrainer on a model sharded by padless.shard_model, or by accelerate's FSDP2 plugin from
+    ``TrainingArguments(fsdp=True, fsdp_config={"version": 2})``: one optimiser step over every packed
+    row (half per rank) equals Trainer padding all the examples in one process."""
+    from test_transformers import assert_same_step
+
+    want = support.first_step("trainer-padded", "sdpa", str(tmp_path))
+    got = [r[sharder] for r in ranks]
+    assert [(g["rank"], g["world"], g["micro_batches"]) for g in got] == [(0, 2, 1), (1, 2, 1)]
+    assert got[0]["num_items"] == got[1]["num_items"]  # all-reduced over the ranks
+    for g in got:
+        assert g["sharded"]
+        assert_same_step({**g, "loss": sum(x["loss"] for x in got) / 2}, want)  # the ranks' losses average to it
+
+
 # ----------------------------------------------------------------------------- one process
 
 
@@ -260,6 +282,19 @@ def test_without_torchrun_nothing_is_joined_and_sharding_is_refused(monkeypatch)
         padless.shard_model(padless.build_model("tiny-gpt2", seed=0))
     with pytest.raises(ValueError, match="torch.nn.Module"):
         padless.shard_model("gpt2")
+
+
+def test_packed_trainer_refuses_a_sharded_model_where_transformers_has_no_path_for_it():
+    from padless.integrations.transformers import owns_its_sharding
+
+    class OldModel:  # a model class without is_distributed_loading_by_transformers (transformers < 5.x)
+        pass
+
+    with pytest.raises(ValueError, match="pass the unsharded model and TrainingArguments"):
+        owns_its_sharding(OldModel())
+    model = support.model("sdpa")
+    owns_its_sharding(model)
+    assert model.is_distributed_loading_by_transformers
 
 
 def test_sync_gradients_keeps_ddp_gradients_local_and_leaves_a_plain_model_alone():
