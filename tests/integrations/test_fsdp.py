@@ -270,6 +270,28 @@ def test_one_sharded_rank_trains_like_the_model_itself(one_rank):
         padless.shard_model(torch.nn.Sequential(torch.nn.Linear(4, 4)))
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "padless"])
+def test_mixed_precision_computes_in_bfloat16_over_float32_shards(one_rank, attn):
+    """``param_dtype=bfloat16, reduce_dtype=float32``: the forward runs in bf16 (the loss moves off the
+    fp32 one, by bf16 rounding only), the shards and their gradients stay fp32; a collator built on the
+    fp32 model serves the bf16 compute."""
+    import torch
+
+    import padless
+
+    padless.register_padless_attention()
+    plain, sharded = (padless.build_model("tiny-llama", attn_implementation=attn, seed=0) for _ in range(2))
+    batch = padless.PackingCollator.for_model(plain, max_length=MAX_LENGTH)(make_features([20, 31, 9, 44], seed=1))
+    padless.shard_model(sharded, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    n = padless.trained_tokens(batch["labels"])
+    full, half = padless.model_loss(plain, batch, n), padless.model_loss(sharded, batch, n)
+    half.backward()
+    assert half.item() != full.item() and half.item() == pytest.approx(full.item(), rel=1e-2)
+    grads = padless.full_tensors(sharded, grads=True)
+    assert {g.dtype for g in grads.values()} == {p.dtype for p in padless.full_tensors(sharded).values()} == {torch.float32}
+    assert set(grads) == {name for name, _ in plain.named_parameters()}
+
+
 def test_without_torchrun_nothing_is_joined_and_sharding_is_refused(monkeypatch):
     import torch
     import torch.distributed as dist
