@@ -115,19 +115,25 @@ def main(out_dir: str) -> None:
 # ----------------------------------------------------------------------------- the parent
 
 
+def _torchrun(script: Path | str, *args: str, cwd: Path = support.ROOT) -> subprocess.CompletedProcess:
+    """``script`` under ``torchrun --nproc-per-node 2`` on this machine's loopback, offline; it must succeed."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+           "PYTHONPATH": os.pathsep.join([str(support.ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    if "GLOO_SOCKET_IFNAME" not in env and sys.platform == "linux":
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on the loopback interface
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """Each rank's results of one ``torchrun`` launch."""
     import torch
 
     out = tmp_path_factory.mktemp("fsdp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-           "PYTHONPATH": os.pathsep.join([str(support.ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    if "GLOO_SOCKET_IFNAME" not in env and sys.platform == "linux":
-        env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on the loopback interface
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__, str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=support.ROOT)
-    assert done.returncode == 0, done.stderr[-4000:]
+    _torchrun(__file__, str(out))
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
@@ -190,6 +196,9 @@ def test_fsdp2_step_on_two_ranks_equals_one_process_over_both_ranks_rows(ranks, 
     assert got[0]["local"] != got[1]["local"]
     scale = max(t.abs().max().item() for t in want["grads"].values())
     assert _gap(got[0]["naive"], want["grads"]) > 1e-2 * scale
+    print(f"\n{case}: max |grad - one process| / max |grad|: FSDP2 {max(_gap(g['grads'], want['grads']) for g in got) / scale:.1e}, "
+          f"per-rank mean {_gap(got[0]['naive'], want['grads']) / scale:.1e}; params after SGD "
+          f"{max(_gap(g['params'], want['params']) for g in got):.1e}")  # fmt: skip
 
 
 @pytest.mark.parametrize("sharder", ["accelerate", "plugin"])
@@ -222,6 +231,20 @@ def test_packed_trainer_under_fsdp2_equals_one_padded_process(ranks, sharder, tm
     for g in got:
         assert g["sharded"]
         assert_same_step({**g, "loss": sum(x["loss"] for x in got) / 2}, want)  # the ranks' losses average to it
+
+
+def test_the_docs_page_snippet_runs_on_two_ranks(tmp_path):
+    """docs/integrations/fsdp.md's python block, as one script under torchrun (tests/integrations/test_docs.py
+    runs the other pages in-process)."""
+    import re
+
+    from test_docs import DOCS, UNDER_TORCHRUN, code_of
+
+    assert "fsdp.md" in UNDER_TORCHRUN
+    script = tmp_path / "fsdp_page.py"
+    script.write_text(code_of(DOCS / "fsdp.md"))
+    out = _torchrun(script, cwd=tmp_path).stdout
+    assert len(re.findall(r"^step 2: \d+ trained tokens$", out, flags=re.M)) == 1, out[-2000:]  # rank 0 prints
 
 
 # ----------------------------------------------------------------------------- one process
