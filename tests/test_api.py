@@ -29,3 +29,18 @@ def test_cli_help_lists_every_command():
 
     text = build_parser([]).format_help()
     assert all(name in text for name in COMMANDS)
+
+
+def test_the_static_imports_name_the_same_table():
+    """The ``TYPE_CHECKING`` imports (what type checkers and editors see) and ``_EXPORTS`` (what
+    ``padless.X`` resolves at run time) list the same names from the same modules."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(padless.__file__).read_text())
+    static = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for stmt in node.body:
+                static.update({alias.name: stmt.module for alias in stmt.names})
+    assert static == padless._EXPORTS

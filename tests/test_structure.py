@@ -297,3 +297,17 @@ def test_every_module_has_a_test_home() -> None:
         if not (tests / home).is_file():
             missing.append(f"{name}: no {home}")
     assert missing == [], "modules without a test home (add the test file or a TEST_HOMES entry):\n" + "\n".join(missing)
+
+
+def test_every_package_docstring_names_its_modules() -> None:
+    """A package's docstring says in a line what each of its modules is for: a module added without
+    a line there fails here, so the folder's map cannot drift from the folder."""
+    unnamed = []
+    for name, path in MODULES.items():
+        if path.name != "__init__.py" or name in (PACKAGE, "padless.cli"):
+            continue  # the top-level API and the subcommand table describe themselves
+        doc = ast.get_docstring(TREES[name]) or ""
+        for module in sorted(p.stem for p in path.parent.glob("*.py") if p.stem not in ("__init__", "__main__")):
+            if f"``{module}``" not in doc and f"padless.{name.split('.', 1)[1]}.{module}" not in doc:
+                unnamed.append(f"{name}: {module}")
+    assert unnamed == [], "modules that their package's docstring does not name (as ``module``):\n" + "\n".join(unnamed)

@@ -13,99 +13,96 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    # planning (numpy only)
-    "plan_packs": "padless.planning.plan",
+    # planning (numpy only): planners, plan statistics, length statistics, streaming and per-epoch schedules
+    "compare_stream_to_offline": "padless.planning.buffered",
+    "StreamOptions": "padless.planning.buffered",
+    "LengthSummary": "padless.planning.lengths",
+    "padding_fraction_bucketed": "padless.planning.lengths",
+    "padding_fraction_pad_to_longest": "padless.planning.lengths",
+    "summarize_lengths": "padless.planning.lengths",
+    "synthetic_lengths": "padless.planning.lengths",
+    "OVERLONG_POLICIES": "padless.planning.plan",
     "PackPlan": "padless.planning.plan",
+    "plan_packs": "padless.planning.plan",
     "PlanStats": "padless.planning.plan",
     "STRATEGIES": "padless.planning.plan",
-    "OVERLONG_POLICIES": "padless.planning.plan",
     "validate_lengths": "padless.planning.plan",
-    # statistics of lengths and padding
-    "summarize_lengths": "padless.planning.lengths",
-    "LengthSummary": "padless.planning.lengths",
-    "padding_fraction_pad_to_longest": "padless.planning.lengths",
-    "padding_fraction_bucketed": "padless.planning.lengths",
-    "synthetic_lengths": "padless.planning.lengths",
+    "schedule_epoch": "padless.planning.schedule",
     # layout of packed rows
-    "IGNORE_INDEX": "padless.layout",
-    "position_ids_from_lengths": "padless.layout",
     "cu_seqlens_from_lengths": "padless.layout",
     "document_ids_from_lengths": "padless.layout",
+    "IGNORE_INDEX": "padless.layout",
     "lengths_from_position_ids": "padless.layout",
-    # masks
-    "block_causal_mask": "padless.attention.masks",
+    "position_ids_from_lengths": "padless.layout",
+    # attention: masks, varlen kernels, the padless attention function, the one exactness rule, trees
+    "packed_documents": "padless.attention.backend",
+    "padless_attention": "padless.attention.backend",
+    "register_padless_attention": "padless.attention.backend",
     "additive_block_causal_mask": "padless.attention.masks",
-    # collators and samplers
-    "PaddingCollator": "padless.batching.collate",
-    "PackingCollator": "padless.batching.collate",
+    "block_causal_mask": "padless.attention.masks",
+    "backend_inputs": "padless.attention.select",
+    "BACKENDS": "padless.attention.select",
+    "check_exact": "padless.attention.select",
+    "resolve_backend": "padless.attention.select",
+    "additive_tree_mask": "padless.attention.tree",
+    "shared_prompt_refusal": "padless.attention.tree",
+    "tree_attention": "padless.attention.tree",
+    "reference_varlen_attention": "padless.attention.varlen",
+    "varlen_attention": "padless.attention.varlen",
+    # batching: collators (padding, packing, preference, rollout), samplers, packed rows, streams
     "FeatureSpec": "padless.batching.collate",
-    "LengthGroupedBatchSampler": "padless.batching.samplers",
-    "PackedRows": "padless.batching.rows",
+    "PackingCollator": "padless.batching.collate",
+    "PaddingCollator": "padless.batching.collate",
     "PreferenceCollator": "padless.batching.preference",
     "RolloutCollator": "padless.batching.preference",
     "share_prompt": "padless.batching.preference",
-    "shared_prompt_refusal": "padless.attention.tree",
+    "PackedRows": "padless.batching.rows",
+    "PackedRowView": "padless.batching.rows",
+    "DistributedPackedBatchSampler": "padless.batching.samplers",
+    "LengthGroupedBatchSampler": "padless.batching.samplers",
+    "world_info": "padless.batching.samplers",
+    "PackedIterableDataset": "padless.batching.stream",
+    "PackedStream": "padless.batching.stream",
+    # objectives: losses, per-sequence log-probs, DPO, packed evaluation
     "dpo_loss": "padless.objectives.dpo",
-    "tree_attention": "padless.attention.tree",
-    "additive_tree_mask": "padless.attention.tree",
-    # loss
+    "EvalLoss": "padless.objectives.evaluation",
+    "packed_eval_loss": "padless.objectives.evaluation",
+    "sequence_logprobs": "padless.objectives.logprobs",
     "causal_lm_loss": "padless.objectives.loss",
     "model_loss": "padless.objectives.loss",
     "step_num_items": "padless.objectives.loss",
     "trained_tokens": "padless.objectives.loss",
-    "sequence_logprobs": "padless.objectives.logprobs",
-    "packed_eval_loss": "padless.objectives.evaluation",
-    "IsolationGuard": "padless.isolation.guard",
+    # isolation: the verifier and the training-time guard
     "IsolationError": "padless.isolation.guard",
-    "EvalLoss": "padless.objectives.evaluation",
-    # verification
+    "IsolationGuard": "padless.isolation.guard",
+    "TOLERANCES": "padless.isolation.verify",
     "verify_isolation": "padless.isolation.verify",
     "VerifyReport": "padless.isolation.verify",
-    "TOLERANCES": "padless.isolation.verify",
-    # attention backends
-    "register_padless_attention": "padless.attention.backend",
-    "resolve_backend": "padless.attention.select",
-    "check_exact": "padless.attention.select",
-    "backend_inputs": "padless.attention.select",
-    "varlen_attention": "padless.attention.varlen",
-    "reference_varlen_attention": "padless.attention.varlen",
-    "padless_attention": "padless.attention.backend",
-    "packed_documents": "padless.attention.backend",
-    "BACKENDS": "padless.attention.select",
-    # data
-    "load_tokenizer": "padless.data.tokenizer",
-    "load_corpus": "padless.data.load",
-    "corpus_lengths": "padless.data.load",
-    "TokenizedCorpus": "padless.data.load",
-    "CorpusReport": "padless.data.load",
+    # data: tokenizer, corpora, user files
     "CORPORA": "padless.data.corpora",
+    "corpus_lengths": "padless.data.load",
+    "CorpusReport": "padless.data.load",
+    "load_corpus": "padless.data.load",
+    "TokenizedCorpus": "padless.data.load",
     "RecordError": "padless.data.records",
-    # streaming and offline packing
-    "PackedStream": "padless.batching.stream",
-    "PackedIterableDataset": "padless.batching.stream",
-    "StreamOptions": "padless.planning.buffered",
-    "compare_stream_to_offline": "padless.planning.buffered",
+    "load_tokenizer": "padless.data.tokenizer",
+    # export: packing to Parquet shards
     "pack_to_parquet": "padless.export.parquet",
+    # integrations: datasets
     "pack_dataset": "padless.integrations.datasets",
-    # distributed training
-    "DistributedPackedBatchSampler": "padless.batching.samplers",
-    "PackedRowView": "padless.batching.rows",
-    "schedule_epoch": "padless.planning.schedule",
-    "world_info": "padless.batching.samplers",
-    "init_distributed": "padless.models.fsdp",
-    "shard_model": "padless.models.fsdp",
-    "sync_gradients": "padless.models.fsdp",
-    "full_tensors": "padless.models.fsdp",
-    # models
+    # models: the factory, torch.compile and FSDP2 sharding
+    "compile_layers": "padless.models.compile",
     "build_model": "padless.models.factory",
     "load_tokenizer_for": "padless.models.factory",
     "tokenizer_name_for": "padless.models.factory",
-    # benchmark results
+    "full_tensors": "padless.models.fsdp",
+    "init_distributed": "padless.models.fsdp",
+    "shard_model": "padless.models.fsdp",
+    "sync_gradients": "padless.models.fsdp",
+    # benchmark results and report
+    "write_report": "padless.bench.report",
     "BenchResults": "padless.bench.results",
     "load_results": "padless.bench.results",
-    "write_report": "padless.bench.report",
-    # torch.compile
-    "compile_layers": "padless.models.compile",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -124,36 +121,36 @@ def __dir__() -> list[str]:
     return __all__
 
 
-if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
+if TYPE_CHECKING:  # pragma: no cover - the same table for static analysis (tests/test_api.py holds both equal)
+    from padless.planning.buffered import compare_stream_to_offline, StreamOptions
+    from padless.planning.lengths import LengthSummary, padding_fraction_bucketed, padding_fraction_pad_to_longest, summarize_lengths, synthetic_lengths
+    from padless.planning.plan import OVERLONG_POLICIES, PackPlan, plan_packs, PlanStats, STRATEGIES, validate_lengths
+    from padless.planning.schedule import schedule_epoch
+    from padless.layout import cu_seqlens_from_lengths, document_ids_from_lengths, IGNORE_INDEX, lengths_from_position_ids, position_ids_from_lengths
     from padless.attention.backend import packed_documents, padless_attention, register_padless_attention
     from padless.attention.masks import additive_block_causal_mask, block_causal_mask
     from padless.attention.select import backend_inputs, BACKENDS, check_exact, resolve_backend
+    from padless.attention.tree import additive_tree_mask, shared_prompt_refusal, tree_attention
     from padless.attention.varlen import reference_varlen_attention, varlen_attention
     from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
     from padless.batching.preference import PreferenceCollator, RolloutCollator, share_prompt
-    from padless.attention.tree import additive_tree_mask, shared_prompt_refusal, tree_attention
-    from padless.objectives.dpo import dpo_loss
     from padless.batching.rows import PackedRows, PackedRowView
     from padless.batching.samplers import DistributedPackedBatchSampler, LengthGroupedBatchSampler, world_info
     from padless.batching.stream import PackedIterableDataset, PackedStream
-    from padless.bench.report import write_report
-    from padless.bench.results import BenchResults, load_results
-    from padless.models.compile import compile_layers
-    from padless.models.fsdp import full_tensors, init_distributed, shard_model, sync_gradients
+    from padless.objectives.dpo import dpo_loss
+    from padless.objectives.evaluation import EvalLoss, packed_eval_loss
+    from padless.objectives.logprobs import sequence_logprobs
+    from padless.objectives.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
+    from padless.isolation.guard import IsolationError, IsolationGuard
+    from padless.isolation.verify import TOLERANCES, verify_isolation, VerifyReport
     from padless.data.corpora import CORPORA
     from padless.data.load import corpus_lengths, CorpusReport, load_corpus, TokenizedCorpus
     from padless.data.records import RecordError
     from padless.data.tokenizer import load_tokenizer
     from padless.export.parquet import pack_to_parquet
-    from padless.layout import cu_seqlens_from_lengths, document_ids_from_lengths, IGNORE_INDEX, lengths_from_position_ids, position_ids_from_lengths
-    from padless.objectives.evaluation import EvalLoss, packed_eval_loss
-    from padless.isolation.guard import IsolationError, IsolationGuard
-    from padless.objectives.logprobs import sequence_logprobs
     from padless.integrations.datasets import pack_dataset
-    from padless.objectives.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
+    from padless.models.compile import compile_layers
     from padless.models.factory import build_model, load_tokenizer_for, tokenizer_name_for
-    from padless.planning.buffered import compare_stream_to_offline, StreamOptions
-    from padless.planning.lengths import LengthSummary, padding_fraction_bucketed, padding_fraction_pad_to_longest, summarize_lengths, synthetic_lengths
-    from padless.planning.plan import OVERLONG_POLICIES, PackPlan, plan_packs, PlanStats, STRATEGIES, validate_lengths
-    from padless.planning.schedule import schedule_epoch
-    from padless.isolation.verify import TOLERANCES, verify_isolation, VerifyReport
+    from padless.models.fsdp import full_tensors, init_distributed, shard_model, sync_gradients
+    from padless.bench.report import write_report
+    from padless.bench.results import BenchResults, load_results

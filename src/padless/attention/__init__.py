@@ -1,3 +1,10 @@
-"""Attention over packed rows: ``masks`` (dense reference and 4D masks), ``varlen`` (padless' varlen
-kernels), ``backend`` (the ``"padless"`` attention function for transformers) and ``select`` (the one
-rule that says whether a model + backend + layout is exact, or refuses it)."""
+"""Attention over packed rows: every token sees only earlier tokens of its own document.
+
+- ``masks``: the dense boolean reference mask and the 4D additive block-causal mask (windows carried).
+- ``varlen``: padless' varlen kernels (grouped SDPA on CPU, torch varlen / flash-attn on CUDA).
+- ``backend``: the ``"padless"`` attention function registered with transformers, and its mask function.
+- ``rules``: what a model's own attention computes (windows, soft-capping, ALiBi...), read from its config.
+- ``positions``: how a model encodes positions, and when a packed row keeps ALiBi models exact.
+- ``select``: the ONE rule that says whether a model + backend + layout is exact, or refuses it.
+- ``tree``: shared-prompt (tree) attention: completions attend to one prompt, not to each other.
+"""

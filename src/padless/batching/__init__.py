@@ -1,3 +1,10 @@
-"""Batching: tokens -> model-ready batches. ``collate`` (padding and packing collators), ``samplers``
-(length-grouped and distributed packed batch samplers), ``rows`` (packed rows as dataset items),
-``stream`` (streaming packing with exact resume)."""
+"""Batching: features -> model-ready batches.
+
+- ``batch``: the batch contract every collator returns and every consumer reads (PackedBatch, Placements).
+- ``collate``: :class:`PaddingCollator` and :class:`PackingCollator`.
+- ``preference``: preference pairs and rollout groups, with or without a shared prompt.
+- ``weights``: per-token loss weights carried by the collators.
+- ``samplers``: which examples (or packed rows) each micro-batch gets, on one rank or many.
+- ``rows``: packed rows as dataset items, read by the pieces they hold.
+- ``stream``: streaming packing with a bounded buffer and exact resume.
+"""

@@ -5,6 +5,13 @@ calls, agent traces), the user's files, chat templates with assistant-only label
     >>> tok = load_tokenizer("gpt2")
     >>> corpus = load_corpus("toolcalls", tok, train_on="assistant", max_length=1024, overlong="drop")
 
+- ``assets``: where the offline assets live; ``raw``: their raw readers; ``bfcl``: the BFCL data.
+- ``corpora``: the built-in corpora as named recipes; ``agentic``: the synthetic agentic-RAG traces.
+- ``files``: the user's JSONL / CSV / Parquet / ``datasets`` inputs; ``records``: the record kinds.
+- ``chat``: chats and agent traces rendered with trained / untrained pieces.
+- ``tokenizer``: tokenizers by name, offline; ``encode``: records -> token ids and labels.
+- ``load``: ``load_corpus``, the cached tokenized corpus; ``cache``: the on-disk token cache.
+
 Names are resolved lazily from their modules, so importing this package loads nothing heavy (and
 ``python -m padless.cli.assets`` runs without importing the others first).
 """

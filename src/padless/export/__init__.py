@@ -1,1 +1,5 @@
-"""Packing to disk: ``sources`` (inputs to stream from) and ``parquet`` (atomic, resumable shards)."""
+"""Packing to disk.
+
+- ``sources``: inputs of tokenized examples for ``padless pack``, streamed with bounded memory.
+- ``parquet``: atomic, resumable Parquet shards of packed rows.
+"""

@@ -1,1 +1,9 @@
-"""Models: the factory (built-in, tiny and packaged pretrained models), torch.compile of decoder layers, FSDP2 sharding of decoder layers (fsdp), and offline-first hub loading."""
+"""Models: what padless trains and verifies on.
+
+- ``factory``: GPT-2 sizes, tiny test configs, the packaged pretrained SmolLM2-135M, any transformers name.
+- ``compile``: ``torch.compile`` of decoder layers with packed-row boundaries kept out of the graphs.
+- ``fsdp``: FSDP2 (``fully_shard``) per decoder layer and the root, the rank's device and process group,
+  gradient accumulation under DDP / FSDP2, whole tensors gathered from the shards.
+
+Loading from a model hub offline-first lives in :mod:`padless.hub` (the floor), since data/ uses it too.
+"""

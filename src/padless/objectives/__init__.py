@@ -1,1 +1,7 @@
-"""Objectives: what is trained and measured on packed batches: losses, per-sequence log-probs, DPO, packed evaluation."""
+"""Objectives: what is trained and measured on packed batches.
+
+- ``loss``: token / sequence / weighted causal-LM loss across micro-batches and ranks.
+- ``logprobs``: per-sequence log-probabilities read back from packed rows.
+- ``dpo``: the DPO loss from the log-probs of packed preference pairs.
+- ``evaluation``: per-example evaluation loss computed from packed rows.
+"""

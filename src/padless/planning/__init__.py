@@ -1,7 +1,10 @@
 """Planning: sequence lengths -> which sequences share a row. Pure numpy: no tokens, no torch.
 
-``plan`` (planners, overlong policies, :class:`~padless.planning.plan.PackPlan`), ``_binpack`` (the
-bin-packing engines), ``buffered`` (the streaming planner), ``schedule`` (the per-epoch distributed
-schedule), ``lengths`` (length statistics, padding fractions, synthetic lengths, length grouping),
-``checks`` (the argument checks and the overlong error every stage shares).
+- ``plan``: the planners, overlong policies, :class:`~padless.planning.plan.PackPlan` and its stats.
+- ``_binpack``: the bin-packing engines behind ``plan``.
+- ``buffered``: the streaming planner (lengths arriving one by one, bounded buffer).
+- ``schedule``: the per-epoch schedule of packed rows for data-parallel training.
+- ``lengths``: length statistics, padding fractions, synthetic lengths, length grouping.
+- ``partition``: the optimal partition of lengths into padded groups (bucketing, grouped attention).
+- ``checks``: the argument checks and the overlong error every stage shares.
 """
