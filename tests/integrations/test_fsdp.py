@@ -291,6 +291,10 @@ def test_one_sharded_rank_trains_like_the_model_itself(one_rank):
         padless.shard_model(sharded)
     with pytest.raises(ValueError, match="no decoder layers in Sequential"):
         padless.shard_model(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    split = padless.build_model("tiny-llama", seed=0)
+    split.lm_head.to("meta")
+    with pytest.raises(ValueError, match=r"every parameter on one device, found \['cpu', 'meta'\]"):
+        padless.shard_model(split)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "padless"])
@@ -340,6 +344,40 @@ def test_packed_trainer_refuses_a_sharded_model_where_transformers_has_no_path_f
     model = support.model("sdpa")
     owns_its_sharding(model)
     assert model.is_distributed_loading_by_transformers
+
+
+@pytest.mark.parametrize(
+    "device,local_rank,gpus,want",
+    [
+        ("auto", "1", 2, "cuda:1"),  # one process per GPU: cuda:LOCAL_RANK
+        ("cuda", "3", 1, "cuda:0"),  # the launcher binds one visible GPU per process
+        ("cuda:1", "0", 2, "cuda:1"),  # named: as named
+        ("auto", "1", 0, "cpu"),  # no GPU: gloo on the CPU
+    ],
+)
+def test_each_rank_takes_its_gpu_and_nccl_on_cuda(monkeypatch, device, local_rank, gpus, want):
+    """The CUDA path without a GPU: torch.cuda and init_process_group stand-ins record what would run."""
+    import torch
+    import torch.distributed as dist
+
+    import padless
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: calls.append(("init", backend)))
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert str(padless.init_distributed(device)) == want
+    on_gpu = want.startswith("cuda")
+    assert calls == [("set_device", want)] * on_gpu + [("init", "nccl" if on_gpu else "gloo")]  # device first
+    with pytest.raises(ValueError, match="CUDA device"):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setenv("LOCAL_RANK", "2")  # 3 processes on a node with 2 GPUs
+        padless.init_distributed("cuda")
 
 
 def test_sync_gradients_keeps_ddp_gradients_local_and_leaves_a_plain_model_alone():

@@ -44,37 +44,26 @@ if TYPE_CHECKING:
 def init_distributed(device: str = "auto") -> torch.device:
     """Join the ``torchrun`` process group (if not joined yet) and return this rank's device.
 
-    ``device``: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``. On CUDA each
-    rank takes ``cuda:LOCAL_RANK`` (or ``cuda:0`` when the launcher made one GPU visible per
-    process), sets it as the current device before NCCL starts, and joins with the ``nccl`` backend;
-    on the CPU with ``gloo``. Outside ``torchrun`` (no ``WORLD_SIZE`` > 1) nothing is joined and the
-    device is returned as resolved. ``ValueError`` names a device or environment that does not fit.
+    ``device``: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``. A bare
+    ``cuda`` is ``cuda:LOCAL_RANK``, or ``cuda:0`` when the launcher made one GPU visible per process;
+    it becomes the current device before NCCL starts (else every rank works on GPU 0), and the
+    group's backend is ``nccl``; on the CPU ``gloo``. Outside ``torchrun`` (``WORLD_SIZE`` unset or 1)
+    nothing is joined. ``ValueError`` names a device this machine does not have.
     """
     import torch
     import torch.distributed as dist
 
     from padless.devices import resolve_device
 
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    local = int(os.environ.get("LOCAL_RANK", "0") or 0)
-    want = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    if want.type == "cuda" and want.index is None:
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r}: this machine has no CUDA GPU that torch {torch.__version__} can use")
-        count = torch.cuda.device_count()
-        if local < count:
-            want = torch.device("cuda", local)
-        elif count == 1:  # the launcher binds one GPU per process (CUDA_VISIBLE_DEVICES per rank)
-            want = torch.device("cuda", 0)
-        else:
-            raise ValueError(f"LOCAL_RANK={local} but this process sees {count} CUDA devices: launch at most "
-                             f"{count} processes per node, or one visible GPU per process")  # fmt: skip
-    device_obj = resolve_device(str(want))
-    if device_obj.type == "cuda":
-        torch.cuda.set_device(device_obj)  # before NCCL starts, else every rank works on GPU 0
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device_obj.type == "cuda" else "gloo")
-    return device_obj
+    name = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if name == "cuda" and torch.cuda.is_available() and torch.cuda.device_count() == 1:
+        name = "cuda:0"  # one visible GPU per process: it is this rank's, whatever LOCAL_RANK says
+    rank_device = resolve_device(name)  # a bare accelerator type takes LOCAL_RANK as its index
+    if rank_device.type == "cuda":
+        torch.cuda.set_device(rank_device)
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if rank_device.type == "cuda" else "gloo")
+    return rank_device
 
 
 def shard_model(
