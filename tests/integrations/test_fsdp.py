@@ -247,6 +247,19 @@ def test_the_docs_page_snippet_runs_on_two_ranks(tmp_path):
     assert len(re.findall(r"^step 2: \d+ trained tokens$", out, flags=re.M)) == 1, out[-2000:]  # rank 0 prints
 
 
+def test_the_gpu_script_checks_and_trains_on_two_cpu_ranks():
+    """benchmarks/fsdp.py (the FSDP step of benchmarks/gpu.sh) on gloo: its exactness check passes
+    and its timed run trains; so the script cannot rot before a GPU runs it."""
+    import re
+
+    out = _torchrun(support.ROOT / "benchmarks" / "fsdp.py", "--device", "cpu", "--max-length", "128", "--steps", "1",
+                    "--documents", "120", "--rows", "1").stdout  # fmt: skip
+    gap = re.search(r"^fsdp exactness \(fp32\): max \|grad - one process\| / max \|grad\| = (\S+) ", out, flags=re.M)
+    assert gap and float(gap.group(1)) < 1e-5, out[-2000:]
+    assert re.search(r"^fsdp: 2 rank\(s\) on cpu \(gloo\)", out, flags=re.M)
+    assert re.search(r"^fsdp training \(auto\): median step \S+ s, [\d,]+ real tokens/s", out, flags=re.M), out[-2000:]
+
+
 # ----------------------------------------------------------------------------- one process
 
 
@@ -280,6 +293,9 @@ def test_one_sharded_rank_trains_like_the_model_itself(one_rank):
     batch = padless.PackingCollator.for_model(plain, max_length=MAX_LENGTH)(make_features([20, 31, 9, 44], seed=1))
     padless.shard_model(sharded)
     assert is_sharded(sharded) and not is_sharded(plain)
+    after = padless.PackingCollator.for_model(sharded, max_length=MAX_LENGTH)(make_features([20, 31, 9, 44], seed=1))
+    same = [torch.equal(v, batch[k]) if torch.is_tensor(v) else v == batch[k] for k, v in after.items()]
+    assert set(after) == set(batch) and all(same)  # sharding keeps what the exactness rule reads
     n = padless.trained_tokens(batch["labels"])
     losses = [padless.model_loss(m, batch, n) for m in (plain, sharded)]
     for loss in losses:

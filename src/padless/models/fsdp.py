@@ -47,8 +47,9 @@ def init_distributed(device: str = "auto") -> torch.device:
     ``device``: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``. A bare
     ``cuda`` is ``cuda:LOCAL_RANK``, or ``cuda:0`` when the launcher made one GPU visible per process;
     it becomes the current device before NCCL starts (else every rank works on GPU 0), and the
-    group's backend is ``nccl``; on the CPU ``gloo``. Outside ``torchrun`` (``WORLD_SIZE`` unset or 1)
-    nothing is joined. ``ValueError`` names a device this machine does not have.
+    group's backend is ``nccl``; on the CPU ``gloo``. Under ``torchrun`` (``WORLD_SIZE`` set) the group
+    is joined even with one process, so :func:`shard_model` runs there too; outside it nothing is
+    joined. ``ValueError`` names a device this machine does not have.
     """
     import torch
     import torch.distributed as dist
@@ -61,7 +62,7 @@ def init_distributed(device: str = "auto") -> torch.device:
     rank_device = resolve_device(name)  # a bare accelerator type takes LOCAL_RANK as its index
     if rank_device.type == "cuda":
         torch.cuda.set_device(rank_device)
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and not dist.is_initialized():
+    if os.environ.get("WORLD_SIZE") and not dist.is_initialized():  # launched by torchrun
         dist.init_process_group("nccl" if rank_device.type == "cuda" else "gloo")
     return rank_device
 
