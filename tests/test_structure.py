@@ -252,7 +252,6 @@ TEST_HOMES: dict[str, str] = {
     "padless.attention.rules": "attention/test_windows.py",
     "padless.attention.select": "attention/test_windows.py",
     "padless.attention.tree": "batching/test_preference.py",
-    "padless.batching.batch": "batching/test_collate.py",
     "padless.batching.rows": "batching/test_distributed.py",
     "padless.batching.weights": "objectives/test_loss_weighting.py",
     "padless.bench.child": "bench/test_bench.py",

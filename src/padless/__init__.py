@@ -50,12 +50,13 @@ _EXPORTS: dict[str, str] = {
     "reference_varlen_attention": "padless.attention.varlen",
     "varlen_attention": "padless.attention.varlen",
     # batching: collators (padding, packing, preference, rollout), samplers, packed rows, streams
-    "FeatureSpec": "padless.batching.collate",
     "PackingCollator": "padless.batching.collate",
     "PaddingCollator": "padless.batching.collate",
     "PreferenceCollator": "padless.batching.preference",
     "RolloutCollator": "padless.batching.preference",
     "share_prompt": "padless.batching.preference",
+    "FeatureSpec": "padless.batching.rowformat",
+    "RowFormat": "padless.batching.rowformat",
     "PackedRows": "padless.batching.rows",
     "PackedRowView": "padless.batching.rows",
     "DistributedPackedBatchSampler": "padless.batching.samplers",
@@ -132,8 +133,9 @@ if TYPE_CHECKING:  # pragma: no cover - the same table for static analysis (test
     from padless.attention.select import backend_inputs, BACKENDS, check_exact, resolve_backend
     from padless.attention.tree import additive_tree_mask, shared_prompt_refusal, tree_attention
     from padless.attention.varlen import reference_varlen_attention, varlen_attention
-    from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
+    from padless.batching.collate import PackingCollator, PaddingCollator
     from padless.batching.preference import PreferenceCollator, RolloutCollator, share_prompt
+    from padless.batching.rowformat import FeatureSpec, RowFormat
     from padless.batching.rows import PackedRows, PackedRowView
     from padless.batching.samplers import DistributedPackedBatchSampler, LengthGroupedBatchSampler, world_info
     from padless.batching.stream import PackedIterableDataset, PackedStream

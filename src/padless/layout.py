@@ -159,13 +159,14 @@ def check_tokens(
 def build_row(
     pieces: Sequence[Piece], lookup: Callable[[int], tuple[np.ndarray, np.ndarray]], dtype: Any = np.int64
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The one row builder: ``(input_ids, labels, seq_lengths)`` of a row made of ``pieces``.
+    """The one row builder: ``(input_ids, labels, seq_lengths)`` of a row made of ``pieces``
+    (:data:`Piece` tuples, or a ``[k, 3]`` int array of them).
 
     ``lookup(i)`` gives sequence ``i``'s ``(input_ids, labels)`` arrays. Labels are copied as they
     are (unshifted); :func:`mask_document_starts` masks each document's first label when the row is
     trained. An empty row is invalid: every row holds at least one piece.
     """
-    if not pieces:
+    if len(pieces) == 0:
         raise ValueError("a row needs at least one piece")
     ids, labels = [], []
     for index, start, length in pieces:

@@ -4,7 +4,8 @@ from conftest import make_features
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
+from padless.batching.collate import PackingCollator, PaddingCollator
+from padless.batching.rowformat import FeatureSpec
 from padless.batching.batch import batch_to
 from padless.layout import IGNORE_INDEX
 

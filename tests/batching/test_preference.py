@@ -16,7 +16,7 @@ from padless.attention.backend import register_padless_attention
 from padless.attention.tree import (
     additive_tree_mask, plan_tree, shared_prompt_refusal, reference_tree_attention, tree_attention, tree_causal_mask, tree_positions,
 )  # fmt: skip
-from padless.batching.collate import FeatureSpec
+from padless.batching.rowformat import FeatureSpec
 from padless.batching.batch import batch_to
 from padless.batching.preference import (
     PairedBatch, PreferenceCollator, RolloutCollator, share_prompt,
@@ -311,7 +311,7 @@ def test_padless_attention_refuses_a_tree_that_disagrees_with_the_positions():
         (None, {"overlong": "split"}, "never splits across rows"),
         (None, {"strategy": "wrapped"}, "a group never splits"),
         (None, {"attention": "position_ids"}, "position_ids alone cannot say"),
-        (None, {"max_length": 0}, "max_length must be >= 1"),
+        (None, {"max_length": 0}, "max_length must be an integer >= 1"),
         ([{"prompt_ids": [1, 2], "chosen_ids": [2, 3], "rejected_ids": [3]}], {"max_length": 2, "overlong": "truncate"},
          "cannot hold one prompt token and one token of each of 2 completions"),
     ],
@@ -361,6 +361,12 @@ class _TRLModel:
         return SimpleNamespace(log_probs=per_token, entropy=zeros, mean_logits=zeros, is_top1=zeros.bool())
 
 
+class _TrainingStandIn(torch.nn.Module):
+    """The policy as DPOTrainer._compute_loss inspects it (its forward is the ``model`` argument)."""
+
+    is_gradient_checkpointing = False
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_dpo_loss_equals_trl(shared):
     pytest.importorskip("trl")
@@ -369,7 +375,8 @@ def test_dpo_loss_equals_trl(shared):
     policy, reference = _model("llama", "sdpa", seed=0), _model("llama", "sdpa", seed=1)
     feats = _pairs(6, seed=2)
     trainer = SimpleNamespace(
-        model=SimpleNamespace(training=True, is_gradient_checkpointing=False), ref_model=_TRLModel(reference),
+        # a real Module: with peft installed, TRL asks accelerate whether it is a PeftModel (reads _modules)
+        model=_TrainingStandIn(), ref_model=_TRLModel(reference),
         accelerator=SimpleNamespace(device=torch.device("cpu"), gather_for_metrics=lambda x: x, gather=lambda x: x),
         aux_loss_enabled=False, precompute_ref_logps=False, ld_alpha=None, f_divergence_type="reverse_kl",
         loss_types=["sigmoid"], loss_weights=[1.0], beta=0.1, use_weighting=False,

@@ -1,6 +1,7 @@
 """Batching: features -> model-ready batches.
 
 - ``batch``: the batch contract every collator returns and every consumer reads (PackedBatch, Placements).
+- ``rowformat``: the row format the packing collators share (RowFormat, its for_model) and FeatureSpec.
 - ``collate``: :class:`PaddingCollator` and :class:`PackingCollator`.
 - ``preference``: preference pairs and rollout groups, with or without a shared prompt.
 - ``weights``: per-token loss weights carried by the collators.

@@ -2,7 +2,8 @@
 verification, the guard, evaluation) reads.
 
 - :class:`PackedBatch`: the dict ``model(**batch)`` takes, plus :class:`Placements` as an attribute.
-- :class:`Placements`: where every piece of every feature went (parallel numpy arrays).
+- :class:`Placements`: where every piece of every feature went (parallel numpy arrays), built
+  straight from a flat plan's arrays (:meth:`Placements.from_plan`).
 - :data:`NOT_FORWARD`, :func:`forward_inputs`: the keys a loss reads that never reach ``forward()``.
 - :func:`batch_to`: a batch moved to a device; :func:`device_of`: a model's device.
 """
@@ -37,6 +38,34 @@ class Placements:
     when nothing predicts it (a document start, whose label is masked). ``None``: all -1 (ordinary
     packing). A shared-prompt completion sets the offset of the prompt's last token. The piece's
     later tokens are predicted by the position before them in the same row (the causal shift)."""
+
+    @classmethod
+    def from_plan(
+        cls, *, index: np.ndarray, start: np.ndarray, length: np.ndarray, row_offsets: np.ndarray, num_features: int
+    ) -> Placements:
+        """The placements of a flat plan (:class:`padless.PackPlan`'s arrays of the same names): row
+        ``r`` holds pieces ``row_offsets[r]:row_offsets[r + 1]``, laid end to end from offset 0::
+
+            index [2, 3, 0, 1]  start [0, 0, 0, 0]  length [6, 2, 5, 3]  row_offsets [0, 2, 4]
+            -> row [0, 0, 1, 1]  offset [0, 6, 0, 5]
+        """
+        index, start, length, row_offsets = (np.asarray(a, dtype=np.int64) for a in (index, start, length, row_offsets))
+        counts = np.diff(row_offsets)
+        before = np.concatenate([[0], np.cumsum(length)])  # tokens before each piece, over all rows
+        offset = before[:-1] - np.repeat(before[row_offsets[:-1]], counts)
+        return cls(feature=index, start=start, row=np.repeat(np.arange(counts.size, dtype=np.int64), counts),
+                   offset=offset, length=length, num_features=num_features)  # fmt: skip
+
+    @property
+    def num_rows(self) -> int:
+        """Rows holding at least one piece (``row.max() + 1``)."""
+        return int(self.row[-1]) + 1 if self.row.size else 0
+
+    def row_pieces(self, r: int) -> np.ndarray:
+        """``[k, 3]`` ``(feature, start, length)`` of row ``r``'s pieces, in row order (what
+        :func:`padless.layout.build_row` takes)."""
+        lo, hi = np.searchsorted(self.row, [r, r + 1])
+        return np.stack([self.feature[lo:hi], self.start[lo:hi], self.length[lo:hi]], axis=1)
 
     def prev_offsets(self) -> np.ndarray:
         """:attr:`prev_offset` as an array, -1 filled in when it is ``None``."""

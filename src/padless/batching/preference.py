@@ -35,17 +35,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from padless.attention.select import ATTENTION_INPUTS, AttentionInputs
-from padless.batching.collate import FeatureSpec, _round_up
-from padless.batching.batch import PackedBatch, Placements, device_of
-from padless.layout import IGNORE_INDEX, append_separator, check_tokens, cu_seqlens_from_lengths
-
-if TYPE_CHECKING:
-    import torch
+from padless.attention.select import Layout
+from padless.batching.batch import PackedBatch, Placements
+from padless.batching.rowformat import RowFormat
+from padless.layout import IGNORE_INDEX, check_tokens, cu_seqlens_from_lengths
 
 GROUP_OVERLONG: tuple[str, ...] = ("error", "truncate", "drop")
 """Overlong policies for groups (``split`` would cut a pair across rows)."""
@@ -112,30 +109,16 @@ def _fit(prompt: int, completions: np.ndarray, max_length: int, copies: int) -> 
     return p, low
 
 
-@dataclass
-class _GroupCollator:
-    max_length: int | None = None
-    """Tokens per packed row. ``None``: every group of the batch in one row."""
+@dataclass(frozen=True, kw_only=True)
+class _GroupCollator(RowFormat):
+    """A :class:`padless.batching.rowformat.RowFormat` whose pieces are groups (a prompt and its
+    completions): ``max_length`` ``None`` puts every group of the batch in one row; ``strategy`` may
+    not be ``wrapped`` (it cuts groups); ``overlong`` is one of :data:`GROUP_OVERLONG`; ``attention``
+    ``position_ids`` serves the independent layout only; ``windows`` too (the tree mask of a shared
+    prompt carries none); ``features.separator_id`` (EOS) is appended to every completion."""
+
     share_prompt: bool = True
     """Put the prompt once before its completions (tree mask) instead of once per completion."""
-    attention: AttentionInputs = "mask4d"
-    """``mask4d`` (sdpa, eager), ``varlen`` (padless; with ``share_prompt`` the tree kwargs) or
-    ``position_ids`` (independent layout only). :meth:`for_model` picks it from the model."""
-    strategy: str = "best_fit_decreasing"
-    """Planner strategy (:data:`padless.STRATEGIES`, except ``wrapped``, which cuts groups)."""
-    overlong: str = "error"
-    """Policy for a group longer than ``max_length``: one of :data:`GROUP_OVERLONG`."""
-    pad_token_id: int = 0
-    """Id written into padding at the end of a row."""
-    pad_to_max_length: bool = False
-    """Pad every row to ``max_length`` instead of the longest row of the batch."""
-    pad_to_multiple_of: int | None = None
-    """Round the row length up to a multiple of this."""
-    mask_dtype: torch.dtype | None = None
-    """Dtype of the 4D additive mask; must equal the model's compute dtype (default float32)."""
-    features: FeatureSpec = field(default_factory=FeatureSpec)
-    """Token validation; ``separator_id`` (EOS) is appended to every completion, trained unless
-    ``train_on_separator=False``."""
     totals: dict[str, int] = field(default_factory=lambda: {
         "groups": 0, "completions": 0, "tokens": 0, "truncated_groups": 0, "truncated_tokens": 0,
         "dropped_groups": 0, "dropped_tokens": 0,
@@ -145,50 +128,32 @@ class _GroupCollator:
     _batch_type = PackedBatch
 
     def __post_init__(self) -> None:
-        if self.attention not in ATTENTION_INPUTS:
-            raise ValueError(f"unknown attention inputs {self.attention!r}; choose one of {', '.join(ATTENTION_INPUTS)}")
+        super().__post_init__()
         if self.share_prompt and self.attention == "position_ids":
             raise ValueError("share_prompt=True needs attention='mask4d' (sdpa, eager) or 'varlen' (padless attention); "
                              "position_ids alone cannot say that completions share a prompt")  # fmt: skip
+        if self.share_prompt and self.windows is not None:
+            raise ValueError(f"the 4D tree mask of a shared prompt carries no sliding window (windows={self.windows!r}); "
+                             "use share_prompt=False")  # fmt: skip
         if self.overlong not in GROUP_OVERLONG:
             raise ValueError(f"unknown overlong policy {self.overlong!r} for groups; choose one of "
                              f"{', '.join(GROUP_OVERLONG)} (a group never splits across rows)")  # fmt: skip
         if self.strategy == "wrapped":
             raise ValueError("strategy='wrapped' cuts sequences across rows; a group never splits, choose another")
-        if self.max_length is not None and (isinstance(self.max_length, bool) or self.max_length < 1):
-            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
 
     @classmethod
-    def for_model(cls, model: Any, **kwargs: Any) -> _GroupCollator:
-        """A collator whose attention inputs and mask dtype fit ``model``'s attention backend; raises if
-        the backend cannot run the requested layout exactly."""
-        from padless.attention.select import backend_inputs, check_exact
-
-        backend = model.config._attn_implementation
-        layout = "shared_prompt" if kwargs.get("share_prompt", True) else "documents"
-        check_exact(model, backend, device=device_of(model), dtype=model.dtype, max_length=kwargs.get("max_length"),
-                    layout=layout)  # fmt: skip
-        kwargs.setdefault("attention", backend_inputs(backend))
-        kwargs.setdefault("mask_dtype", model.dtype)
-        if getattr(model.config, "vocab_size", None):
-            kwargs.setdefault("features", FeatureSpec(vocab_size=model.config.vocab_size))
-        return cls(**kwargs)
+    def layout_of(cls, options: Mapping[str, Any]) -> Layout:
+        return "shared_prompt" if options.get("share_prompt", True) else "documents"
 
     # subclasses: features -> groups
     def _read(self, features: Sequence[Mapping[str, Any]]) -> list[_Group]:
         raise NotImplementedError
 
     def _tokens(self, values: Any, where: str) -> np.ndarray:
-        ids, _ = check_tokens(values, vocab_size=self.features.vocab_size, where=where)
-        return ids
+        return self.features.tokens(values, where)
 
     def _completion(self, values: Any, where: str) -> np.ndarray:
-        ids = self._tokens(values, where)
-        sep = self.features.separator_id
-        if sep is not None:
-            ids, _ = append_separator(ids, ids.copy(), sep)
-            check_tokens(ids[-1:], vocab_size=self.features.vocab_size, where=f"{where}'s separator")
-        return ids
+        return self.features.sequence(values, None, where)[0]
 
     def _fitted(self, groups: list[_Group]) -> tuple[list[_Group], np.ndarray]:
         """Apply ``overlong``; returns the groups to place and the indices of those kept."""
@@ -258,9 +223,7 @@ class _GroupCollator:
                                    offset + int(prev)))  # fmt: skip
                 offset += g.input_ids.size
             row_parts.append([layouts[gi] for gi in row])
-        used = max(sum(g.input_ids.size for g in parts) for parts in row_parts)
-        width = self.max_length if self.pad_to_max_length and self.max_length else used
-        width = _round_up(width, self.pad_to_multiple_of)
+        width = self.row_width(max(sum(g.input_ids.size for g in parts) for parts in row_parts))
         input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
         labels = np.full_like(input_ids, IGNORE_INDEX)
         position_ids = np.zeros_like(input_ids)
@@ -276,23 +239,18 @@ class _GroupCollator:
             parents = [*(np.where(g.parents >= 0, g.parents + b, -1) for g, b in zip(parts, base)),
                        *([[-1]] if n < width else [])]  # the pad: its own segment, positions from 0  # fmt: skip
             trees.append((np.concatenate(lengths).astype(np.int64), np.concatenate(parents).astype(np.int64)))
-        batch: dict[str, Any] = {
-            "input_ids": torch.from_numpy(input_ids),
-            "labels": torch.from_numpy(labels),
-            "position_ids": torch.from_numpy(position_ids),
-            "use_cache": False,
-        }
-        if self.attention == "mask4d":
-            batch["attention_mask"] = additive_tree_mask(trees, dtype=self.mask_dtype)
-        elif self.attention == "varlen" and self.share_prompt:
-            base = np.cumsum([0] + [lengths.size for lengths, _ in trees[:-1]])
-            cu = cu_seqlens_from_lengths(np.concatenate([lengths for lengths, _ in trees]))
-            parents = np.concatenate([np.where(p >= 0, p + b, -1) for (_, p), b in zip(trees, base)])
-            batch.update(tree_cu_seqlens=torch.from_numpy(cu).to(torch.int32), tree_parents=torch.from_numpy(parents))
-        elif self.attention == "varlen":
-            docs = np.concatenate([lengths for lengths, _ in trees])
-            cu = torch.from_numpy(cu_seqlens_from_lengths(docs)).to(torch.int32)
-            batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(docs.max()), max_length_k=int(docs.max()))
+        if not self.share_prompt:  # plain documents: the row format's mask (windows included) or cu_seq_lens
+            batch = self.row_inputs(input_ids, labels, position_ids, [lengths.tolist() for lengths, _ in trees])
+        else:
+            batch = self.row_inputs(input_ids, labels, position_ids, None)
+            if self.attention == "mask4d":
+                batch["attention_mask"] = additive_tree_mask(trees, dtype=self.mask_dtype)
+            else:  # varlen: padless attention's tree kwargs
+                base = np.cumsum([0] + [lengths.size for lengths, _ in trees[:-1]])
+                cu = cu_seqlens_from_lengths(np.concatenate([lengths for lengths, _ in trees]))
+                parents = np.concatenate([np.where(p >= 0, p + b, -1) for (_, p), b in zip(trees, base)])
+                batch.update(tree_cu_seqlens=torch.from_numpy(cu).to(torch.int32),
+                             tree_parents=torch.from_numpy(parents))  # fmt: skip
         arr = np.array(pieces, dtype=np.int64).reshape(-1, 5)
         placements = Placements(feature=arr[:, 0], start=np.zeros(len(arr), dtype=np.int64), row=arr[:, 1],
                                 offset=arr[:, 2], length=arr[:, 3], num_features=int(first_feature[-1]),
@@ -382,7 +340,7 @@ def _need(feature: Any, i: int, keys: tuple[str, ...]) -> Mapping[str, Any]:
     return feature
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class PreferenceCollator(_GroupCollator):
     """Packs preference pairs (``prompt_ids``, ``chosen_ids``, ``rejected_ids``) into rows; returns a
     :class:`PairedBatch` (``sequence_logprobs`` -> ``[num_pairs, 2]``, chosen first). See the module
@@ -401,7 +359,7 @@ class PreferenceCollator(_GroupCollator):
         return groups
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class RolloutCollator(_GroupCollator):
     """Packs GRPO-style groups (``prompt_ids`` and ``completion_ids``, a list of ``k >= 1`` completions)
     into rows; the batch's features are every completion, group after group, so

@@ -70,7 +70,7 @@ class PackedRows:
         overlong: str = "error",
         seed: int = 0,
     ) -> None:
-        from padless.batching.collate import FeatureSpec
+        from padless.batching.rowformat import FeatureSpec
         from padless.planning.plan import plan_packs
 
         self.sequences = FeatureSpec().prepare(features)

@@ -6,7 +6,7 @@ at ``t`` (labels are unshifted, so it weighs how well position ``t - 1`` predict
 appended separator weighs as the token before it (the rule of :func:`padless.layout.append_separator`).
 
 The batch carries them as ``loss_weights`` (float32, the shape of ``labels``, 0 on padding), a key
-that :func:`padless.model_loss` reads and never passes to ``forward()`` (:data:`padless.batching.collate.NOT_FORWARD`);
+that :func:`padless.model_loss` reads and never passes to ``forward()`` (:data:`padless.batching.batch.NOT_FORWARD`);
 transformers' models accept unknown keywords silently, so a plain ``model(**batch)`` must drop it.
 """
 

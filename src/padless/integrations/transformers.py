@@ -160,7 +160,7 @@ def exact_collator(
 
     resolve_backend(model.config._attn_implementation, device=device, dtype=model.dtype, config=model,
                     max_length=max_length)  # fmt: skip
-    return PackingCollator.for_model(model, max_length=max_length, pad_token_id=pad_token_id, **kwargs)
+    return PackingCollator.for_model(model, device=device, max_length=max_length, pad_token_id=pad_token_id, **kwargs)
 
 
 def pad_token_id_for(model: Any, processing_class: Any = None) -> int:

@@ -1,0 +1,246 @@
+"""The row format every packing collator shares: how features are validated (:class:`FeatureSpec`)
+and what shape the packed rows take (:class:`RowFormat`).
+
+- :class:`FeatureSpec`: raw features -> validated token ids and labels (vocabulary, separator,
+  per-token loss weights); shared with the padding collator, so padded and packed batches of the same
+  features hold the same tokens.
+- :class:`RowFormat`: row length, planner strategy, overlong policy, padding, the attention inputs,
+  the 4D mask's dtype and sliding windows. Its fields are documented here once;
+  :class:`padless.PackingCollator`, :class:`padless.PreferenceCollator` and
+  :class:`padless.RolloutCollator` are row formats that differ only in how features become pieces.
+  :meth:`RowFormat.for_model` is the one sequence that fits a format to a model: the exactness rule
+  (:func:`padless.attention.select.check_exact`) -> the backend's inputs -> the mask dtype and windows
+  -> the vocabulary.
+- :func:`round_up`: the one row-width rounding (``pad_to_multiple_of``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from padless.attention.rules import MaskWindows
+from padless.attention.select import ATTENTION_INPUTS, AttentionInputs, Layout
+from padless.batching.batch import device_of
+from padless.layout import append_separator, check_tokens, cu_seqlens_from_lengths
+from padless.planning.checks import check_choice, check_int
+from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES
+
+if TYPE_CHECKING:
+    import torch
+
+_Format = TypeVar("_Format", bound="RowFormat")
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Validated token ids and labels of a batch, as int64 numpy arrays."""
+
+    input_ids: list[np.ndarray]
+    """One ``[n_i]`` array of token ids per feature (separator appended)."""
+    labels: list[np.ndarray]
+    """One ``[n_i]`` array of unshifted labels per feature (``IGNORE_INDEX`` where not trained)."""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.fromiter((ids.size for ids in self.input_ids), dtype=np.int64, count=len(self.input_ids))
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """How raw features become validated sequences; shared by every collator so that padded and
+    packed batches of the same features hold exactly the same tokens."""
+
+    vocab_size: int | None = None
+    """If set, every token id and every trained label must lie in ``[0, vocab_size)``; checked here
+    (:func:`padless.layout.check_tokens`) because an id past the embedding table fails deep inside
+    the model with an unhelpful index error (on a GPU, a device assert)."""
+    separator_id: int | None = None
+    """If set, appended to every sequence that does not already end with it (e.g. EOS)."""
+    train_on_separator: bool = True
+    """Whether an appended separator may be a training target: it is one exactly when the token
+    before it is (:func:`padless.layout.append_separator`); ``False``: never."""
+    loss_weights: str | None = None
+    """If set, the feature key holding one loss weight per token; the batch then carries them as
+    ``loss_weights`` (:mod:`padless.batching.weights`) for ``model_loss(..., weighting="weights")``."""
+
+    def weights(self, features: Sequence[Mapping[str, Any]]) -> list[np.ndarray] | None:
+        """Each feature's validated per-token loss weights (``None`` unless :attr:`loss_weights` is set)."""
+        if self.loss_weights is None:
+            return None
+        from padless.batching.weights import feature_weights
+
+        return [feature_weights(f, self.loss_weights, self.separator_id, f"feature {i}") for i, f in enumerate(features)]
+
+    def tokens(self, values: Any, where: str) -> np.ndarray:
+        """Validated token ids (no labels, no separator): a prompt."""
+        return check_tokens(values, vocab_size=self.vocab_size, where=where)[0]
+
+    def sequence(self, values: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """Validated ``(input_ids, labels)`` of one sequence, the separator appended (:attr:`separator_id`)."""
+        ids, labels = check_tokens(values, labels, vocab_size=self.vocab_size, where=where)
+        if self.separator_id is not None:
+            ids, labels = append_separator(ids, labels, self.separator_id, trainable=self.train_on_separator)
+            check_tokens(ids[-1:], vocab_size=self.vocab_size, where=f"{where}'s separator")
+        return ids, labels
+
+    def prepare(self, features: Sequence[Mapping[str, Any]]) -> Sequences:
+        """Every feature's validated sequence (``input_ids`` and optional ``labels``)."""
+        if len(features) == 0:
+            raise ValueError("the batch is empty: a collator needs at least one feature")
+        all_ids: list[np.ndarray] = []
+        all_labels: list[np.ndarray] = []
+        for i, feature in enumerate(features):
+            if not isinstance(feature, Mapping) or "input_ids" not in feature:
+                keys = sorted(feature) if isinstance(feature, Mapping) else type(feature).__name__
+                raise ValueError(f"feature {i} has no 'input_ids' ({keys})")
+            ids, labels = self.sequence(feature["input_ids"], feature.get("labels"), f"feature {i}")
+            all_ids.append(ids)
+            all_labels.append(labels)
+        return Sequences(all_ids, all_labels)
+
+
+def round_up(n: int, multiple: int | None) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (``None`` or 0: ``n``): the one row-width rounding."""
+    return n if not multiple else -(-n // multiple) * multiple
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowFormat:
+    """What a packed row looks like: its length and padding, how sequences are planned into rows, and
+    what the batch carries so that the attention backend keeps documents apart. Every packing
+    collator is a row format (its constructor takes these keywords) plus the way it turns features
+    into pieces; build one for a model with :meth:`for_model`."""
+
+    max_length: int | None = None
+    """Tokens per packed row. ``None``: the whole batch becomes one row (padding-free)."""
+    strategy: str = "best_fit_decreasing"
+    """Planner strategy (:data:`padless.STRATEGIES`) used when ``max_length`` is set."""
+    overlong: str = "error"
+    """Policy for a sequence (or group) longer than ``max_length`` (:data:`padless.OVERLONG_POLICIES`)."""
+    pad_token_id: int = 0
+    """Id written into padding at the end of a row."""
+    pad_to_max_length: bool = False
+    """Pad every row to ``max_length`` (static shapes) instead of the longest row of the batch."""
+    pad_to_multiple_of: int | None = None
+    """Round the row length up to a multiple of this (tensor-core friendly shapes)."""
+    attention: AttentionInputs = "mask4d"
+    """What the batch carries for the attention backend (see :data:`padless.attention.select.AttentionInputs`):
+    ``mask4d`` (sdpa, eager), ``varlen`` (padless attention, flash-attn) or ``position_ids``."""
+    mask_dtype: torch.dtype | None = None
+    """Dtype of the 4D additive mask: the dtype of the model's weights (default float32); under
+    autocast the attention op casts it with the scores."""
+    windows: MaskWindows = None
+    """The model's sliding windows, kept inside each document by the 4D mask: ``None`` none, ``w``
+    one window for every layer, or layer type -> window (``attention_mask`` is then a dict of masks
+    by layer type, which transformers models with ``layer_types`` take as they are). A 4D mask
+    replaces the model's own mask, window included: :meth:`for_model` sets this from the model."""
+    features: FeatureSpec = field(default_factory=FeatureSpec)
+    """Token validation (vocabulary), the separator appended to every sequence (EOS) and per-token
+    loss weights; shared with :class:`padless.PaddingCollator`."""
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_INPUTS:
+            raise ValueError(f"unknown attention inputs {self.attention!r}; choose one of {', '.join(ATTENTION_INPUTS)}")
+        if self.max_length is not None:
+            check_int(self.max_length, "max_length")
+        if self.pad_to_multiple_of is not None:
+            check_int(self.pad_to_multiple_of, "pad_to_multiple_of")
+        check_choice(self.strategy, STRATEGIES, "strategy")
+        check_choice(self.overlong, OVERLONG_POLICIES, "overlong policy")
+        values = list(self.windows.values()) if isinstance(self.windows, dict) else [self.windows]
+        if any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1) for w in values):
+            raise ValueError(
+                f"windows must be None, a positive int or a dict of them by layer type, got {self.windows!r}"
+            )
+        if self.windows is not None and self.attention != "mask4d":
+            raise ValueError(
+                f"windows apply to the 4D mask only; attention={self.attention!r} takes the model's own windows"
+            )
+
+    @classmethod
+    def layout_of(cls, options: Mapping[str, Any]) -> Layout:
+        """The row layout (:data:`padless.attention.select.Layout`) built with ``options``; collators
+        of shared-prompt trees answer ``shared_prompt`` where their options ask for one."""
+        return "documents"
+
+    @classmethod
+    def for_model(cls: type[_Format], model: Any, *, device: Any = None, dtype: Any = None, **options: Any) -> _Format:
+        """An instance whose attention inputs, mask dtype, sliding windows and vocabulary fit ``model``'s
+        attention backend (``model.config._attn_implementation``) for documents of at most
+        ``max_length`` tokens; ``options`` are the constructor's keywords (given ones are kept).
+
+        ``device`` and ``dtype``: where training will run and its compute dtype (e.g. ``"cuda"`` and
+        ``torch.bfloat16`` under autocast over float32 weights), when they differ from where the
+        weights sit now (a collator is often built before the model is moved); default: the model's
+        device and ``model.dtype``.
+
+        The one sequence: the exactness rule (:func:`padless.attention.select.check_exact`, which
+        raises ``ValueError`` naming a backend that is exact when this one is not) -> the inputs the
+        backend needs (a different ``attention`` given is refused) -> the mask's dtype and, for a 4D
+        mask, the model's sliding windows -> the vocabulary size for token validation."""
+        from padless.attention.select import backend_inputs, check_exact, mask_windows
+
+        backend = model.config._attn_implementation
+        max_length = options.get("max_length")
+        weights_dtype = getattr(model, "dtype", None)
+        check_exact(model, backend, device=device_of(model) if device is None else device,
+                    dtype=weights_dtype if dtype is None else dtype, max_length=max_length,
+                    layout=cls.layout_of(options))  # fmt: skip
+        needed = backend_inputs(backend)
+        if options.setdefault("attention", needed) != needed:
+            raise ValueError(f"attention={options['attention']!r} does not isolate documents on backend {backend!r}, "
+                             f"which needs attention={needed!r}")  # fmt: skip
+        options.setdefault("mask_dtype", weights_dtype)
+        if needed == "mask4d":
+            options.setdefault("windows", mask_windows(model, max_length))
+        vocab_size = getattr(model.config, "vocab_size", None)
+        features = options.get("features") or FeatureSpec()
+        if vocab_size and features.vocab_size is None:
+            features = dataclasses.replace(features, vocab_size=vocab_size)
+        options["features"] = features
+        return cls(**options)
+
+    def row_width(self, used: int) -> int:
+        """Tokens per row of a batch whose longest row holds ``used``: ``max_length`` with
+        ``pad_to_max_length``, then rounded up to ``pad_to_multiple_of``."""
+        width = self.max_length if self.pad_to_max_length and self.max_length else used
+        return round_up(width, self.pad_to_multiple_of)
+
+    def row_inputs(
+        self, input_ids: np.ndarray, labels: np.ndarray, position_ids: np.ndarray, row_docs: Sequence[Sequence[int]] | None
+    ) -> dict[str, Any]:
+        """The model inputs of packed ``[R, L]`` rows: ``input_ids``, ``labels``, ``position_ids``,
+        ``use_cache=False`` (a cache silently turns off transformers' packed-row handling) and, for rows
+        of plain documents (``row_docs``: each row's document lengths, the trailing pad the last one),
+        what :attr:`attention` carries: the 4D block-causal mask (with :attr:`windows`) or
+        ``cu_seq_lens_q/k`` and ``max_length_q/k``. ``row_docs=None``: the caller adds the attention
+        inputs (a shared-prompt tree)."""
+        import torch
+
+        batch: dict[str, Any] = {
+            "input_ids": torch.from_numpy(input_ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(position_ids),
+            "use_cache": False,
+        }
+        if row_docs is None:
+            return batch
+        if self.attention == "mask4d":
+            from padless.attention.masks import additive_block_causal_mask
+
+            mask = lambda w: additive_block_causal_mask(row_docs, dtype=self.mask_dtype, window=w)  # noqa: E731
+            if isinstance(self.windows, dict):  # one mask per distinct window, shared by its layer types
+                made = {w: mask(w) for w in set(self.windows.values())}
+                batch["attention_mask"] = {t: made[w] for t, w in self.windows.items()}
+            else:
+                batch["attention_mask"] = mask(self.windows)
+        elif self.attention == "varlen":
+            docs = np.concatenate([np.asarray(d, dtype=np.int64) for d in row_docs])
+            cu = torch.from_numpy(cu_seqlens_from_lengths(docs)).to(torch.int32)
+            batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(docs.max()), max_length_k=int(docs.max()))
+        return batch
