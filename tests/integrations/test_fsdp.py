@@ -307,6 +307,8 @@ def test_one_sharded_rank_trains_like_the_model_itself(one_rank):
         padless.shard_model(sharded)
     with pytest.raises(ValueError, match="no decoder layers in Sequential"):
         padless.shard_model(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    with pytest.raises(ValueError, match="on the CPU already: leave cpu_offload off"):
+        padless.shard_model(padless.build_model("tiny-gpt2", seed=0), cpu_offload=True)
     split = padless.build_model("tiny-llama", seed=0)
     split.lm_head.to("meta")
     with pytest.raises(ValueError, match=r"every parameter on one device, found \['cpu', 'meta'\]"):

@@ -83,14 +83,14 @@ def shard_model(
     ``reshard_after_forward``: free each block's gathered parameters after its forward and gather them
     again for the backward (less memory, one more all-gather per block). ``param_dtype`` /
     ``reduce_dtype``: FSDP2's mixed precision (e.g. bfloat16 compute and float32 gradient reduction
-    over float32 master weights); ``None`` keeps the parameters' dtype. ``cpu_offload``: keep the
-    shards and their optimiser step on the CPU.
+    over float32 master weights); ``None`` keeps the parameters' dtype. ``cpu_offload``: keep a GPU
+    model's shards and their optimiser step on the CPU (not run yet: no GPU was at hand).
 
-    Build collators (:meth:`padless.PackingCollator.for_model`) and the optimiser's parameter list
-    after or before, as you like: sharding keeps the config, the attention backend and the
-    parameter objects' names (each becomes a ``DTensor`` shard). ``ValueError`` when
-    ``torch.distributed`` is not initialised, the model is sharded already, or no decoder layers are
-    found.
+    Build the optimiser after: sharding replaces every parameter by a new one holding a ``DTensor``
+    shard (under the same name). Collators (:meth:`padless.PackingCollator.for_model`) may be built
+    before or after: sharding keeps the config and the attention backend the exactness rule reads.
+    ``ValueError`` when ``torch.distributed`` is not initialised, the model is sharded already, its
+    parameters sit on several devices, or no decoder layers are found.
     """
     import torch
     import torch.distributed as dist
@@ -116,6 +116,9 @@ def shard_model(
     options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
                                "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
     if cpu_offload:
+        if mesh.device_type == "cpu":
+            raise ValueError("cpu_offload=True keeps a GPU model's shards on the CPU; this model is on the CPU "
+                             "already: leave cpu_offload off")  # fmt: skip
         options["offload_policy"] = CPUOffloadPolicy()
     for layer in layers:
         fully_shard(layer, **options)
