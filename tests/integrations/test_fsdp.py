@@ -53,6 +53,7 @@ def _loop_step(case: str) -> dict[str, Any]:
         padless.register_padless_attention()
     model = padless.build_model(name, attn_implementation=attn, seed=0)
     full_numel = sum(p.numel() for p in model.parameters())
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     collator = padless.PackingCollator.for_model(model, max_length=MAX_LENGTH)  # before sharding
     padless.shard_model(model, reshard_after_forward=reshard)
     local_numel = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
@@ -85,7 +86,8 @@ def _loop_step(case: str) -> dict[str, Any]:
             "local": int(local), "grads": grads, "naive": naive, "params": padless.full_tensors(model),
             "numel": (full_numel, local_numel), "sharded": is_sharded(model), "held": held,
             "params_count": len(list(model.parameters())), "groups": groups,
-            "layers": model.config.num_hidden_layers}  # fmt: skip
+            "layers": model.config.num_hidden_layers, "tied": tied,
+            "still_tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight}  # fmt: skip
 
 
 def main(out_dir: str) -> None:
@@ -190,6 +192,7 @@ def test_fsdp2_step_on_two_ranks_equals_one_process_over_both_ranks_rows(ranks, 
         _assert_close(g["grads"], want["grads"])  # the reduce-scattered shards, gathered: one process's gradient
         _assert_close(g["params"], want["params"])  # after one SGD step on the shards
     assert got[0]["numel"][1] + got[1]["numel"][1] == got[0]["numel"][0]
+    assert all(g["tied"] == g["still_tied"] == (case == "gpt2-padless") for g in got)  # sharding keeps a tie
     # gradients stay local (nothing reduce-scattered) until the last micro-batch of the step
     assert all(g["held"] == [0, g["params_count"]] * 2 for g in got)
     # negative control: each rank's own mean is another gradient (the ranks hold different token counts)
