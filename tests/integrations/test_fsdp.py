@@ -326,11 +326,13 @@ def test_mixed_precision_computes_in_bfloat16_over_float32_shards(one_rank, attn
     import torch
 
     import padless
+    from padless.models.fsdp import compute_dtype
 
     padless.register_padless_attention()
     plain, sharded = (padless.build_model("tiny-llama", attn_implementation=attn, seed=0) for _ in range(2))
     batch = padless.PackingCollator.for_model(plain, max_length=MAX_LENGTH)(make_features([20, 31, 9, 44], seed=1))
     padless.shard_model(sharded, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert (compute_dtype(sharded), compute_dtype(plain), sharded.dtype) == (torch.bfloat16, None, torch.float32)
     n = padless.trained_tokens(batch["labels"])
     full, half = padless.model_loss(plain, batch, n), padless.model_loss(sharded, batch, n)
     half.backward()
@@ -338,6 +340,24 @@ def test_mixed_precision_computes_in_bfloat16_over_float32_shards(one_rank, attn
     grads = padless.full_tensors(sharded, grads=True)
     assert {g.dtype for g in grads.values()} == {p.dtype for p in padless.full_tensors(sharded).values()} == {torch.float32}
     assert set(grads) == {name for name, _ in plain.named_parameters()}
+
+
+def test_packed_trainer_judges_a_sharded_model_in_its_compute_dtype(one_rank, monkeypatch, tmp_path):
+    """A model sharded with bf16 mixed precision (fp32 shards) is judged in bf16, what it computes in."""
+    import torch
+    from transformers import TrainingArguments
+
+    import padless
+    from padless.integrations import transformers as integration
+
+    seen = []
+    real = integration.exact_collator
+    monkeypatch.setattr(integration, "exact_collator", lambda *a, **kw: seen.append(kw["dtype"]) or real(*a, **kw))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, save_strategy="no")
+    for param_dtype in (torch.bfloat16, None):
+        model = padless.shard_model(support.model("sdpa"), param_dtype=param_dtype)
+        integration.PackedTrainer(model=model, args=args, max_length=support.MAX_LENGTH)
+    assert seen == [torch.bfloat16, None]  # None: the model's own dtype
 
 
 def test_without_torchrun_nothing_is_joined_and_sharding_is_refused(monkeypatch):

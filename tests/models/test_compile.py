@@ -258,3 +258,82 @@ def test_bench_trains_the_same_compiled_and_records_the_compilations(name, monke
     assert len(run.step_compile_s) == 3 and run.step_compile_s[0] > 0  # the first step compiled
     assert run.compiled.compile_s == pytest.approx(sum(run.step_compile_s))
     assert all(n % 64 == 0 for n in run.padded_tokens) and recs[False].result(None, "vmhwm").compiled is None
+
+
+# ------------------------------------------------- flash_attention_2: the boundaries stay out of the graph
+
+
+def _fake_flash(calls):
+    """transformers' flash_attention_2 function as far as packing goes, on a CPU: attention inside the
+    documents of ``cu_seq_lens_q`` (padless' varlen kernel), refusing a call that lacks them."""
+    from padless.attention.varlen import varlen_attention
+
+    def flash(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        calls.append(sorted(k for k in kwargs if k.startswith(("cu_seq", "max_length"))))
+        if kwargs.get("cu_seq_lens_q") is None:
+            raise AssertionError("flash_attention_2 was called without cu_seq_lens_q: documents would mix")
+        b, h, n, d = query.shape
+        flat = lambda t: t.transpose(1, 2).reshape(b * n, t.shape[1], d)  # noqa: E731
+        out = varlen_attention(flat(query), flat(key), flat(value), kwargs["cu_seq_lens_q"], scale=scaling)
+        return out.reshape(b, n, h, d), None
+
+    return flash
+
+
+@pytest.fixture
+def fake_flash(monkeypatch):
+    import padless.models.compile as compile_module
+
+    compile_module.route_flash_attention()
+    calls: list = []
+    monkeypatch.setattr(compile_module, "_FLASH_ORIGINAL", [_fake_flash(calls)])
+    return calls
+
+
+def test_the_flash_wrapper_takes_the_boundaries_out_and_hands_them_to_flash(fake_flash):
+    import types
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    import padless.models.compile as compile_module
+
+    q = torch.randn(1, 2, 6, 4)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    seen = {}
+
+    def compiled_layer(hidden, **kwargs):  # what the compiled layer gets, and the flash call inside it
+        seen.update(kwargs)
+        return ALL_ATTENTION_FUNCTIONS["flash_attention_2"](None, q, q, q, None, position_ids=kwargs["position_ids"])
+
+    call = compile_module._boundaries_out_of_graph(compiled_layer, types.SimpleNamespace(_attn_implementation="flash_attention_2"))
+    pos = torch.tensor([[0, 1, 0, 1, 2, 3]])
+    call(q, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=4, max_length_k=4)
+    assert set(seen) == {"position_ids"}  # no boundary kwarg reaches the compiled graph
+    assert fake_flash == [["cu_seq_lens_k", "cu_seq_lens_q", "max_length_k", "max_length_q"]]  # flash still gets them
+    assert compile_module._FLASH_SENT == [] and compile_module._FLASH_ACTIVE == [False]
+    with pytest.raises(ValueError, match="both cu_seq_lens_q and cu_seq_lens_k, or neither"):
+        call(q, position_ids=pos, cu_seq_lens_q=cu)
+    # outside a compiled layer's call the registered function is transformers' own, kwargs untouched
+    with pytest.raises(AssertionError, match="without cu_seq_lens_q"):
+        ALL_ATTENTION_FUNCTIONS["flash_attention_2"](None, q, q, q, None, position_ids=pos)
+
+
+def test_flash_layers_compile_once_for_new_document_layouts(fake_flash):
+    """A Llama on (faked) flash_attention_2, static shapes: batches of one 64-token row with different
+    documents compile only the first time, and compute what the eager padless model computes."""
+    model = _llama_gqa()
+    eager = copy.deepcopy(model)
+    model.config._attn_implementation = "flash_attention_2"
+    counter = compile_layers(model, backend="aot_eager", dynamic=False)
+    seen = []
+    for i, lengths in enumerate([(20, 3, 13, 1, 17), (40, 9), (5, 5, 5, 5, 5, 5, 5, 5, 5), (50,)]):
+        batch = _batch(eager, lengths, seed=i, multiple=64)
+        assert batch["input_ids"].shape == (1, 64)
+        with torch.no_grad():
+            torch.testing.assert_close(model(**forward_inputs(batch)).logits, eager(**forward_inputs(batch)).logits,
+                                       atol=1e-5, rtol=1e-5)  # fmt: skip
+        seen.append(counter.stats())
+    assert seen[0].frames >= 1
+    assert all(s.frames == seen[0].frames and s.recompiles == seen[0].recompiles for s in seen[1:]), seen
+    assert len(fake_flash) == 4 * model.config.num_hidden_layers and all(fake_flash)
+    counter.close()

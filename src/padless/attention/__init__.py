@@ -2,6 +2,9 @@
 
 - ``masks``: the dense boolean reference mask and the 4D additive block-causal mask (windows carried).
 - ``varlen``: padless' varlen kernels (grouped SDPA on CPU, torch varlen / flash-attn on CUDA).
+- ``kernels``: which fused kernels run here (sm80+, head size, dtype) and whether a model's flash path
+  hands them the document boundaries.
+- ``host``: host copies of the boundary tensors, so a forward reads them with one device sync at most.
 - ``backend``: the ``"padless"`` attention function registered with transformers, and its mask function.
 - ``rules``: what a model's own attention computes (windows, soft-capping, ALiBi...), read from its config.
 - ``positions``: how a model encodes positions, and when a packed row keeps ALiBi models exact.

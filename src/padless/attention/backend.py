@@ -24,7 +24,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
 
-from padless.attention.varlen import _LastValue, varlen_attention
+import numpy as np
+
+from padless.attention.host import host_values
+from padless.attention.varlen import VarlenLayout, _LastValue, layout_from_host, varlen_attention
 
 if TYPE_CHECKING:
     import torch
@@ -35,9 +38,10 @@ BACKEND_NAME = "padless"
 Backend = Literal["padless", "sdpa", "eager", "flash_attention_2", "flex_attention"]
 
 _CONTEXT: ContextVar[tuple[Any, Any, Any] | None] = ContextVar("padless_documents", default=None)
-_POSITIONS = _LastValue()  # position_ids -> cu_seqlens, once per forward
-_CHECKED = _LastValue()  # cu_seq_lens_q checked against position_ids, once per forward
-_SAME_KV = _LastValue()  # cu_seq_lens_k checked equal to cu_seq_lens_q, once per forward
+"""(position_ids, cu_seqlens, max_seqlen) of the enclosing :func:`packed_documents` context."""
+_CONTEXT_K: ContextVar[Any] = ContextVar("padless_documents_k", default=None)
+"""cu_seq_lens_k of the enclosing :func:`documents_context` (``None``: the same as cu_seqlens)."""
+_LAYOUTS = _LastValue()  # the checked layout of a forward's boundaries, built once per forward
 # kwargs some models send that change what attention computes; padless cannot honour them.
 _REFUSED_KWARGS = {"s_aux": "attention sinks (s_aux)", "position_bias": "an additive position bias"}
 # padless_attention's body wrapped in torch.compiler.disable (set on registration): what compiled code calls
@@ -56,11 +60,21 @@ def packed_documents(
     the boundaries out of compiled graphs)."""
     if (position_ids is None) == (cu_seqlens is None):
         raise ValueError("packed_documents needs exactly one of position_ids or cu_seqlens")
-    token = _CONTEXT.set((position_ids, cu_seqlens, max_seqlen))
+    with documents_context(position_ids, cu_seqlens, cu_seqlens, max_seqlen):
+        yield
+
+
+@contextmanager
+def documents_context(position_ids: Any, cu_seqlens: Any, cu_seqlens_k: Any, max_seqlen: Any) -> Iterator[None]:
+    """:func:`packed_documents` with ``cu_seq_lens_k`` kept apart (checked equal to ``cu_seqlens`` with
+    the layout): what :func:`padless.compile_layers` hands the attention for boundaries it took out of
+    a compiled layer's arguments."""
+    token, token_k = _CONTEXT.set((position_ids, cu_seqlens, max_seqlen)), _CONTEXT_K.set(cu_seqlens_k)
     try:
         yield
     finally:
         _CONTEXT.reset(token)
+        _CONTEXT_K.reset(token_k)
 
 
 def cu_seqlens_from_position_ids(position_ids: torch.Tensor, batch: int) -> torch.Tensor:
@@ -68,11 +82,7 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor, batch: int) -> torc
     start and wherever a position is not its predecessor + 1 (transformers' packed-row rule)."""
     import torch
 
-    if position_ids.ndim != 2 or position_ids.shape[0] not in (1, batch):
-        raise ValueError(
-            f"position_ids must be [batch, length] (or [1, length]) for padless attention, got shape "
-            f"{tuple(position_ids.shape)} (multi-axis rotary positions cannot mark documents)"
-        )
+    _check_position_shape(position_ids, batch)
     pos = position_ids.expand(batch, -1)  # [B, L]
     start = torch.ones(pos.shape, dtype=torch.bool, device=pos.device)
     start[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
@@ -81,23 +91,29 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor, batch: int) -> torc
 
 
 def sent_boundaries(kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """``cu_seq_lens_q`` of a layer's kwargs, checked to come with an equal ``cu_seq_lens_k`` (``None``
-    when neither was sent)."""
+    """``cu_seq_lens_q`` of a layer's kwargs, checked to come with a ``cu_seq_lens_k`` (``None`` when
+    neither was sent). Their values are compared on the host, with the rest of the layout
+    (:func:`document_layout`): no device sync here."""
     cu, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if (cu is None) != (cu_k is None):
         raise ValueError("padless attention needs both cu_seq_lens_q and cu_seq_lens_k, or neither")
-    if cu is not None and cu_k is not cu:
-        _SAME_KV.get(cu_k, id(cu), lambda: _check_same_kv(cu, cu_k))
     return cu
 
 
-def _document_boundaries(kwargs: dict[str, Any], batch: int, length: int) -> tuple[torch.Tensor, int | None]:
-    cu = sent_boundaries(kwargs)
+def document_layout(kwargs: dict[str, Any], batch: int, length: int, device: Any) -> VarlenLayout:
+    """The checked document layout of a ``[batch, length]`` attention input, from the layer's kwargs
+    (``cu_seq_lens_q/k``, ``max_length_q``, ``position_ids``) or a :func:`packed_documents` context.
+
+    Built once per forward (every layer passes the same tensors) from host copies of the boundary
+    tensors: :func:`padless.attention.host.host_values`, one device sync at most (none when the batch
+    was moved with :func:`padless.batch_to`, which remembers the collator's host copies)."""
+    cu, cu_k = sent_boundaries(kwargs), kwargs.get("cu_seq_lens_k")
     max_len = kwargs.get("max_length_q")
     pos = kwargs.get("position_ids")
     context = _CONTEXT.get() if cu is None else None
     if context is not None:  # kwargs that reached the layer take precedence; the rest from the context
         ctx_pos, cu, max_len = context
+        cu_k = _CONTEXT_K.get()
         pos = ctx_pos if pos is None else pos
     elif cu is None and pos is None:
         raise ValueError(
@@ -107,30 +123,52 @@ def _document_boundaries(kwargs: dict[str, Any], batch: int, length: int) -> tup
     if pos is not None:
         if pos.shape[-1] != length:
             raise ValueError(f"position_ids cover {pos.shape[-1]} tokens but the attention input has {length}")
-        from_pos = _POSITIONS.get(pos, batch, lambda: cu_seqlens_from_position_ids(pos, batch))
-        if cu is None:
-            return from_pos, None
-        _CHECKED.get(cu, id(from_pos), lambda: _check_same_documents(cu, from_pos))
-    return cu, None if max_len is None else int(max_len)
+        _check_position_shape(pos, batch)
+    if cu is not None and (cu.ndim != 1 or cu.numel() < 2 or cu.dtype.is_floating_point):
+        raise ValueError(f"cu_seq_lens_q must be 1-D integers with at least 2 entries, got {cu.dtype} {tuple(cu.shape)}")
+    max_len = None if max_len is None else int(max_len)
+    primary = cu if cu is not None else pos
+    extra = (batch, length, id(pos), id(cu_k), max_len, str(device))
+    make = lambda: _layout_on_host(cu, cu_k, pos, batch, length, max_len, device)  # noqa: E731
+    return _LAYOUTS.get(primary, extra, make)  # type: ignore[return-value]
 
 
-def _check_same_kv(cu: torch.Tensor, cu_k: torch.Tensor) -> None:
-    import torch
-
-    if not torch.equal(cu.cpu().long(), cu_k.cpu().long()):
+def _layout_on_host(cu, cu_k, pos, batch: int, length: int, max_len: int | None, device: Any) -> VarlenLayout:
+    sent = [t for t in (cu, cu_k if cu_k is not cu else None, pos) if t is not None]
+    values = dict(zip(map(id, sent), host_values(sent)))  # one transfer for all of them
+    cu_host = None if cu is None else values[id(cu)]
+    if cu_k is not None and cu_k is not cu and not np.array_equal(values[id(cu_k)], cu_host):
         raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ; padless attention is self-attention over one layout")
+    if pos is not None:
+        from_pos = cu_seqlens_from_host_positions(values[id(pos)], batch)
+        if cu_host is None:
+            cu_host, cu = from_pos, None
+        elif not np.array_equal(cu_host, from_pos):
+            raise ValueError(
+                f"position_ids do not restart exactly where cu_seq_lens_q starts documents "
+                f"({cu_host.size - 1} documents by cu_seq_lens_q, {from_pos.size - 1} by position_ids); "
+                "send position_ids restarting at 0 at every document start"
+            )
+    return layout_from_host(cu_host, batch * length, max_len, device, on_device=cu)
 
 
-def _check_same_documents(cu: torch.Tensor, from_pos: torch.Tensor) -> None:
-    import torch
-
-    given = cu.to(device=from_pos.device, dtype=torch.int32)
-    if not torch.equal(given, from_pos):
+def _check_position_shape(position_ids: Any, batch: int) -> None:
+    if position_ids.ndim != 2 or position_ids.shape[0] not in (1, batch):
         raise ValueError(
-            f"position_ids do not restart exactly where cu_seq_lens_q starts documents "
-            f"({given.numel() - 1} documents by cu_seq_lens_q, {from_pos.numel() - 1} by position_ids); "
-            "send position_ids restarting at 0 at every document start"
+            f"position_ids must be [batch, length] (or [1, length]) for padless attention, got shape "
+            f"{tuple(position_ids.shape)} (multi-axis rotary positions cannot mark documents)"
         )
+
+
+def cu_seqlens_from_host_positions(position_ids: np.ndarray, batch: int) -> np.ndarray:
+    """:func:`cu_seqlens_from_position_ids` on the host: ``[N + 1]`` int64 offsets from ``[batch, L]``
+    (or ``[1, L]``) position ids."""
+    _check_position_shape(position_ids, batch)
+    pos = np.broadcast_to(position_ids, (batch, position_ids.shape[1]))  # [B, L]
+    start = np.ones(pos.shape, dtype=bool)
+    start[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    first = np.flatnonzero(start)  # [N]
+    return np.concatenate([first, [pos.size]]).astype(np.int64)
 
 
 def padless_attention(
@@ -179,7 +217,7 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, **kw
         from padless.attention.tree import padless_tree_attention
 
         return padless_tree_attention(query, key, value, scaling, dropout, kwargs), None
-    cu, max_len = _document_boundaries(kwargs, batch, length)
+    layout = document_layout(kwargs, batch, length, query.device)
     if query.dtype == torch.float32 and torch.is_autocast_enabled(query.device.type):
         # under autocast, RoPE models hand over fp32 queries: compute in the autocast dtype, as
         # transformers' flash-attention integration does (and as the fast varlen kernels need)
@@ -191,8 +229,7 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, **kw
         q,
         k,
         v,
-        cu,
-        max_len,
+        layout,
         scale=scaling,
         causal=True,
         dropout_p=dropout,

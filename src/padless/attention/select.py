@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from padless.attention.kernels import flash_boundary_refusal, head_dim_of, kernel_refusal
 from padless.attention.rules import AttentionRules, MaskWindows, attention_rules, config_of, model_class_of
-from padless.attention.varlen import flash_attn_available
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +43,8 @@ class _Target:
     model_class: type | None
     max_length: int | None
     rules: AttentionRules
+    head_dim: int | None = None
+    """The attention head size (``None``: unknown), for the fused kernels' limits."""
     backend: str = ""
     """The backend being judged (set by :func:`_reason`)."""
     layout: str = "documents"
@@ -58,12 +60,6 @@ class BackendSpec:
     attention_mask), ``mask4d`` (4D float additive block-causal mask + position_ids) or ``position_ids``."""
     refuse: Callable[[_Target], str | None]
     """Why the backend cannot guarantee isolation for a model, device and dtype (None: it can)."""
-
-
-def _half(t: _Target) -> bool:
-    from padless.devices import is_half_precision
-
-    return is_half_precision(t.dtype)
 
 
 def _lacks(t: _Target, flag: str) -> bool:
@@ -104,8 +100,9 @@ def _refuse_padless(t: _Target) -> str | None:
     if t.rules.sinks:
         return "padless attention has no attention sinks (s_aux)"
     if t.rules.softcap is not None:
-        if not (t.device.type == "cuda" and _half(t) and flash_attn_available()):
-            return "attention logit soft-capping needs flash-attn on CUDA with fp16/bf16"
+        kernel = kernel_refusal("flash_attn", t.device, t.dtype, t.head_dim)
+        if kernel is not None:
+            return f"attention logit soft-capping needs flash-attn on CUDA with fp16/bf16, and here {kernel}"
         return _flash_softcap_dropout(t)
     return None
 
@@ -125,15 +122,12 @@ def _refuse_mask4d(t: _Target, name: str, flag: str | None) -> str | None:
 
 
 def _refuse_flash2(t: _Target) -> str | None:
-    if t.device.type != "cuda":
-        return f"flash_attention_2 runs on CUDA only, not {t.device.type}"
-    if not _half(t):
-        return f"flash_attention_2 needs fp16 or bf16, not {t.dtype}"
-    if not flash_attn_available():
-        return "the flash-attn package is not installed or fails to import"
+    kernel = kernel_refusal("flash_attn", t.device, t.dtype, t.head_dim, name="flash_attention_2")
+    if kernel is not None:
+        return kernel
     if _lacks(t, "_supports_flash_attn"):
         return f"{t.model_class.__name__} does not support flash_attention_2"
-    return _flash_softcap_dropout(t)
+    return flash_boundary_refusal(t.model_class) or _flash_softcap_dropout(t)
 
 
 def _refuse_flex(t: _Target) -> str | None:
@@ -172,16 +166,41 @@ def backend_inputs(backend: str) -> AttentionInputs:
     return spec.inputs
 
 
-def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | None, layout: str = "documents") -> _Target:
+def compute_target(model_or_config: Any, device: Any = None, dtype: Any = None) -> tuple[torch.device, torch.dtype]:
+    """Where the attention of a training step will run: ``(device, compute dtype)``.
+
+    ``device`` defaults to the device of the model's parameters (the CPU for a config), ``dtype`` to
+    the model's dtype (float32 for a config). Give both when the weights are not yet where training
+    runs: a collator built before ``model.to("cuda")``, under FSDP / DeepSpeed, or for fp32 master
+    weights trained under bf16 autocast (``Trainer(bf16=True)``). Autocast enabled for the device's
+    type when this is called counts too: its dtype is the compute dtype."""
     import torch
 
+    if device is None:
+        params = model_or_config.parameters() if hasattr(model_or_config, "parameters") else iter(())
+        first = next(params, None)
+        device = first.device if first is not None else "cpu"
+    device = torch.device(device)
+    if torch.is_autocast_enabled(device.type):
+        return device, torch.get_autocast_dtype(device.type)
+    if dtype is None:
+        dtype = getattr(model_or_config, "dtype", None) if hasattr(model_or_config, "forward") else None
+    if dtype is None:
+        dtype = torch.float32
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch dtype (torch.bfloat16, ...), got {dtype!r}")
+    return device, dtype
+
+
+def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | None, layout: str = "documents") -> _Target:
     if max_length is not None and max_length < 1:
         raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     config = config_of(model_or_config)
-    return _Target(torch.device(device), dtype, config, model_class_of(model_or_config), max_length,
-                   attention_rules(model_or_config), layout=layout)  # fmt: skip
+    device, dtype = compute_target(model_or_config, device, dtype)
+    return _Target(device, dtype, config, model_class_of(model_or_config), max_length,
+                   attention_rules(model_or_config), head_dim=head_dim_of(config), layout=layout)  # fmt: skip
 
 
 def _reason(target: _Target, backend: str) -> str | None:
@@ -205,21 +224,24 @@ def check_exact(
     model_or_config: Any,
     backend: str,
     *,
-    device: torch.device | str,
-    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
     max_length: int | None = None,
     layout: Layout = "documents",
 ) -> None:
     """The one rule: return if packed rows trained with attention ``backend`` on ``model_or_config``
     (a transformers model or config; ``None``: no model-specific rule) on ``device`` in ``dtype``
-    compute exactly what each document computes alone, else raise ``ValueError`` naming a backend
-    that does (or saying that none does). ``max_length`` bounds the tokens of a document in a row
+    (where training will run and its compute dtype: :func:`compute_target` fills them from the model
+    and the autocast state when not given) compute exactly what each document computes alone, else
+    raise ``ValueError`` naming a backend that does (or saying that none does). ``max_length`` bounds the tokens of a document in a row
     (``None``: unbounded); a sliding window at least that long never cuts a document. ``layout``
     (:data:`Layout`): ``shared_prompt`` rows also need a backend that expresses the tree.
 
     Checked: the model's own attention rules (:func:`padless.attention.rules.attention_rules`:
     sliding windows per layer type, soft-capping, sinks, ALiBi, bidirectional or recurrent layers,
-    position_ids) against what each backend honours. The collator's ``for_model``,
+    position_ids) against what each backend honours, and the fused kernels' limits (CUDA capability,
+    head size: :mod:`padless.attention.kernels`) and whether the model's flash-attention code carries
+    document boundaries to the kernel. The collator's ``for_model``,
     :func:`resolve_backend`, :func:`padless.verify_isolation`, the preference and rollout collators
     and the bench all ask this function."""
     if backend not in BACKENDS:
@@ -249,14 +271,15 @@ def mask_windows(model_or_config: Any, max_length: int | None) -> MaskWindows:
 def resolve_backend(
     requested: str | None = None,
     *,
-    device: torch.device | str,
-    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
     config: Any = None,
     max_length: int | None = None,
     layout: Layout = "documents",
 ) -> str:
     """The attention backend to train packed rows with: ``requested`` if :func:`check_exact` accepts
-    it for this model (``config``: a transformers config or model), device, dtype and ``max_length``
+    it for this model (``config``: a transformers config or model), device and compute dtype
+    (:func:`compute_target`: where training runs, autocast included) and ``max_length``
     (longest document; ``None``: unbounded), else ``ValueError`` naming one that can; with
     ``requested=None`` the fastest exact one. Registers the padless backend when it is returned, so
     the name can be used at once."""

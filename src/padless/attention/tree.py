@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from padless.attention.varlen import CPU_COST, CUDA_COST, _LastValue, bucket_documents
+from padless.attention.host import host_values, remember_host_copy, to_device
+from padless.attention.varlen import CPU_COST, CUDA_COST, _LastValue, bucket_documents, sdpa_shares_kv_heads
 
 if TYPE_CHECKING:
     import torch
@@ -192,10 +193,10 @@ def plan_tree(cu: np.ndarray, parents: np.ndarray, device: Any, width: int = 768
         buckets.append((int(docs.size), mq, mk))
         a = prefix[docs]
         plain = not a.any() and mq == mk
-        prefixes.append(None if plain else torch.from_numpy(a).to(device))
+        prefixes.append(None if plain else to_device(a, device))
         slot += docs.size * mq
-    to = lambda x: torch.from_numpy(np.concatenate(x)).to(device)  # noqa: E731
-    return TreePlan(tuple(buckets), to(q_gather), to(k_gather), tuple(prefixes), torch.from_numpy(scatter).to(device), first)
+    to = lambda x: to_device(np.concatenate(x), device)  # noqa: E731
+    return TreePlan(tuple(buckets), to(q_gather), to(k_gather), tuple(prefixes), to_device(scatter, device), first)
 
 
 _TREE_PLANS = _LastValue()
@@ -229,15 +230,13 @@ def tree_attention(
         raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
 
     def make() -> TreePlan:
-        cu = tree_cu_seqlens.detach().cpu().numpy().astype(np.int64)
-        parents = tree_parents.detach().cpu().numpy().astype(np.int64)
+        cu, parents = host_values([tree_cu_seqlens, tree_parents])  # read once by the row check: no second sync
         if cu.size and cu[-1] != t:
             raise ValueError(f"tree_cu_seqlens ends at {int(cu[-1])} but the inputs hold {t} tokens")
         return plan_tree(cu, parents, q.device, hq * d)
 
     plan = _TREE_PLANS.get(tree_cu_seqlens, (id(tree_parents), tree_parents._version, hq * d, str(q.device)), make)
     assert isinstance(plan, TreePlan)
-    gqa = {"enable_gqa": True} if hq != k.shape[1] else {}
     qs = q.index_select(0, plan.q_gather).split([n * mq for n, mq, _ in plan.buckets])
     ks, vs = (x.index_select(0, plan.k_gather).split([n * mk for n, _, mk in plan.buckets]) for x in (k, v))
     outs = []
@@ -253,6 +252,12 @@ def tree_attention(
             if sliding_window is not None:
                 mask &= gap < sliding_window
             mask = mask[:, None]  # [n, 1, mq, mk]
+        gqa: dict = {}
+        if hq != kb.shape[1]:  # grouped K/V with a mask on CUDA: expanded, or SDPA falls to its math kernel
+            if sdpa_shares_kv_heads(q.device.type, q.dtype, mask is not None, d):
+                gqa = {"enable_gqa": True}
+            else:
+                kb, vb = kb.repeat_interleave(hq // kb.shape[1], dim=1), vb.repeat_interleave(hq // vb.shape[1], dim=1)
         out = F.scaled_dot_product_attention(
             qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None, scale=scale, **gqa
         )  # [n, Hq, mq, D]
@@ -315,8 +320,10 @@ def padless_tree_attention(
 
 
 def _check_rows(cu_t: torch.Tensor, parents_t: torch.Tensor, pos: torch.Tensor | None, batch: int, length: int) -> None:
-    cu = cu_t.detach().cpu().numpy().astype(np.int64)
-    parents = parents_t.detach().cpu().numpy().astype(np.int64)
+    # one transfer for the three; the tree's host values are remembered for tree_attention's plan
+    cu, parents, *got = host_values([cu_t, parents_t, *([] if pos is None else [pos])])
+    remember_host_copy(cu_t, cu)
+    remember_host_copy(parents_t, parents)
     if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != batch * length or np.any(np.diff(cu) < 1):
         raise ValueError(f"tree_cu_seqlens must rise strictly from 0 to the batch's {batch * length} tokens")
     _check_tree(np.diff(cu), parents)
@@ -329,7 +336,7 @@ def _check_rows(cu_t: torch.Tensor, parents_t: torch.Tensor, pos: torch.Tensor |
     if pos is None:
         raise ValueError("a shared-prefix batch needs position_ids (each completion continues from its prompt)")
     want = tree_positions(np.diff(cu), parents)
-    got = pos.expand(batch, -1).reshape(-1).detach().cpu().numpy()
+    got = np.broadcast_to(got[0], (batch, length)).reshape(-1)
     if not np.array_equal(got, want):
         bad = int(np.flatnonzero(got != want)[0])
         raise ValueError(f"position_ids disagree with the shared-prefix tree at flat token {bad} "

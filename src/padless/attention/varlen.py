@@ -22,12 +22,11 @@ Kernels (one table, :data:`KERNELS`, chosen by ``impl``):
   no dropout, no soft-capping.
 
 ``auto`` picks flash_attn, then torch_varlen, then grouped_sdpa, skipping any that cannot run the
-call exactly. :func:`reference_varlen_attention` is the slow dense oracle the tests hold them to.
+call exactly or whose limits (sm80+, head size: :mod:`padless.attention.kernels`) the call exceeds. :func:`reference_varlen_attention` is the slow dense oracle the tests hold them to.
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +34,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from padless.attention.host import host_values, to_device
+from padless.attention.kernels import flash_attn_installed, kernel_refusal
 from padless.devices import is_half_precision
 from padless.planning.partition import optimal_length_partition
 
@@ -121,31 +122,39 @@ _PLANS = _LastValue()
 
 
 def layout_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int | None, device) -> VarlenLayout:
-    """Check ``cu_seqlens`` against ``total`` tokens (one host sync, cached per tensor)."""
+    """Check ``cu_seqlens`` against ``total`` tokens (at most one host sync, none for a tensor with a
+    remembered host copy: :mod:`padless.attention.host`; cached per tensor)."""
 
     def make() -> VarlenLayout:
-        import torch
-
         if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
             raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}")
         if cu_seqlens.dtype.is_floating_point:
             raise ValueError(f"cu_seqlens must hold integers, got {cu_seqlens.dtype}")
-        cu = cu_seqlens.detach().cpu().numpy().astype(np.int64)
-        if cu[0] != 0:
-            raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
-        if cu[-1] != total:
-            raise ValueError(f"cu_seqlens ends at {int(cu[-1])} but the inputs hold {total} tokens")
-        lengths = np.diff(cu)
-        if lengths.min() < 1:
-            i = int(np.argmin(lengths))
-            raise ValueError(f"cu_seqlens gives document {i} length {int(lengths[i])}; every document needs a token")
-        longest = int(lengths.max())
-        if max_seqlen is not None and int(max_seqlen) < longest:
-            raise ValueError(f"max_seqlen={int(max_seqlen)} is below the longest document ({longest} tokens)")
-        on_device = cu_seqlens.to(device=device, dtype=torch.int32)
-        return VarlenLayout(on_device, lengths, longest)
+        (cu,) = host_values([cu_seqlens])
+        return layout_from_host(cu, total, max_seqlen, device, on_device=cu_seqlens)
 
     return _LAYOUTS.get(cu_seqlens, (total, None if max_seqlen is None else int(max_seqlen), str(device)), make)
+
+
+def layout_from_host(cu: np.ndarray, total: int, max_seqlen: int | None, device, on_device=None) -> VarlenLayout:
+    """A :class:`VarlenLayout` from host offsets ``cu`` ``[N + 1]`` checked against ``total`` tokens;
+    ``on_device``: the same offsets already on a device (else copied there without blocking)."""
+    import torch
+
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
+    if cu[-1] != total:
+        raise ValueError(f"cu_seqlens ends at {int(cu[-1])} but the inputs hold {total} tokens")
+    lengths = np.diff(cu)
+    if lengths.min() < 1:
+        i = int(np.argmin(lengths))
+        raise ValueError(f"cu_seqlens gives document {i} length {int(lengths[i])}; every document needs a token")
+    longest = int(lengths.max())
+    if max_seqlen is not None and int(max_seqlen) < longest:
+        raise ValueError(f"max_seqlen={int(max_seqlen)} is below the longest document ({longest} tokens)")
+    if on_device is None or on_device.device.type != torch.device(device).type:
+        on_device = to_device(cu.astype(np.int32), device)
+    return VarlenLayout(on_device.to(device=device, dtype=torch.int32), lengths, longest)
 
 
 def _group_plan(layout: VarlenLayout, cost: BucketCost, width: int, device) -> _GroupPlan:
@@ -170,10 +179,10 @@ def _group_plan(layout: VarlenLayout, cost: BucketCost, width: int, device) -> _
         tokens = np.repeat(starts[docs], lens) + _ranges(lens)
         scatter[tokens] = np.repeat(rows, lens) + _ranges(lens)
         buckets.append((int(docs.size), m))
-        key_lengths.append(torch.from_numpy(lens).to(device) if lens.min() < m else None)
+        key_lengths.append(to_device(lens, device) if lens.min() < m else None)
         slot += docs.size * m
-    gather = torch.from_numpy(np.concatenate(gathers)).to(device)
-    return _GroupPlan(tuple(buckets), gather, torch.from_numpy(scatter).to(device), tuple(key_lengths))
+    gather = to_device(np.concatenate(gathers), device)
+    return _GroupPlan(tuple(buckets), gather, to_device(scatter, device), tuple(key_lengths))
 
 
 def _ranges(lengths: np.ndarray) -> np.ndarray:
@@ -186,6 +195,22 @@ def _sdpa_supports_gqa() -> bool:
     import torch
 
     return torch.__version__ >= (2, 5)
+
+
+def sdpa_shares_kv_heads(device_type: str, dtype: torch.dtype, masked: bool, head_dim: int) -> bool:
+    """Whether a grouped-query SDPA call should pass ``enable_gqa=True`` (the kernel shares each K/V
+    head among its query heads) rather than K/V expanded to the query heads (``repeat_interleave``).
+
+    On CUDA only torch's flash kernel takes grouped K/V, and it takes no mask, no fp32 and heads of at
+    most 256: a masked call (a sliding window, a non-causal bucket's key padding) or fp32 inputs with
+    ``enable_gqa=True`` fall to the math kernel, which holds ``L x L`` scores per head. There K/V are
+    expanded, so the memory-efficient kernel runs instead (what transformers' ``use_gqa_in_sdpa``
+    decides for its own SDPA path). On other devices (the CPU) ``enable_gqa`` is kept."""
+    if not _sdpa_supports_gqa():
+        return False
+    if device_type != "cuda":
+        return True
+    return not masked and is_half_precision(dtype) and head_dim <= 256
 
 
 def _grouped_sdpa(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sliding_window, softcap):
@@ -204,12 +229,6 @@ def _grouped_sdpa(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sl
     cost = CUDA_COST if q.device.type == "cuda" else CPU_COST
     plan = _PLANS.get(layout.cu_seqlens, (cost, hq * d), lambda: _group_plan(layout, cost, hq * d, q.device))
     assert isinstance(plan, _GroupPlan)
-    gqa: dict = {}
-    if hq != hk:
-        if _sdpa_supports_gqa():
-            gqa = {"enable_gqa": True}
-        else:
-            k, v = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
     if plan.gather is not None:
         q, k, v = (x.index_select(0, plan.gather) for x in (q, k, v))  # [P, H, D] padded slots
     # torch.split, not slicing: a slice's backward writes a zero tensor of the full size per bucket.
@@ -227,12 +246,24 @@ def _grouped_sdpa(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sl
             steps = torch.arange(m, device=q.device)
             gap = steps[:, None] - steps[None, :]
             mask = (gap >= 0) & (gap < sliding_window)  # [m, m] causal band
+        gqa: dict = {}
+        if hq != hk:
+            if sdpa_shares_kv_heads(q.device.type, q.dtype, mask is not None, d):
+                gqa = {"enable_gqa": True}
+            else:
+                kb, vb = kb.repeat_interleave(hq // hk, dim=1), vb.repeat_interleave(hq // hk, dim=1)  # [n, Hq, m, D]
         out = F.scaled_dot_product_attention(
             qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale, **gqa
         )  # [n, H, m, D]
         outs.append(out.transpose(1, 2).reshape(size, hq, d))
     out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [P, H, D]
     return out if plan.scatter is None else out.index_select(0, plan.scatter)  # [T, H, D]
+
+
+def _require_kernel(q, name: str) -> None:
+    reason = kernel_refusal(name, q.device, q.dtype, q.shape[-1])
+    if reason is not None:
+        raise ValueError(f"impl={name!r} cannot run here: {reason}; use impl='grouped_sdpa'")
 
 
 def _require_cuda_half(q, name: str) -> None:
@@ -243,47 +274,28 @@ def _require_cuda_half(q, name: str) -> None:
         raise ValueError(f"impl={name!r} needs fp16 or bf16, got {q.dtype}; use impl='grouped_sdpa'")
 
 
-@functools.cache
-def flash_attn_available() -> bool:
-    """Whether flash-attn imports *and* exposes ``flash_attn_varlen_func``. ``find_spec`` alone is not
-    enough: a wheel built for another torch is found but fails to import (undefined symbols), and
-    then the automatic choice must fall back to torch's kernels rather than raise. Cached: the
-    answer does not change within a process (``flash_attn_available.cache_clear()`` to re-check)."""
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec("flash_attn") is None:
-        return False
-    try:
-        module = importlib.import_module("flash_attn")
-    except Exception:  # noqa: BLE001 - ImportError, OSError, RuntimeError: all mean "not usable"
-        return False
-    return hasattr(module, "flash_attn_varlen_func")
+flash_attn_available = flash_attn_installed
+"""Whether flash-attn imports and exposes ``flash_attn_varlen_func`` (:func:`padless.attention.kernels.flash_attn_installed`)."""
 
 
 def torch_varlen_available(device=None) -> bool:
     """Whether torch ships ``torch.nn.attention.varlen.varlen_attn`` and ``device`` (default: the current
-    CUDA device) is an sm80+ GPU its flash kernel runs on."""
-    import importlib.util
-
+    CUDA device) is a GPU its flash kernel runs on (sm80+; :data:`padless.attention.kernels.LIMITS`)."""
     import torch
 
-    if importlib.util.find_spec("torch.nn.attention.varlen") is None or not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 8
+    return kernel_refusal("torch_varlen", "cuda" if device is None else device, torch.bfloat16) is None
 
 
 def _flash_attn(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sliding_window, softcap):
     _require_cuda_half(q, "flash_attn")
+    _require_kernel(q, "flash_attn")
     if softcap is not None and dropout_p:
         # flash-attn itself raises "Softcapping does not support dropout for now" (a RuntimeError)
         raise ValueError(
             "impl='flash_attn' has no attention dropout together with logit soft-capping; set dropout_p=0 "
             "(attention_dropout=0) or use attn_implementation='eager' with a 4D mask"
-        )
-    if not flash_attn_available():
-        raise ValueError(
-            "impl='flash_attn' needs the flash-attn package, importable with this torch; use impl='grouped_sdpa'"
         )
     from flash_attn import flash_attn_varlen_func
     extra: dict = {}
@@ -304,8 +316,7 @@ def _torch_varlen(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sl
         raise ValueError("impl='torch_varlen' has no attention dropout; use impl='flash_attn' or 'grouped_sdpa'")
     if softcap is not None:
         raise ValueError("impl='torch_varlen' has no logit soft-capping; use impl='flash_attn'")
-    if not torch_varlen_available(q.device):
-        raise ValueError("impl='torch_varlen' needs torch.nn.attention.varlen and an sm80+ GPU")
+    _require_kernel(q, "torch_varlen")
     from torch.nn.attention.varlen import varlen_attn
 
     # flash convention: (left, right) keys visible around each query; -1 = unbounded.
@@ -325,12 +336,14 @@ KERNELS: dict[str, Callable[..., torch.Tensor]] = {
 
 
 def choose_impl(q: torch.Tensor, *, dropout_p: float = 0.0, softcap: float | None = None) -> str:
-    """The fastest kernel that runs this call exactly (what ``impl='auto'`` uses)."""
-
+    """The fastest kernel that runs this call exactly (what ``impl='auto'`` uses): a fused kernel only
+    where its limits allow (CUDA capability, dtype, head size: :func:`padless.attention.kernels.kernel_refusal`),
+    else the grouped SDPA path."""
     if q.device.type == "cuda" and is_half_precision(q.dtype):
-        if flash_attn_available():
+        head_dim = q.shape[-1]
+        if kernel_refusal("flash_attn", q.device, q.dtype, head_dim) is None:
             return "flash_attn"
-        if not dropout_p and softcap is None and torch_varlen_available(q.device):
+        if not dropout_p and softcap is None and kernel_refusal("torch_varlen", q.device, q.dtype, head_dim) is None:
             return "torch_varlen"
     return "grouped_sdpa"
 
@@ -339,7 +352,7 @@ def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
+    cu_seqlens: torch.Tensor | VarlenLayout,
     max_seqlen: int | None = None,
     *,
     scale: float | None = None,
@@ -352,7 +365,8 @@ def varlen_attention(
     """Attention inside each document of a packed batch; differentiable in q, k and v.
 
     ``q`` is ``[T, Hq, D]``, ``k`` and ``v`` are ``[T, Hk, D]`` with ``Hq % Hk == 0`` (GQA/MQA),
-    ``cu_seqlens`` is ``[N + 1]`` (see the module docstring), ``max_seqlen`` the longest document
+    ``cu_seqlens`` is ``[N + 1]`` (see the module docstring) or a :class:`VarlenLayout` checked
+    beforehand (:func:`layout_from_host`: how the padless backend skips a device sync), ``max_seqlen`` the longest document
     (computed when None). Returns ``[T, Hq, D]`` in q's dtype. ``scale`` defaults to ``D ** -0.5``;
     ``dropout_p`` drops attention probabilities (exact in distribution, not the dense path's random
     stream); ``sliding_window = w`` lets a query see the ``w`` most recent keys of its document
@@ -371,7 +385,12 @@ def varlen_attention(
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
-    layout = layout_from_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen, q.device)
+    if isinstance(cu_seqlens, VarlenLayout):
+        layout = cu_seqlens
+        if int(layout.lengths.sum()) != q.shape[0]:
+            raise ValueError(f"the layout covers {int(layout.lengths.sum())} tokens but the inputs hold {q.shape[0]}")
+    else:
+        layout = layout_from_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen, q.device)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     name = choose_impl(q, dropout_p=dropout_p, softcap=softcap) if impl == "auto" else impl

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from padless.attention.host import remember_moved
+
 
 @dataclass(frozen=True)
 class Placements:
@@ -100,10 +102,13 @@ def forward_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
 
 def batch_to(batch: Mapping[str, Any], device: Any) -> dict[str, Any]:
     """A collated batch with every tensor moved to ``device`` (python values such as
-    ``use_cache`` and ``max_length_q`` pass through; a :class:`PackedBatch` keeps its placements)."""
+    ``use_cache`` and ``max_length_q`` pass through; a :class:`PackedBatch` keeps its placements).
+    The boundary tensors' host values are remembered (:func:`padless.attention.host.remember_moved`),
+    so the padless attention reads them without waiting for the device."""
     move = lambda v: v.to(device, non_blocking=True) if hasattr(v, "to") else v  # noqa: E731
     # a dict value is a 4D mask per layer type (models whose layers differ in sliding window)
     moved = {k: {t: move(m) for t, m in v.items()} if isinstance(v, dict) else move(v) for k, v in batch.items()}
+    remember_moved(batch, moved)  # the attention reads the boundaries from the host copies: no device sync
     return type(batch)(moved, batch.placements) if isinstance(batch, PackedBatch) else moved
 
 

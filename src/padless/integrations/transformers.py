@@ -52,7 +52,7 @@ from padless.batching.samplers import DistributedPackedBatchSampler
 from padless.batching.rows import PackedRowView
 from padless.planning.schedule import RowKey
 from padless.layout import IGNORE_INDEX  # noqa: E402
-from padless.models.fsdp import is_sharded
+from padless.models.fsdp import compute_dtype, is_sharded
 
 
 class EpochDataLoader(DataLoader):
@@ -152,15 +152,30 @@ def packed_batches(
 
 
 def exact_collator(
-    model: Any, max_length: int | None, *, device: Any, pad_token_id: int, **kwargs: Any
+    model: Any, max_length: int | None, *, device: Any, pad_token_id: int, dtype: Any = None, **kwargs: Any
 ) -> PackingCollator:
     """A :class:`padless.PackingCollator` for ``model``, after :func:`padless.resolve_backend` has
-    accepted the model's attention backend for this device, dtype and row length."""
+    accepted the model's attention backend for the device training runs on, its compute ``dtype``
+    (``None``: the model's; see :func:`training_dtype`) and the row length. The model may still sit
+    on the CPU in fp32: what counts is where the step runs."""
     from padless.attention.select import resolve_backend
 
-    resolve_backend(model.config._attn_implementation, device=device, dtype=model.dtype, config=model,
+    resolve_backend(model.config._attn_implementation, device=device, dtype=dtype, config=model,
                     max_length=max_length)  # fmt: skip
-    return PackingCollator.for_model(model, device=device, max_length=max_length, pad_token_id=pad_token_id, **kwargs)
+    return PackingCollator.for_model(model, device=device, dtype=dtype, max_length=max_length,
+                                     pad_token_id=pad_token_id, **kwargs)  # fmt: skip
+
+
+def training_dtype(args: Any) -> Any:
+    """The compute dtype of a Trainer step: bf16 or fp16 autocast over the weights when ``args.bf16`` or
+    ``args.fp16`` is set (fp32 master weights train in the half dtype), else ``None`` (the model's)."""
+    import torch
+
+    if getattr(args, "bf16", False):
+        return torch.bfloat16
+    if getattr(args, "fp16", False):
+        return torch.float16
+    return None
 
 
 def pad_token_id_for(model: Any, processing_class: Any = None) -> int:
@@ -255,8 +270,9 @@ class PackedTrainer(Trainer):
         self.plan_options = dict(strategy=strategy, overlong=overlong, remainder=remainder)
         self.pad_token_id = pad_token_id_for(model, processing_class) if pad_token_id is None else pad_token_id
         self.data_collator = data_collator or exact_collator(
-            model, max_length, device=self.args.device, pad_token_id=self.pad_token_id, strategy=strategy,
-            overlong=overlong,
+            model, max_length, device=self.args.device, dtype=training_dtype(self.args) or compute_dtype(model),
+            pad_token_id=self.pad_token_id,
+            strategy=strategy, overlong=overlong,
         )  # fmt: skip
         self.batch_sampler: DistributedPackedBatchSampler | None = None
         self._rows: tuple[Any, DistributedPackedBatchSampler, Any] | None = None
@@ -281,6 +297,15 @@ class PackedTrainer(Trainer):
             raise ValueError("PackedTrainer: training requires a train_dataset")
         sampler, view = self._packed_rows()
         return loader_for(self, view, sampler)
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Trainer's move to ``args.device``, remembering the boundary tensors' host copies (the collator
+        made them on the CPU), so the padless attention reads them without a device sync."""
+        from padless.attention.host import remember_moved
+
+        prepared = super()._prepare_inputs(inputs)
+        remember_moved(inputs, prepared)
+        return prepared
 
     def _set_signature_columns_if_needed(self) -> None:
         """Keep ``seq_lengths`` through Trainer's column removal (evaluation loaders): without it a row

@@ -50,6 +50,7 @@ from padless.integrations.transformers import (  # noqa: E402
     loader_for,
     packed_batches,
     shifts_labels,
+    training_dtype,
 )
 
 
@@ -104,7 +105,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
             return
         packed = self._padless_mode == "packed"
         self.data_collator = exact_collator(
-            inner, self.args.max_length if packed else None, device=self.args.device,
+            inner, self.args.max_length if packed else None, device=self.args.device, dtype=training_dtype(self.args),
             pad_token_id=self._tokenizer.pad_token_id, **self._padless_plan,
         )  # fmt: skip
         if packed and self.train_dataset is not None:

@@ -10,7 +10,9 @@ does, so the state dict and the model's own forward are unchanged. What stays ou
 - the document boundaries of a packed batch (``cu_seq_lens_q/k``, ``max_length_q/k``): their number
   of documents and longest document change every batch. Each compiled layer is called through an
   eager wrapper that takes them out of the layer's arguments and hands them to the attention in a
-  :func:`padless.packed_documents` context, where they are still checked against ``position_ids``;
+  :func:`padless.packed_documents` context, where they are still checked against ``position_ids``.
+  With ``flash_attention_2`` the same wrapper hands them to transformers' flash function, which
+  :func:`route_flash_attention` wraps so that it runs untraced inside such a call (a graph break);
 - everything outside the layers (embeddings, the LM head over trained tokens, the loss), which
   depends on how many tokens are trained.
 
@@ -147,26 +149,85 @@ def compile_layers(model: Any, **torch_compile_kwargs: Any) -> CompileCounter:
         raise ValueError(f"decoder layer {done[0]} of {type(model).__name__} is compiled already")
     counter = CompileCounter()
     for layer in layers:
+        if model.config._attn_implementation == FLASH:
+            route_flash_attention()
         compiled = torch.compile(layer._call_impl, **torch_compile_kwargs)
         # what Module.compile() does, with the document boundaries taken out of the arguments first
         layer._compiled_call_impl = _boundaries_out_of_graph(compiled, model.config)
     return counter
 
 
+FLASH = "flash_attention_2"
+
+_FLASH_SENT: list[dict[str, Any]] = []
+"""The boundary kwargs a compiled flash layer's wrapper took out of its arguments (innermost last);
+empty outside such a call. Read only by untraced code: traced, its tensors would become guards."""
+_FLASH_ACTIVE: list[bool] = [False]
+"""Whether :data:`_FLASH_SENT` holds anything: the one value traced code reads (a stable guard)."""
+_FLASH_ORIGINAL: list[Callable[..., Any]] = []
+"""transformers' own flash_attention_2 function, once :func:`route_flash_attention` replaced it."""
+
+
 def _boundaries_out_of_graph(compiled: Callable[..., Any], config: Any) -> Callable[..., Any]:
-    """Call ``compiled`` without the packed batch's boundary kwargs; the padless attention reads them
-    from a :func:`padless.packed_documents` context instead. Other backends (flash-attn reads them
-    itself) get them unchanged."""
-    from padless.attention.backend import BACKEND_NAME, packed_documents, sent_boundaries
+    """Call ``compiled`` without the packed batch's boundary kwargs (:data:`BOUNDARY_KWARGS`): their
+    shapes and ``max_length`` values change every batch and would recompile the layer. The padless
+    attention reads them from a :func:`padless.attention.backend.documents_context`; flash_attention_2
+    from :data:`_FLASH_SENT` through :func:`flash_attention_with_documents`. Other backends get the
+    call unchanged."""
+    from padless.attention.backend import BACKEND_NAME, documents_context, sent_boundaries
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if config._attn_implementation != BACKEND_NAME or "cu_seq_lens_q" not in kwargs:
+        backend = config._attn_implementation
+        if backend not in (BACKEND_NAME, FLASH) or "cu_seq_lens_q" not in kwargs:
             return compiled(*args, **kwargs)
-        cu = sent_boundaries(kwargs)
-        max_len = kwargs.get("max_length_q")
-        for name in BOUNDARY_KWARGS:
-            kwargs.pop(name, None)
-        with packed_documents(cu_seqlens=cu, max_seqlen=max_len):
+        cu, cu_k = sent_boundaries(kwargs), kwargs.get("cu_seq_lens_k")
+        sent = {name: kwargs.pop(name) for name in BOUNDARY_KWARGS if name in kwargs}
+        if backend == FLASH:
+            _FLASH_SENT.append(sent)
+            _FLASH_ACTIVE[0] = True
+            try:
+                return compiled(*args, **kwargs)
+            finally:
+                _FLASH_SENT.pop()
+                _FLASH_ACTIVE[0] = bool(_FLASH_SENT)
+        with documents_context(None, cu, cu_k, sent.get("max_length_q")):
             return compiled(*args, **kwargs)
 
     return call
+
+
+def flash_attention_with_documents(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any):
+    """What ``flash_attention_2`` names once :func:`route_flash_attention` ran: transformers' own function,
+    given the boundaries a compiled layer's wrapper took out of its arguments. Outside such a call
+    it is transformers' function, traced as before; inside, the call runs untraced (a graph break), so
+    the boundaries never enter a graph."""
+    if _FLASH_ACTIVE[0]:
+        return _flash_untraced(module, query, key, value, attention_mask, **kwargs)
+    return _FLASH_ORIGINAL[0](module, query, key, value, attention_mask, **kwargs)
+
+
+def _flash_with_sent(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any):
+    if kwargs.get("cu_seq_lens_q") is None:
+        kwargs.update(_FLASH_SENT[-1])
+    return _FLASH_ORIGINAL[0](module, query, key, value, attention_mask, **kwargs)
+
+
+_UNTRACED: list[Callable[..., Any]] = []
+
+
+def _flash_untraced(*args: Any, **kwargs: Any) -> Any:
+    return _UNTRACED[0](*args, **kwargs)
+
+
+def route_flash_attention() -> None:
+    """Register :func:`flash_attention_with_documents` as ``flash_attention_2`` with transformers
+    (idempotent; :func:`compile_layers` calls it for a flash-attention model)."""
+    if _FLASH_ORIGINAL:
+        return
+    import torch
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    _FLASH_ORIGINAL.append(ALL_ATTENTION_FUNCTIONS[FLASH])
+    _UNTRACED.append(torch.compiler.disable(_flash_with_sent, recursive=True))
+    AttentionInterface.register(FLASH, flash_attention_with_documents)

@@ -27,7 +27,8 @@ gives every rank the same number of micro-batches, an empty row where one has ru
 (``set_requires_gradient_sync``) alike: micro-batches but the last of a step keep their gradients
 local (FSDP2: unsharded, so accumulation costs a full gradient's memory per rank; leave it on to
 reduce-scatter every micro-batch instead, the same sum). :func:`full_tensors` gathers whole
-parameters or gradients (a collective), for checks and for saving.
+parameters or gradients (a collective), for checks and for saving; :func:`compute_dtype` is the
+dtype FSDP2's mixed precision computes in, which collators and the exactness rule must judge.
 """
 
 from __future__ import annotations
@@ -150,6 +151,20 @@ def is_sharded(model: Any) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(getattr(model, "module", model), FSDPModule)
+
+
+def compute_dtype(model: Any) -> torch.dtype | None:
+    """The dtype a sharded model computes in when FSDP2's mixed precision casts its parameters
+    (``param_dtype`` of :func:`shard_model`), else ``None`` (the parameters' own). What the
+    exactness rule must judge (flash kernels take 16-bit inputs only), not ``model.dtype``, which
+    stays the fp32 of the shards. Read from FSDP2's state of the root module (torch 2.13)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    inner = getattr(model, "module", model)
+    if not isinstance(inner, FSDPModule):
+        return None
+    policy = getattr(inner._get_fsdp_state(), "_mp_policy", None)
+    return getattr(policy, "param_dtype", None)
 
 
 @contextlib.contextmanager
