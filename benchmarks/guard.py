@@ -21,7 +21,7 @@ import torch
 
 from padless.batching.collate import PackingCollator
 from padless.isolation.guard import IsolationGuard
-from padless.objectives.logprobs import forward_inputs
+from padless.batching.batch import forward_inputs
 from padless.objectives.loss import causal_lm_loss, step_num_items
 from padless.models.factory import build_model
 from padless.planning.lengths import synthetic_lengths

@@ -28,7 +28,9 @@ def is_half_precision(dtype: torch.dtype | str) -> bool:
 def resolve_device(name: str = "auto") -> torch.device:
     """A torch device from its name: ``auto`` is CUDA when available, else the CPU. A bare accelerator
     type (``cuda``) gets this process's ``LOCAL_RANK`` as index (one accelerator per process under
-    ``torchrun``), 0 outside it."""
+    ``torchrun``) when this process sees that many devices; a launcher that binds one visible device
+    per process (``CUDA_VISIBLE_DEVICES`` per rank: SLURM, Kubernetes) leaves fewer, and then the
+    current device is used (0 unless the process chose another)."""
     import os
 
     import torch
@@ -43,10 +45,22 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ValueError(f"device={name!r}: this machine has no CUDA GPU that torch {torch.__version__} can use; "
                          "use 'cpu' or 'auto'")  # fmt: skip
     if device.type != "cpu" and device.index is None:
-        device = torch.device(device.type, int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device(device.type, _default_index(device.type, int(os.environ.get("LOCAL_RANK", 0))))
     if device.type == "cuda" and device.index >= torch.cuda.device_count():
         raise ValueError(f"device={name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+def _default_index(device_type: str, local_rank: int) -> int:
+    """``local_rank`` where this process sees more than ``local_rank`` devices of ``device_type``, else
+    the current device (``torch.<type>.current_device()``, 0 where the module has none)."""
+    import torch
+
+    module = getattr(torch, device_type, None)
+    count = module.device_count() if hasattr(module, "device_count") else 0
+    if local_rank < count:
+        return local_rank
+    return int(module.current_device()) if hasattr(module, "current_device") and count else 0
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

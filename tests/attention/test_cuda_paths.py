@@ -77,25 +77,29 @@ def test_step_num_items_reduces_on_the_device_reduce_device_picks(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "device, local_rank, expected_set, expected_backend",
-    [("auto", "1", [1], "nccl"), ("cuda:0", "1", [0], "nccl"), ("cpu", "1", [], "gloo")],
+    "device, local_rank, gpus, expected_set, expected_backend",
+    [("auto", "1", 2, [1], "nccl"), ("cuda:0", "1", 2, [0], "nccl"), ("cpu", "1", 2, [], "gloo"),
+     ("auto", "1", 1, [0], "nccl")],  # a launcher that leaves each rank one visible GPU
 )
-def test_bench_sets_each_ranks_device_before_nccl(monkeypatch, device, local_rank, expected_set, expected_backend):
+def test_bench_sets_each_ranks_device_before_nccl(monkeypatch, device, local_rank, gpus, expected_set,
+                                                  expected_backend):
     import torch.distributed as dist
 
-    from padless.bench.run import _init_distributed
+    from padless.bench.parallel import init_distributed
 
     events = []
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: events.append(("set_device", i)))
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda backend, **k: events.append(("init", backend)))
     monkeypatch.setattr(dist, "get_rank", lambda *a: 1)
     monkeypatch.setattr(dist, "get_world_size", lambda *a: 2)
-    assert _init_distributed(types.SimpleNamespace(device=device)) == (1, 2)
+    assert init_distributed(device) == (1, 2)
     assert events == [*(("set_device", i) for i in expected_set), ("init", expected_backend)]
 
 

@@ -11,6 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from padless.bench import run as bench_run
+from padless.bench import train as bench_train
+from padless.bench.config import RunConfig
+from padless.bench.steps import same_example_steps, token_budget_steps
 from padless.bench.strategies import bucket_partition, parse_strategies
 
 
@@ -34,18 +37,18 @@ def test_bucket_partition_is_optimal_on_small_inputs(lengths, overhead):
 
 
 def test_same_example_steps_cover_examples_without_repeats_in_an_epoch():
-    steps = bench_run.same_example_steps(20, 5, 4, seed=0)
+    steps = same_example_steps(20, 5, 4, seed=0)
     flat = np.concatenate(steps)
     assert sorted(flat.tolist()) == list(range(20))
-    assert [s.tolist() for s in steps] == [s.tolist() for s in bench_run.same_example_steps(20, 5, 4, seed=0)]
+    assert [s.tolist() for s in steps] == [s.tolist() for s in same_example_steps(20, 5, 4, seed=0)]
     with pytest.raises(ValueError, match="a step needs 8"):
-        bench_run.same_example_steps(5, 1, 8, seed=0)
+        same_example_steps(5, 1, 8, seed=0)
 
 
 @pytest.mark.parametrize("strategy", ["padding", "packing", "flattening", "bucketing"])
 def test_token_budget_steps_respect_the_budget(strategy):
     lengths = np.random.default_rng(0).integers(1, 100, 300)
-    steps = bench_run.token_budget_steps(strategy, lengths, 10, 400, seed=0)
+    steps = token_budget_steps(strategy, lengths, 10, 400, seed=0)
     assert len(steps) == 10
     for s in steps:
         fed = len(s) * lengths[s].max() if strategy in ("padding", "bucketing") else lengths[s].sum()
@@ -62,24 +65,25 @@ def _cfg(**kw):
     base = dict(model="tiny-gpt2", data="-", strategies=("padding", "packing"), steps=4, batch_size=6,
                 max_length=64, warmup_steps=1, lr=1e-3, eval_examples=4, train_on="all",
                 grad_accumulation=1, limit=None, in_process=True)  # fmt: skip
-    return bench_run.RunConfig(**{**base, **kw})
+    return RunConfig(**{**base, **kw})
 
 
 def test_padding_and_packing_losses_match_step_for_step():
     """Same examples per step, same init: packing changes the speed, not what is learned."""
     import torch
 
-    from padless.bench.measure import PeakMemory, StrategyRecorder
+    from padless.bench.measure import StrategyRecorder
+    from padless.bench.memory import PeakMemory
 
     # token ids from a 16-token subset of the 512-token vocabulary: quick to learn, so the loss drops
     feats = make_features(np.random.default_rng(1).integers(1, 40, 40), vocab_size=16, seed=1, with_labels=True)
     train, evals = feats[4:], feats[:4]
     cfg = _cfg(grad_accumulation=2, batch_size=3)
-    steps = bench_run.same_example_steps(len(train), cfg.steps, cfg.batch_size * cfg.grad_accumulation, 0)
+    steps = same_example_steps(len(train), cfg.steps, cfg.batch_size * cfg.grad_accumulation, 0)
     losses = {}
     for name in ("padding", "packing", "flattening", "bucketing"):
         rec = StrategyRecorder()
-        bench_run.train_strategy(name, cfg, train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
+        bench_train.train_strategy(name, cfg, train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
                                  pad_token_id=0, recorder=rec, memory=PeakMemory("cpu"), progress=False)  # fmt: skip
         losses[name] = (rec.loss, rec.eval_loss_start, rec.eval_loss_end)
     for name in ("packing", "flattening", "bucketing"):
@@ -114,7 +118,8 @@ def test_quick_preset_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_bench_under_torchrun_two_gloo_ranks(tmp_path):
-    """``padless bench`` under ``torchrun --nproc-per-node 2``: aggregate figures from rank 0."""
+    """``padless bench`` under ``torchrun --nproc-per-node 2``, all four strategies (bucketing's
+    micro-batch counts differ between the ranks): aggregate figures from rank 0, the same losses."""
     import os
     import socket
     import subprocess
@@ -128,7 +133,7 @@ def test_bench_under_torchrun_two_gloo_ranks(tmp_path):
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(port), "-m", "padless", "bench", "--preset", "quick", "--strategies",
-           "packing,padding", "--steps", "3", "--warmup-steps", "1", "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+           "padding,bucketing,packing,flattening", "--steps", "3", "--warmup-steps", "1", "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -136,15 +141,17 @@ def test_bench_under_torchrun_two_gloo_ranks(tmp_path):
     assert validate(data) == [] and data["config"]["world_size"] == 2
     # each step sums both ranks: 2 ranks x 4 examples
     assert data["strategies"]["packing"]["sequences"] == [8, 8, 8]
-    np.testing.assert_allclose(data["strategies"]["packing"]["loss"], data["strategies"]["padding"]["loss"], rtol=1e-4)
+    for name in ("bucketing", "packing", "flattening"):
+        assert data["strategies"][name]["sequences"] == [8, 8, 8]
+        np.testing.assert_allclose(data["strategies"][name]["loss"], data["strategies"]["padding"]["loss"], rtol=1e-4)
 
 
 def test_ctrl_c_writes_what_was_measured(tmp_path, monkeypatch):
     from padless.bench.results import load_results
 
     feats = make_features(np.random.default_rng(2).integers(2, 30, 40), vocab_size=16, seed=2)
-    monkeypatch.setattr(bench_run, "_load", lambda cfg: (feats[4:], feats[:4], 0))
-    real_train = bench_run.train_strategy
+    monkeypatch.setattr(bench_run, "load_data", lambda cfg: (feats[4:], feats[:4], 0))
+    real_train = bench_train.train_strategy
 
     def interrupted_second(name, cfg, train, evals, steps, **kw):
         if name == "packing":  # two steps done, then Ctrl-C
@@ -152,7 +159,7 @@ def test_ctrl_c_writes_what_was_measured(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_train(name, cfg, train, evals, steps, **kw)
 
-    monkeypatch.setattr(bench_run, "train_strategy", interrupted_second)
+    monkeypatch.setattr(bench_train, "train_strategy", interrupted_second)
     path = bench_run.run_benchmark(_cfg(strategies=("padding", "packing", "flattening")), tmp_path, progress=False)
     results = load_results(path)
     assert results.status.state == "interrupted"
@@ -166,7 +173,7 @@ def test_token_budget_mode_runs(tmp_path, monkeypatch):
     from padless.bench.results import load_results
 
     feats = make_features(np.random.default_rng(3).integers(2, 30, 60), vocab_size=16, seed=3)
-    monkeypatch.setattr(bench_run, "_load", lambda cfg: (feats[4:], feats[:4], 0))
+    monkeypatch.setattr(bench_run, "load_data", lambda cfg: (feats[4:], feats[:4], 0))
     cfg = _cfg(strategies=("padding", "packing"), mode="token-budget", token_budget=96, steps=3)
     results = load_results(bench_run.run_benchmark(cfg, tmp_path, progress=False))
     assert results.config.token_budget == 96
@@ -307,3 +314,42 @@ def test_under_autocast_padless_attention_computes_in_the_autocast_dtype(monkeyp
             losses[attn] = model_loss(model, batch, step_num_items([batch]), trained_logits_only=True).item()
     assert seen and set(seen) == {torch.bfloat16}
     assert losses["sdpa"] == pytest.approx(losses["padless"], rel=2e-2)
+
+
+def test_float16_scales_the_loss_and_other_dtypes_do_not(monkeypatch):
+    """``--dtype float16``: the loss goes through an enabled ``torch.amp.GradScaler`` (fp16 gradients
+    underflow without it), the optimiser steps through the scaler, and training still matches fp32
+    closely; float32 and bfloat16 get a disabled (pass-through) scaler."""
+    import torch
+
+    from padless.bench.measure import StrategyRecorder
+    from padless.bench.memory import PeakMemory
+
+    seen = []
+
+    class Scaler(torch.amp.GradScaler):
+        def scale(self, outputs):
+            seen.append(("scale", self.is_enabled()))
+            return super().scale(outputs)
+
+        def step(self, optimizer, *args, **kwargs):
+            seen.append(("step", self.is_enabled()))
+            return super().step(optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(torch.amp, "GradScaler", Scaler)
+    feats = make_features(np.random.default_rng(5).integers(2, 30, 24), vocab_size=16, seed=5, with_labels=True)
+    train, evals = feats[4:], feats[:4]
+    cfg = _cfg(strategies=("packing",), steps=3, batch_size=4)
+    steps = same_example_steps(len(train), 3, 4, 0)
+    losses = {}
+    for dtype in (torch.float32, torch.float16):
+        seen.clear()
+        rec = StrategyRecorder()
+        bench_train.train_strategy("padding", cfg, train, evals, steps, device=torch.device("cpu"), dtype=dtype,
+                                   pad_token_id=0, recorder=rec, memory=PeakMemory("cpu"), progress=False)  # fmt: skip
+        enabled = dtype == torch.float16
+        assert seen and set(seen) == {("scale", enabled), ("step", enabled)}
+        assert sum(1 for s in seen if s[0] == "step") == 3  # one optimiser step per step, through the scaler
+        losses[dtype] = rec.loss
+    assert all(np.isfinite(losses[torch.float16]))
+    np.testing.assert_allclose(losses[torch.float16], losses[torch.float32], rtol=2e-2)

@@ -1,4 +1,5 @@
-"""Measuring primitives: step timer, peak memory per phase, per-step recorder, environment snapshot."""
+"""Measuring primitives (padless.bench.timing, .memory) and the recording (padless.bench.measure): step
+timer, peak memory per phase, per-step recorder, environment snapshot."""
 
 from __future__ import annotations
 
@@ -9,15 +10,9 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from padless.bench.measure import (
-    CPU_MEMORY_METHODS,
-    PeakMemory,
-    StepTimer,
-    StrategyRecorder,
-    cpu_method_works,
-    environment_snapshot,
-    synchronizer,
-)
+from padless.bench.measure import StrategyRecorder, environment_snapshot
+from padless.bench.memory import CPU_MEMORY_METHODS, PeakMemory, cpu_method_works
+from padless.bench.timing import StepTimer, synchronizer
 from padless.bench.config import RunConfig
 from padless.bench.results import BenchResults, RunStatus, validate
 

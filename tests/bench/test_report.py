@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import make_results
+from padless.bench.figures import percentile, strategy_figures, summarize
 from padless.bench.report import PLOTS, format_summary_table, write_report
 from padless.bench.results import (
     RunConfig,
@@ -20,10 +21,7 @@ from padless.bench.results import (
     RunStatus,
     StrategyRun,
     load_results,
-    percentile,
     save_results,
-    strategy_figures,
-    summarize,
     validate,
 )
 from padless.cli import main as cli_main

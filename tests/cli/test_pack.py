@@ -11,7 +11,7 @@ from conftest import row_documents
 
 from padless.cli import main
 from padless.batching.collate import PackingCollator
-from padless.export.sources import SyntheticTokens
+from padless.data.inputs import SyntheticTokens
 
 
 def write_tokens_jsonl(path, lengths, seed=0):
@@ -57,7 +57,7 @@ def test_pack_jsonl_reads_back_with_datasets_and_the_collator(tmp_path):
     lengths = np.random.default_rng(0).integers(1, 60, 300).tolist()
     src = write_tokens_jsonl(tmp_path / "data.jsonl", lengths)
     out = tmp_path / "out"
-    assert pack(src, "--out", out, "--max-length", 64, "--rows-per-shard", 50, "--buffer-size", 32) == 0
+    assert pack(src, "--out", out, "--max-length", 64, "--rows-per-shard", 50, "--shard-rows", 64) == 0
     assert len(shard_files(out)) >= 3
     schema = pq.read_schema(shard_files(out)[0])
     assert schema.names == ["input_ids", "labels", "seq_lengths"]
@@ -100,7 +100,7 @@ def test_pretokenized_files_stream_and_resume_identically(tmp_path, fmt):
     else:  # no labels column: every token is trained
         src = tmp_path / "in.parquet"
         pq.write_table(pa.table({"input_ids": [[i] * n for i, n in enumerate(lengths)]}), src, row_group_size=64)
-    args = [src, "--max-length", 48, "--rows-per-shard", 20, "--buffer-size", 16]
+    args = [src, "--max-length", 48, "--rows-per-shard", 20, "--shard-rows", 50]
     assert pack(*args, "--out", tmp_path / "ref") == 0
     for _ in range(3):  # three interrupted runs of 2 shards, then one to the end
         assert pack(*args, "--out", tmp_path / "out", "--max-shards", 2) == 0
@@ -168,8 +168,7 @@ def test_synthetic_items_are_stable_under_random_access():
 
 
 def test_interrupted_runs_resume_to_identical_shards(tmp_path, monkeypatch):
-    args = ["--synthetic", "lognormal:4000", "--max-length", 256, "--rows-per-shard", 100, "--buffer-size", 256,
-            "--overlong", "truncate"]  # fmt: skip
+    args = ["--synthetic", "lognormal:4000", "--max-length", 256, "--rows-per-shard", 100, "--overlong", "truncate"]
     ref, out = tmp_path / "ref", tmp_path / "out"
     assert pack(*args, "--out", ref) == 0
     assert pack(*args, "--out", out, "--max-shards", 2) == 0  # stopped cleanly after 2 shards
@@ -189,7 +188,7 @@ def test_interrupted_runs_resume_to_identical_shards(tmp_path, monkeypatch):
     assert pack(*args, "--out", out) == 130  # Ctrl-C: a message and 128 + SIGINT, no traceback
     monkeypatch.setattr(pq, "write_table", real)
     assert [p.name for p in shard_files(out)] == [f"shard-{i:05d}.parquet" for i in range(3)]
-    assert json.loads((out / "state.json").read_text())["shards"][-1]["file"] == "shard-00002.parquet"
+    assert sorted(json.loads((out / "state.json").read_text())["shards"]) == [p.name for p in shard_files(out)]
 
     assert pack(*args, "--out", out) == 0  # resumes from shard 3
     assert [p.name for p in shard_files(out)] == [p.name for p in shard_files(ref)]
@@ -217,7 +216,7 @@ def bad_jsonl(tmp_path):
         (lambda t: ["--synthetic", "lognormal:ten"], "must be numbers"),
         (lambda t: ["--synthetic", "lognormal:10", "--max-length", 0], "argument --max-length: must be between 1"),
         (lambda t: ["--synthetic", "lognormal:10", "--rows-per-shard", 0], "argument --rows-per-shard: must be"),
-        (lambda t: ["--synthetic", "lognormal:10", "--min-fill", 2], "--min-fill must lie in"),
+        (lambda t: ["--synthetic", "lognormal:10", "--num-workers", 2], "--num-workers and --ray-address need --engine ray"),
         (lambda t: ["--synthetic", "lognormal:500:300", "--max-length", 64], "longer than max_length 64"),
         (lambda t: [bad_jsonl(t)], "line 2 is not valid JSON"),
     ],
@@ -259,3 +258,12 @@ def test_resume_refuses_an_input_whose_bytes_changed(tmp_path, capsys):
     assert src.stat().st_size == stat.st_size
     assert pack(*args) == 2
     assert "holds a packing made with INPUT" in capsys.readouterr().err
+
+
+def test_a_jsonl_mixing_text_and_token_rows_exits_2_naming_the_line(tmp_path, capsys):
+    rows = [{"text": "a b c"}, {"text": "d e"}, {"input_ids": [1, 2, 3]}, {"text": "f"}]
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert pack(tmp_path / "mixed.jsonl", "--out", tmp_path / "out", "--max-length", 32) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "mixed.jsonl, line 3 has 'input_ids', but the input's first record has 'text'" in err
+    assert not (tmp_path / "out").exists()

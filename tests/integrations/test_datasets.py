@@ -73,7 +73,7 @@ def test_an_overlong_sequence_is_refused_unless_a_policy_is_chosen(caplog):
 
 
 @given(
-    rows=st.lists(st.integers(0, 30), min_size=1, max_size=40),
+    rows=st.lists(st.integers(1, 30), min_size=1, max_size=40),
     seq_length=st.integers(1, 24),
     strategy=st.sampled_from(["bfd", "bfd_split", "wrapped", "first_fit_decreasing", "next_fit"]),
     overlong=st.sampled_from([None, "truncate", "split", "drop"]),
@@ -151,6 +151,15 @@ def test_large_list_columns_stay_large_lists():
     packed = padless.pack_dataset(ds, 4)
     assert pa.types.is_large_list(packed.data.schema.field("input_ids").type)
     assert sorted(sum(packed["input_ids"], [])) == [1, 2, 3, 4, 5, 6]
+
+
+def test_an_empty_sequence_is_refused_naming_its_row():
+    ds = _dataset([3, 2, 4, 0, 5, 0]).select([0, 1, 3, 2, 5])  # row 2 of this dataset is the first empty one
+    for call in (padless.pack_dataset, plan_dataset):
+        with pytest.raises(ValueError, match=r"row 2 of the dataset is an empty sequence \('input_ids' has no tokens\) "
+                                             r"\(and 1 more\)"):  # fmt: skip
+            call(ds, 8)
+    assert padless.pack_dataset(ds.select([0, 1, 3]), 8).num_rows == 2
 
 
 def test_sequence_lengths_reads_arrow_offsets_and_lists():

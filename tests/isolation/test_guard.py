@@ -51,6 +51,36 @@ def test_contamination_raises_or_warns():
     assert not check.passed and check.max_logit_diff > 1e-3
 
 
+def test_contamination_names_documents_with_padding_noise_beside_them():
+    model = _model("llama").eval()
+    batch = _leaky(PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=2)))
+    check = IsolationGuard(every=1, documents=4, on_failure="warn")
+    with pytest.warns(IsolationWarning, match=r"document \d+ \(row \d+\), tokens packed vs padded"):
+        result = check(model, batch)
+    assert result.evidence and result.noise is not None
+    for e in result.evidence:  # a leaked document is far above padding's noise at the same tokens
+        assert min(e.packed) > 10 * max(e.padded)
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_bf16_autocast_over_fp32_weights_is_no_false_alarm(given):
+    """Trainer(bf16=True): fp32 weights, bf16 logits. The floor and the re-runs follow the logits' dtype."""
+    model = _model("llama").eval()
+    batch = PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=6))
+    fp32_floor = padless.TOLERANCES["float32"].logit_floor(10.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(**forward_inputs(batch)).logits if given else None
+        inside = IsolationGuard(every=1, documents=len(LENGTHS))(model, batch, logits)
+    assert inside.passed and inside.dtype == "bfloat16"
+    assert inside.max_logit_diff > fp32_floor  # bf16 noise: judged with model.dtype's floor, a false alarm
+    if given:  # the same bf16 logits, guard called after the autocast block: re-runs under bf16 autocast
+        assert logits.dtype == torch.bfloat16
+        after = IsolationGuard(every=1, documents=len(LENGTHS))(model, batch, logits)
+        assert after.passed and after.dtype == "bfloat16" and after.max_logit_diff > fp32_floor
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(IsolationError):
+        IsolationGuard(every=1, documents=4)(model, _leaky(batch))
+
+
 def test_checks_on_the_first_call_and_every_n():
     model = _model("gpt2").eval()
     batch = PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=3))

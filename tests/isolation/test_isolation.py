@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import make_features
 
+from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator
 from padless.models.factory import TINY_FAMILIES, build_model
 
@@ -15,7 +16,7 @@ LENGTHS = [6, 1, 11, 4, 9]
 def _max_diff(model, batch, feats):
     """Largest |logit| difference between each sequence alone and its place in one packed row."""
     with torch.no_grad():
-        packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]
+        packed = model(**forward_inputs(batch)).logits[0]
         worst, offset = 0.0, 0
         for f in feats:
             n = len(f["input_ids"])

@@ -235,20 +235,23 @@ def test_bench_trains_the_same_compiled_and_records_the_compilations(name, monke
     and rounding change the speed, not what is learned), and every step says what it compiled."""
     import numpy as np
 
-    from padless.bench import run as bench_run
-    from padless.bench.measure import PeakMemory, StrategyRecorder
+    from padless.bench import train as bench_train
+    from padless.bench.config import RunConfig
+    from padless.bench.measure import StrategyRecorder
+    from padless.bench.memory import PeakMemory
+    from padless.bench.steps import same_example_steps
 
-    monkeypatch.setattr(bench_run, "COMPILE_BACKEND", "aot_eager")  # graphs, not inductor's code
+    monkeypatch.setattr(bench_train, "COMPILE_BACKEND", "aot_eager")  # graphs, not inductor's code
     feats = make_features(np.random.default_rng(1).integers(1, 40, 28), vocab_size=16, seed=1, with_labels=True)
     train, evals = feats[4:], feats[:4]
     base = dict(model="tiny-gpt2", data="-", strategies=(name,), steps=3, batch_size=6, max_length=64, warmup_steps=1,
                 lr=1e-3, eval_examples=4, train_on="all", in_process=True)  # fmt: skip
-    steps = bench_run.same_example_steps(len(train), 3, 6, 0)
+    steps = same_example_steps(len(train), 3, 6, 0)
     recs = {}
     for compiled in (False, True):
-        cfg = bench_run.RunConfig(**base, **({"compile": "static", "pad_to_multiple_of": 64} if compiled else {}))
+        cfg = RunConfig(**base, **({"compile": "static", "pad_to_multiple_of": 64} if compiled else {}))
         recs[compiled] = rec = StrategyRecorder()
-        bench_run.train_strategy(name, cfg, train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
+        bench_train.train_strategy(name, cfg, train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
                                  pad_token_id=0, recorder=rec, memory=PeakMemory("cpu"), progress=False)  # fmt: skip
     np.testing.assert_allclose(recs[True].loss, recs[False].loss, rtol=2e-5)
     np.testing.assert_allclose([recs[True].eval_loss_start, recs[True].eval_loss_end],

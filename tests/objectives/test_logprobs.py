@@ -155,3 +155,21 @@ def test_trained_logits_only_gives_the_same_values_and_gradients(packed):
         out.append((sums.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
     torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-5, atol=1e-7)
+
+
+def test_float64_logits_stay_float64():
+    """A float64 model (the verifier's oracle) is not rounded through float32: per-token log-probs
+    equal the float64 run alone to 1e-12 (a float32 cast would leave ~1e-7)."""
+    model = build_model("tiny-llama", dtype=torch.float64).eval()
+    feats = make_features(LENGTHS, with_labels=True, seed=12)
+    batch = PackingCollator.for_model(model, max_length=24)(feats)
+    with torch.no_grad():
+        sums, tokens = sequence_logprobs(model, batch, per_token=True)
+    assert sums.dtype == torch.float64
+    for i, f in enumerate(feats):
+        ids = torch.tensor([f["input_ids"]])
+        with torch.no_grad():
+            lp = model(input_ids=ids, use_cache=False).logits[0].log_softmax(-1)
+        labels = torch.tensor(f["labels"])
+        t = torch.nonzero(labels[1:] != IGNORE_INDEX).squeeze(1) + 1
+        torch.testing.assert_close(tokens[i], lp[t - 1, labels[t]], rtol=0, atol=1e-12)

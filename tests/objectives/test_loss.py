@@ -152,3 +152,26 @@ def test_trained_logits_only_through_a_wrapper_calls_the_wrapper():
     n = step_num_items([batch])
     torch.testing.assert_close(model_loss(wrapped, batch, n, trained_logits_only=True), model_loss(model, batch, n))
     assert wrapped.calls == 1
+
+
+def test_loss_keeps_float64_and_lifts_half_precision_to_float32():
+    logits = torch.randn(2, 5, 7, dtype=torch.float64)
+    labels = torch.randint(0, 7, (2, 5))
+    loss = causal_lm_loss(logits, labels, trained_tokens(labels))
+    assert loss.dtype == torch.float64
+    want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 7), labels[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, want, rtol=0, atol=1e-14)
+    assert causal_lm_loss(logits.bfloat16(), labels, trained_tokens(labels)).dtype == torch.float32
+
+
+def test_trained_logits_is_public_and_gathers_the_trained_positions():
+    from padless.objectives.loss import trained_logits
+
+    model = build_model("tiny-llama").eval()
+    ids = torch.randint(0, 512, (2, 6))
+    picked = torch.zeros(2, 6, dtype=torch.bool)
+    picked[0, 1] = picked[1, 4] = True
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        got = trained_logits(model, {"input_ids": ids}, picked)
+    torch.testing.assert_close(got, full[picked], rtol=1e-5, atol=1e-5)

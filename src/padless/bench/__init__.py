@@ -1,10 +1,18 @@
-"""``padless bench``: fine-tune one model with each batching strategy and measure them side by side.
+"""The benchmark behind ``padless bench`` and ``padless report``, one module per job:
 
-- ``config``: :class:`RunConfig` and its presets.
+- ``config``: :class:`RunConfig` (every field a flag) and the named presets.
 - ``strategies``: the strategies compared (padding, bucketing, packing, flattening) as one table.
-- ``steps``: which examples each optimiser step trains on.
-- ``run``: the orchestrator; ``isolate`` and ``child``: each strategy in its own process.
-- ``measure``: step timer, peak memory, environment snapshot; ``flops``: FLOPs per step from the config.
-- ``results``: the ``results.json`` schema and derived figures; ``schema``: JSON -> frozen dataclasses.
-- ``report``: plots, ``report.html`` and the terminal table, drawn from the results file alone.
+- ``steps``: which examples each optimiser step trains on, in either mode (numpy only).
+- ``run``: the parent: joins ``torchrun``, measures the peak, runs every strategy, writes the results.
+- ``isolate``: each strategy in its own process, with the chosen memory allocator; ``child`` is that
+  process's entry point.
+- ``train``: one strategy's training loop and what it measures (imported by ``run`` and ``child``).
+- ``parallel``: training across ranks: the process group, the model's wrapping (DDP), the ranks'
+  micro-batch counts kept in step.
+- ``timing``: the step timer and CPU times; ``memory``: peak memory per phase; ``peak``: the
+  machine's peak FLOP/s from timed GEMMs; ``flops``: the FLOPs a step needs and executes.
+- ``measure``: the per-strategy recorder and the environment snapshot.
+- ``results``: the ``results.json`` schema, saving, loading and validation; ``schema``: the generic
+  check of decoded JSON against frozen dataclasses; ``figures``: the figures derived from the steps.
+- ``report``: the plots, the self-contained report.html and the terminal table.
 """

@@ -2,12 +2,14 @@
 
     python -m padless.bench.child CONFIG.json STRATEGY OUT.json ALLOCATOR [--no-progress]
 
-It trains the strategy and writes its measurements to ``OUT.json`` (atomically); exit status 130 if
-it was interrupted (what it measured is still written).
+It trains the strategy (:mod:`padless.bench.train`, the same trainer the parent runs in-process) and
+writes its measurements to ``OUT.json`` (atomically); exit status 130 if it was interrupted (what it
+measured is still written).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -20,19 +22,17 @@ def _child(argv: list[str]) -> int:
     import torch
 
     from padless.bench.config import RunConfig
-    from padless.bench.run import _load, resolve_device_dtype, run_one_strategy
     from padless.bench.schema import from_plain
+    from padless.bench.train import load_data, resolve_device_dtype, run_one_strategy
 
     spec, name, out, allocator = argv[:4]
     cfg = from_plain(RunConfig, json.loads(Path(spec).read_text(encoding="utf-8")))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device, dtype = resolve_device_dtype(cfg)
-    data = _load(cfg)
+    data = load_data(cfg)
     run, at = run_one_strategy(cfg, name, data, device=device, dtype=dtype, progress="--no-progress" not in argv,
                                allocator=allocator, own_process=True)  # fmt: skip
-    import dataclasses
-
     payload: dict[str, Any] = {"run": dataclasses.asdict(run), "interrupted_at": at,
                                "lengths": [len(f["input_ids"]) for f in data[0]]}  # fmt: skip
     atomic_write_text(Path(out), json.dumps(payload))

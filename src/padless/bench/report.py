@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from padless._optional import require
-from padless.bench.results import SYS_TIME_WARNING, BenchResults, StrategyFigures, load_results
+from padless.bench.figures import SYS_TIME_WARNING, StrategyFigures
+from padless.bench.results import BenchResults, load_results
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
-import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
 from typing import NoReturn
+
+from padless.cli._shared import INT_MAX, as_flags, int_in, plain
+
+__all__ = ["COMMANDS", "EXIT_ERROR", "EXIT_INTERRUPTED", "INT_MAX", "as_flags", "build_parser", "int_in", "main",
+           "plain"]  # fmt: skip
 
 EXIT_ERROR = 2
 """Exit status of a bad input or an expected failure (one line on stderr, no traceback)."""
@@ -30,44 +33,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("padless.cli.report", "redraw the plots and report.html from a results.json"),
     "pack": ("padless.cli.pack", "tokenize and pack a dataset into Parquet shards of packed rows"),
 }
-
-
-def plain(text: str | None) -> str | None:
-    """``text`` without Sphinx markup, for ``--help``: ``:func:`x``` -> ``x``, double backticks -> none."""
-    if text is None:
-        return None
-    text = re.sub(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`", r"\1", text)  # :role:`target` / :role:`text <t>`
-    return text.replace("``", "")
-
-
-INT_MAX = 2**31 - 1
-"""Largest count a flag takes: token ids, lengths and counts are stored as int32."""
-
-
-def int_in(low: int, high: int = INT_MAX) -> Callable[[str], int]:
-    """An argparse ``type``: an integer in ``[low, high]``, else argparse's one-line usage error."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be between {low} and {high:,}, got {text}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-def as_flags(message: str, names: Iterable[str] | Mapping[str, str]) -> str:
-    """A library message in the words of the command line: ``max_length=5`` -> ``--max-length 5``
-    (``names``: argument names, or a mapping argument -> flag such as ``{"input": "INPUT"}``)."""
-    flags = dict(names) if isinstance(names, Mapping) else {n: f"--{n.replace('_', '-')}" for n in names}
-    for name in sorted(flags, key=len, reverse=True):
-        message = re.sub(rf"(?<![\w-]){name}=", f"{flags[name]} ", message)
-        message = re.sub(rf"(?<![\w-]){name}(?= (must|is|needs|holds)\b)", flags[name], message)
-    return message
 
 
 class _Parser(argparse.ArgumentParser):

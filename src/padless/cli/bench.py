@@ -10,7 +10,7 @@ import typing
 
 from padless.bench.config import PRESETS, RESULT_ONLY_FIELDS, RunConfig, field_docs
 from padless.bench.run import run_benchmark
-from padless.cli import as_flags, plain
+from padless.cli._shared import as_flags, plain, report_lines
 
 
 def _comma_list(text: str) -> tuple[str, ...]:
@@ -51,15 +51,25 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    import sys
+
     import torch.distributed as dist
+
+    from padless.bench.results import load_results
 
     try:
         config = config_from_args(args)
     except ValueError as exc:  # the config names its fields; say them as flags
         raise ValueError(as_flags(str(exc), [f.name for f in dataclasses.fields(RunConfig)])) from None
     try:
-        run_benchmark(config, args.out, progress=not args.no_progress)
+        path = run_benchmark(config, args.out, progress=not args.no_progress)
+        if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+            return 0  # rank 0 wrote and reports for every rank
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+    results = load_results(path)
+    if results.status.state == "interrupted":
+        print("\ninterrupted: wrote what was measured so far", file=sys.stderr)
+    print("\n".join(report_lines(results, path.parent / "report.html", [f"results: {path}"])))
     return 0

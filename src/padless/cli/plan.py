@@ -6,12 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from padless.cli.stats import _add_common, _describe, _input_lengths, _plan
+from padless.cli._shared import add_lengths_arguments, describe_plan, input_lengths, plan_from_args
 from padless.planning.lengths import summarize_lengths
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser)
+    add_lengths_arguments(parser)
     parser.description = f"{parser.description}. Lengths: one of --lengths, --data or --dist is required."
     parser.add_argument("--out", metavar="FILE.npz", required=True, help="where to write the plan's arrays")
 
@@ -20,8 +20,8 @@ def run_plan(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".npz" or not out.stem:
         raise ValueError(f"--out must end in .npz, got {out}")
-    lengths, source = _input_lengths(args, default_dist=None)
-    plan = _plan(args, lengths)
+    lengths, source = input_lengths(args, default_dist=None)
+    plan = plan_from_args(args, lengths)
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give a file name ending in .npz")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -29,5 +29,5 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"source": source, "out": str(out), "strategy": args.strategy, **plan.stats.as_dict()}, indent=2))
     else:
-        print("\n".join([*_describe(source, summarize_lengths(lengths), plan, args), f"wrote {out}"]))
+        print("\n".join([*describe_plan(source, summarize_lengths(lengths), plan, args), f"wrote {out}"]))
     return 0

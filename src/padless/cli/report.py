@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from padless.bench.report import format_summary_table, write_report
+from padless.bench.report import write_report
 from padless.bench.results import load_results
+from padless.cli._shared import report_lines
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,8 +21,6 @@ def run_report(args: argparse.Namespace) -> int:
     """``padless report``: redraw the plots and report.html from the json alone, print the table."""
     results = load_results(args.results)  # ValueError (missing, not json, invalid) -> exit 2
     paths = write_report(results, args.out if args.out is not None else args.results.parent)
-    print(format_summary_table(results))
-    print()
-    print(f"report: {paths['html']}")
-    print(f"plots:  {', '.join(str(p) for n, p in paths.items() if n != 'html')}")
+    plots = ", ".join(str(p) for n, p in paths.items() if n != "html")
+    print("\n".join(report_lines(results, paths["html"], [f"plots:   {plots}"])))
     return 0

@@ -1,7 +1,8 @@
 """``padless stats``: length summary, plan statistics and what each way of batching would waste.
 
 Lengths come from a file (``--lengths``), a built-in synthetic distribution (``--dist``) or a real
-corpus (``--data``). The flags shared with ``padless plan`` (:mod:`padless.cli.plan`) live here.
+corpus (``--data``); the flags and the description shared with ``padless plan`` are in
+:mod:`padless.cli._shared`.
 """
 
 from __future__ import annotations
@@ -13,73 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from padless.cli import int_in
-from padless.planning.lengths import (
-    DISTRIBUTIONS, LengthSummary, compare_batching, load_lengths, overlong_costs, summarize_lengths,
-    synthetic_lengths,
-)  # fmt: skip
-from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs, validate_lengths
-
-
-def _input_lengths(args: argparse.Namespace, *, default_dist: str | None = "lognormal") -> tuple[np.ndarray, str]:
-    """The lengths the flags ask for, and a short description of where they came from. Without
-    ``--lengths``, ``--data`` or ``--dist``: ``default_dist``, or an error when that is None."""
-    if args.lengths is not None:
-        if not args.lengths.strip():
-            raise ValueError("--lengths needs a file name, got ''")
-        try:
-            return load_lengths(args.lengths), f"file {Path(args.lengths).name}"
-        except ValueError as exc:
-            raise ValueError(f"--lengths: {exc}") from None
-    if args.data is not None:
-        if not args.data.strip():
-            raise ValueError("--data needs a corpus name or a data file, got ''")
-        try:
-            from padless.data import corpus_lengths
-        except ImportError as exc:
-            raise ValueError(f"--data needs padless.data.corpus_lengths, which is not available: {exc}") from None
-        return validate_lengths(corpus_lengths(args.data)), f"corpus {args.data}"
-    dist = args.dist or default_dist
-    if dist is None:
-        raise ValueError("no lengths given: pass --lengths FILE, --data CORPUS or --dist "
-                         f"{'|'.join(DISTRIBUTIONS)} (with --num and --seed)")  # fmt: skip
-    return synthetic_lengths(dist, args.num, args.seed), f"{DISTRIBUTIONS[dist][1]}, seed {args.seed}"
-
-
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    src = parser.add_mutually_exclusive_group()
-    src.add_argument("--lengths", metavar="FILE", help="lengths file: .npy, .txt (one per line) or .json list")
-    src.add_argument("--dist", choices=list(DISTRIBUTIONS), default=None, help="synthetic distribution")
-    src.add_argument("--data", metavar="CORPUS", help="a real corpus or data file, via padless.data.corpus_lengths")
-    parser.add_argument("--num", type=int_in(1), default=100_000, help="draws from --dist (default: 100000)")
-    parser.add_argument("--seed", type=int_in(0), default=0, help="seed for --dist, bucketing and histogram_best_fit")
-    parser.add_argument("--max-length", type=int_in(1), default=2048, help="row capacity in tokens (default: 2048)")
-    parser.add_argument("--strategy", choices=STRATEGIES, default="best_fit_decreasing", help="packing strategy")
-    parser.add_argument("--overlong", choices=OVERLONG_POLICIES, default="error", help="sequences over --max-length")
-    parser.add_argument("--max-per-row", type=int_in(1), default=None, help="cap on documents per row")
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
-
-
-def _plan(args: argparse.Namespace, lengths: np.ndarray) -> PackPlan:
-    return plan_packs(
-        lengths, args.max_length, strategy=args.strategy, overlong=args.overlong,
-        max_per_row=args.max_per_row, seed=args.seed,
-    )  # fmt: skip
-
-
-def _describe(source: str, summary: LengthSummary, plan: PackPlan, args: argparse.Namespace) -> list[str]:
-    s = plan.stats
-    return [
-        f"lengths: {source}",
-        f"  {summary.count:,} sequences, {summary.total:,} tokens; min {summary.min}, median {summary.median:g}, "
-        f"mean {summary.mean:.1f}, p90 {summary.p90:g}, p99 {summary.p99:g}, max {summary.max}",
-        f"plan: {args.strategy}, max_length {plan.max_length}, overlong {args.overlong}"
-        + (f", max {args.max_per_row} per row" if args.max_per_row else ""),
-        f"  {s.num_rows:,} rows (lower bound {s.lower_bound:,}, gap {s.gap_to_lower_bound:,} = {100 * s.relative_gap:.3f}%), "
-        f"efficiency {100 * s.efficiency:.3f}%, documents per row {s.mean_per_row:.1f} mean / {s.max_per_row} max",
-        f"  truncated {s.truncated_sequences:,} ({s.truncated_tokens:,} tokens), split {s.split_sequences:,}, "
-        f"dropped {s.dropped_sequences:,} ({s.dropped_tokens:,} tokens)",
-    ]
+from padless.cli._shared import add_lengths_arguments, describe_plan, input_lengths, int_in
+from padless.planning.lengths import compare_batching, overlong_costs, summarize_lengths
+from padless.planning.plan import plan_packs
 
 
 HIST_FORMATS = (".png", ".svg", ".pdf")
@@ -117,7 +54,7 @@ def _histogram(lengths: np.ndarray, max_length: int, path: Path, title: str) -> 
 
 
 def add_stats_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser)
+    add_lengths_arguments(parser)
     parser.set_defaults(overlong=None)
     parser.add_argument("--batch-size", type=int_in(1), default=8, help="batch size of the padding baselines (default: 8)")
     parser.add_argument("--pad-to-multiple-of", type=int_in(1), default=None, help="round padded batches up to a multiple")
@@ -139,13 +76,13 @@ def _overlong_lines(costs: dict[str, dict[str, int]], max_length: int, chosen: s
 
 def run_stats(args: argparse.Namespace) -> int:
     hist = _hist_path(args.hist) if args.hist is not None else None
-    lengths, source = _input_lengths(args)
+    lengths, source = input_lengths(args)
     summary = summarize_lengths(lengths)
     costs = overlong_costs(lengths, args.max_length)
     overlong = args.overlong or ("truncate" if costs["overlong"]["sequences"] else "error")
     plan = plan_packs(lengths, args.max_length, strategy=args.strategy, overlong=overlong,
                       max_per_row=args.max_per_row, seed=args.seed)  # fmt: skip
-    args.overlong = overlong  # _describe reports the policy used
+    args.overlong = overlong  # describe_plan reports the policy used
     batching = compare_batching(lengths, plan, args.batch_size, args.seed, args.pad_to_multiple_of)
     if hist is not None:
         _histogram(lengths, args.max_length, hist, source)
@@ -160,7 +97,7 @@ def run_stats(args: argparse.Namespace) -> int:
             doc["histogram"] = str(hist)
         print(json.dumps(doc, indent=2))
         return 0
-    lines = _describe(source, summary, plan, args)
+    lines = describe_plan(source, summary, plan, args)
     if costs["overlong"]["sequences"]:
         lines[2:2] = _overlong_lines(costs, args.max_length, overlong)
     packed = batching["packed"]["tokens_computed"]

@@ -8,6 +8,7 @@ calls, agent traces), the user's files, chat templates with assistant-only label
 - ``assets``: where the offline assets live; ``raw``: their raw readers; ``bfcl``: the BFCL data.
 - ``corpora``: the built-in corpora as named recipes; ``agentic``: the synthetic agentic-RAG traces.
 - ``files``: the user's JSONL / CSV / Parquet / ``datasets`` inputs; ``records``: the record kinds.
+- ``inputs``: the inputs of ``padless pack``, cut into logical shards by the data and read shard by shard.
 - ``chat``: chats and agent traces rendered with trained / untrained pieces.
 - ``tokenizer``: tokenizers by name, offline; ``encode``: records -> token ids and labels.
 - ``load``: ``load_corpus``, the cached tokenized corpus; ``cache``: the on-disk token cache.

@@ -1,247 +1,273 @@
-"""Offline packing to disk: a dataset -> Parquet shards of packed rows (``padless pack``), resumable.
+"""Offline packing to disk (``padless pack``): an input -> Parquet shards of packed rows, one plan over
+the whole input, the same rows on any engine and any number of workers, resumable.
 
 ::
 
     padless pack data.jsonl --out packed/ --max-length 2048
+    padless pack data.jsonl --out packed/ --max-length 2048 --engine ray --num-workers 16
     padless pack --synthetic lognormal:5000000 --out packed/ --max-length 1024 --overlong split
 
-Each shard ``shard-00000.parquet``, ... holds ``rows_per_shard`` packed rows with the columns
-``input_ids``, ``labels`` and ``seq_lengths`` (each ``list<int32>``): a row read back (by pyarrow, or
-``datasets.load_dataset("parquet", data_files=...)``) is a feature that :class:`padless.PackingCollator`
-places as it is, without re-planning. Labels are stored as the input gave them (the collator masks
-each document's first label). Rows come from :class:`padless.batching.stream.PackedStream`, so memory stays
-bounded whatever the input size:
+map -> plan -> write (:mod:`padless.export.stages`, run by an engine of :mod:`padless.export.engine`):
 
-* the stream's buffer: ``buffer_size`` sequences' tokens (ids and labels, int32) and their positions;
-* one shard of rows, copied as they come into flat int32 buffers of ``rows_per_shard x max_length``
-  tokens for ids and labels (reused by every shard), plus Parquet's encoding of one row group of 1024
-  rows while the shard is written;
-* the input's read-ahead: a batch of 1024 Parquet records, one JSON line, or one block of 4096
-  synthetic sequences.
+1. **map**: the input is cut into logical shards of ``shard_rows`` records, by the data, never by the
+   number of workers (:mod:`padless.data.inputs`); each is read, tokenized, put through the overlong
+   policy and written as a token shard plus its length histogram.
+2. **plan**: the driver adds the histograms and makes one best-fit-decreasing plan over the whole input
+   from the sum (:func:`padless.planning.slots.plan_histogram`); the lengths are never gathered (a
+   histogram is ``max_length + 1`` counts).
+3. **place**: each token shard places its own sequences: the k-th sequence of length L in input order
+   takes the k-th slot of length L, k counted from the prefix sums of the histograms of the shards
+   before it. Rows therefore depend on the input alone: not on the shard size, the engine, the
+   number of workers, or the order in which tasks finish.
+4. **write**: output shard ``shard-0000o.parquet`` holds rows ``o * rows_per_shard ...`` with the
+   columns ``input_ids``, ``labels`` and ``seq_lengths`` (each ``list<int32>``); a row read back (by
+   pyarrow or ``datasets.load_dataset("parquet", ...)``) is a feature that
+   :class:`padless.PackingCollator` places as it is. Labels are stored as the input gave them (the
+   collator masks each document's first label).
 
-Measured here (``--synthetic lognormal:5000000 --max-length 1024 --overlong split``, defaults
-otherwise; lengths from :func:`padless.planning.lengths.draw_lengths`, median 60): 254 MiB peak RSS, of
-which ~68 MiB is the interpreter with numpy and pyarrow loaded, the same as for 500,000 sequences
-(256 MiB); ``summary.json`` records each run's own figures. Text and
-chat inputs are tokenized by :mod:`padless.data` first, in memory (the bound then holds for packing,
-not for tokenizing); pre-tokenized JSON lines and Parquet files and the synthetic inputs are streamed.
-
-Crash safety: a shard is written to a hidden temporary name in the same folder, fsynced and renamed
-(:mod:`padless.atomic`), so
-no half-written shard ever carries a shard name. After each shard ``state.json`` (written the same way)
-records the shards done and the stream's state after their last row. A rerun with the same input and
-flags skips those shards and continues from that state, so the output is the one an uninterrupted run
-writes (a shard file past the recorded count, from a run killed between the two renames, is rewritten
-identically). ``summary.json`` holds the plan statistics once the input is exhausted: rows, efficiency,
-truncated/dropped counts and tokens in and out (every input token is placed or counted).
+Resume (:mod:`padless.export.state`): ``state.json`` records the input's content fingerprint, the flags
+that change the rows, the plan's hash and a checksum per finished output shard; the token and
+placement files carry markers with checksums. A rerun skips every stage whose markers hold, rewrites
+any finished shard that is missing or whose checksum fails, and refuses another input or other flags
+naming what changed (``overwrite=True`` starts over). ``.lock`` keeps a second run out. Once every
+shard is written, ``summary.json`` holds the plan statistics and the counts (every input token is in
+a row, or counted as truncated or dropped) and the work folder is removed.
 """
 
 from __future__ import annotations
 
 import json
 import resource
+import shutil
 import time
-from dataclasses import asdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from padless._optional import require
-from padless.atomic import atomic_write
-from padless.batching.stream import PackedStream
+from padless.data.inputs import PackInput
+from padless.export.engine import make_engine
+from padless.export.stages import (SHARD_PATTERN, checksum, histogram_of, map_shard, marker_ok, place_shard, prefix_histograms,
+                                   write_json, write_shard)  # fmt: skip
+from padless.export.state import STATE_FILE, SUMMARY_FILE, WORK, FolderLock, check_job, clear
+from padless.planning.checks import check_choice, check_int
+from padless.planning.plan import OVERLONG_POLICIES
+from padless.planning.slots import plan_histogram
 
-STATE_FILE, SUMMARY_FILE = "state.json", "summary.json"
-SHARD_PATTERN = "shard-{:05d}.parquet"
-
-
-class ShardRows:
-    """One shard's rows, copied into flat int32 buffers as they come (no per-row objects are kept).
-
-    The buffers are allocated once for ``rows`` full rows and reused by every shard; only the pages a
-    shard fills become resident.
-    """
-
-    ROW_GROUP = 1024
-    """Rows per Parquet row group: the writer encodes one group at a time, bounding its own buffers."""
-
-    def __init__(self, rows: int, max_length: int) -> None:
-        self.capacity = rows
-        self.ids = np.empty(rows * max_length, dtype=np.int32)
-        self.labels = np.empty(rows * max_length, dtype=np.int32)
-        self.docs = np.empty(rows * max_length, dtype=np.int32)  # a row holds at most max_length documents
-        self.token_offsets, self.doc_offsets = [0], [0]
-
-    def __len__(self) -> int:
-        return len(self.token_offsets) - 1
-
-    @property
-    def tokens(self) -> int:
-        return self.token_offsets[-1]
-
-    def add(self, row: dict[str, np.ndarray]) -> None:
-        t, d = self.token_offsets[-1], self.doc_offsets[-1]
-        n, k = row["input_ids"].size, row["seq_lengths"].size
-        self.ids[t : t + n] = row["input_ids"]
-        self.labels[t : t + n] = row["labels"]
-        self.docs[d : d + k] = row["seq_lengths"]
-        self.token_offsets.append(t + n)
-        self.doc_offsets.append(d + k)
-
-    def clear(self) -> None:
-        self.token_offsets, self.doc_offsets = [0], [0]
-
-    def write(self, path: Path) -> None:
-        """Write the rows as one Parquet file (``list<int32>`` columns), atomically."""
-        pa = require("pyarrow", "writing Parquet shards")
-        import pyarrow.parquet as pq
-
-        tok, doc = (pa.array(np.asarray(o, dtype=np.int32)) for o in (self.token_offsets, self.doc_offsets))
-        table = pa.table({
-            "input_ids": pa.ListArray.from_arrays(tok, pa.array(self.ids[: self.tokens])),
-            "labels": pa.ListArray.from_arrays(tok, pa.array(self.labels[: self.tokens])),
-            "seq_lengths": pa.ListArray.from_arrays(doc, pa.array(self.docs[: self.doc_offsets[-1]])),
-        })  # fmt: skip
-        # No dictionary encoding: token ids rarely fit a dictionary page, and trying costs memory.
-        atomic_write(path, lambda f: pq.write_table(table, f, row_group_size=self.ROW_GROUP, use_dictionary=False))
+MAX_ROW_LENGTH = 1 << 24
+"""Longest row ``pack_to_parquet`` plans (the histogram holds ``max_length + 1`` counts)."""
+COUNTS = ("sequences", "tokens_in", "truncated_sequences", "truncated_tokens", "split_sequences",
+          "dropped_sequences", "dropped_tokens")  # fmt: skip
 
 
-def _json(path: Path, data: Any) -> None:
-    atomic_write(path, lambda f: f.write(json.dumps(data, indent=2).encode()))
-
-
-def _resume_point(out: Path, job: dict[str, Any]) -> dict[str, Any] | None:
-    """The saved state of an earlier run into ``out`` with the same job, or None for a fresh folder."""
-    state_path = out / STATE_FILE
-    if not state_path.exists():
-        if any(out.glob("shard-*.parquet")):
-            raise ValueError(f"out={out} holds shards but no {STATE_FILE}: not a resumable packing; "
-                             "use an empty folder")
-        return None
-    try:
-        state = json.loads(state_path.read_text())
-        saved = state["job"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise ValueError(f"out={out}: {STATE_FILE} is not a padless packing state; use an empty folder") from None
-    for key, value in job.items():
-        if saved.get(key) != value:
-            raise ValueError(f"out={out} holds a packing made with {key}={saved.get(key)!r}, not "
-                             f"{value!r}; rerun with the same options or choose another out")  # fmt: skip
-    return state
+def records_input(records: Sequence[Any], vocab_size: int | None = None, key: Any = None) -> PackInput:
+    """A list of tokenized examples (``{"input_ids", "labels"?}``) as an input of :func:`pack_to_parquet`."""
+    records = list(records)
+    return PackInput("records", "records", {"records": key if key is not None else len(records)}, "input_ids",
+                     vocab_size, total=len(records), records=records)  # fmt: skip
 
 
 def pack_to_parquet(
-    source: Any,
+    source: PackInput | Sequence[Any],
     out: str | Path,
     max_length: int,
     *,
     rows_per_shard: int = 8192,
     max_shards: int | None = None,
+    overlong: str = "error",
+    shard_rows: int = 65536,
+    engine: str = "local",
+    num_workers: int | None = None,
+    ray_address: str | None = None,
+    overwrite: bool = False,
     progress: bool = True,
-    input_key: Any = None,
-    total: int | None = None,
     vocab_size: int | None = None,
-    **options: Any,
+    input_key: Any = None,
 ) -> dict[str, Any]:
-    """Pack ``source`` (tokenized examples) into Parquet shards in ``out``; resume an earlier run there.
+    """Pack ``source`` (an input of :func:`padless.data.inputs.open_input`, or a list of tokenized
+    examples) into Parquet shards in ``out``; resume an earlier run there (see the module docstring).
 
-    ``options`` are :class:`padless.planning.buffered.StreamOptions` fields. ``max_shards`` stops after that many
-    new shards (a rerun continues). Token ids and labels must lie in ``[0, vocab_size)`` (labels may be
-    -100). A run that fails before writing anything removes the folders it created. Returns the summary
-    (also written to ``summary.json`` once the source is exhausted), or the progress so far with
-    ``"complete": False``.
+    ``overlong``: ``error`` | ``truncate`` | ``split`` | ``drop``. ``shard_rows``: records per input
+    shard (a unit of work; the rows do not depend on it). ``engine``: ``local`` (this process) or
+    ``ray`` (``num_workers`` tasks at once, on a local Ray of that many CPUs or the cluster at
+    ``ray_address``). ``max_shards`` stops after that many new output shards (a rerun continues).
+    Returns the summary (also written to ``summary.json`` once every shard is written), or the
+    progress so far with ``"complete": False``. A run that fails on a bad input before finishing a
+    shard leaves nothing behind.
     """
     if not str(out).strip():
         raise ValueError("out is empty: name the output folder")
-    if rows_per_shard < 1:
-        raise ValueError(f"rows_per_shard must be >= 1, got {rows_per_shard}")
-    if max_shards is not None and max_shards < 1:
-        raise ValueError(f"max_shards must be >= 1, got {max_shards}")
-    started = time.perf_counter()
-    stream = PackedStream(source, max_length, dtype=np.int32, vocab_size=vocab_size, **options)
+    check_int(rows_per_shard, "rows_per_shard")
+    check_int(shard_rows, "shard_rows")
+    max_length = check_int(max_length, "max_length")
+    if max_length > MAX_ROW_LENGTH:
+        raise ValueError(f"max_length={max_length} is above {MAX_ROW_LENGTH} tokens per row (the plan holds a count "
+                         "for every length up to max_length)")
+    if max_shards is not None:
+        check_int(max_shards, "max_shards")
+    check_choice(overlong, OVERLONG_POLICIES, "overlong policy")
+    if not isinstance(source, PackInput):
+        source = records_input(source, vocab_size, input_key)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out={out} is a file, not a folder")
     created = [p for p in (out, *out.parents) if not p.exists()]  # innermost first
     out.mkdir(parents=True, exist_ok=True)
+    fresh = False  # True once this run owns the folder and nothing in it is finished
     try:
-        return _pack(stream, out, rows_per_shard, max_shards, progress, input_key, total, started)
+        with FolderLock(out):
+            job = {"input": source.key, "max_length": max_length, "overlong": overlong,
+                   "rows_per_shard": rows_per_shard}  # fmt: skip
+            state = check_job(out, job, overwrite)
+            fresh = state is None or not state.get("shards")
+            return _run(source, out, job, state, max_shards, shard_rows, engine, num_workers, ray_address, progress)
+    except ValueError:
+        if fresh:  # nothing finished: leave the folder as it was
+            clear(out)
+            for folder in created:
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+        raise
     except BaseException:
-        for folder in created:  # a run that failed before writing anything leaves no folders behind
+        for folder in created:  # a run stopped before writing anything leaves no folders behind
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
         raise
 
 
-def _pack(stream: PackedStream, out: Path, rows_per_shard: int, max_shards: int | None, progress: bool,
-          input_key: Any, total: int | None, started: float) -> dict[str, Any]:  # fmt: skip
+def _verified(out: Path, state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The finished shards of ``state`` whose file is there with its recorded checksum."""
+    return {name: rec for name, rec in state["shards"].items()
+            if (out / name).is_file() and checksum(out / name) == rec["blake2b"]}  # fmt: skip
+
+
+def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any] | None, max_shards: int | None,
+         shard_rows: int, engine: str, num_workers: int | None, ray_address: str | None,
+         progress: bool) -> dict[str, Any]:  # fmt: skip
     from tqdm.auto import tqdm
 
-    job = {"input": input_key, **asdict(stream.options), "rows_per_shard": rows_per_shard}
-    state = _resume_point(out, job) or {"job": job, "shards": [], "complete": False, "wall_s": 0.0}
-    earlier = state["wall_s"]  # wall time of the runs before this one
-    if state["complete"]:  # nothing left to do
-        return {**json.loads((out / SUMMARY_FILE).read_text()), "already_complete": True}
-    if state["shards"]:
-        stream.load_state_dict(state["stream"])
-    for stale in out.glob("shard-*.parquet"):  # written after the last saved state: rewritten identically
-        if stale.name not in {s["file"] for s in state["shards"]}:
-            stale.unlink()
-    for tmp in out.glob(".shard-*.parquet.*.tmp"):  # a write that a crash cut short (padless.atomic)
+    started = time.perf_counter()
+    state = state or {"job": job, "plan": None, "shards": {}, "complete": False, "wall_s": 0.0}
+    earlier = state["wall_s"]
+    if state["complete"]:
+        good = _verified(out, state)
+        if len(good) == len(state["shards"]):
+            return {**json.loads((out / SUMMARY_FILE).read_text()), "already_complete": True}
+        state["complete"] = False  # a finished shard was damaged or removed: rebuild it
+    state["shards"] = _verified(out, state)
+    write_json(out / STATE_FILE, state)
+    for tmp in out.glob(".shard-*.tmp"):  # a write that a crash cut short (padless.atomic)
         tmp.unlink()
-    bar = tqdm(total=total, initial=stream.counts.sequences, unit="seq", desc=f"packing into {out}",
-               disable=not progress)  # fmt: skip
-    rows = ShardRows(rows_per_shard, stream.options.max_length)
-    new = 0
+    work = out / WORK
+    meta = {"job": job, "shard_rows": shard_rows}
+    if (work / "meta.json").is_file() and json.loads((work / "meta.json").read_text()) != meta:
+        shutil.rmtree(work)
+    work.mkdir(exist_ok=True)
+    write_json(work / "meta.json", meta)
+    M = job["max_length"]
+    seconds: dict[str, float] = {}
+    t = time.perf_counter()
+    eng = make_engine(engine, num_workers, ray_address)
+    seconds["startup"] = time.perf_counter() - t
+    try:
+        # 1. map: tokenize every shard whose marker does not hold
+        t = time.perf_counter()
+        shards = source.shards(shard_rows)
+        # the driver keeps each shard's counts, and its histogram in a memory-mapped [shards, M + 1] file
+        hists = np.lib.format.open_memmap(work / "hist.npy", mode="w+", dtype=np.int64, shape=(len(shards), M + 1))
+        counts = dict.fromkeys(COUNTS, 0)
 
-    def flush() -> None:
-        name = SHARD_PATTERN.format(len(state["shards"]))
-        rows.write(out / name)
-        state["shards"].append({"file": name, "rows": len(rows), "tokens": rows.tokens})
-        state["stream"] = stream.state_dict()  # taken after the shard's last row: resumes right after it
-        state["wall_s"] = earlier + time.perf_counter() - started
-        _json(out / STATE_FILE, state)
-        rows.clear()
-        bar.set_postfix(shards=len(state["shards"]))
+        def keep(index: int, marker: dict[str, Any]) -> None:
+            hists[index] = histogram_of(marker, M)
+            for k in COUNTS:
+                counts[k] += int(marker[k])
 
-    for row in stream:
-        rows.add(row)
-        bar.update(stream.counts.sequences - bar.n)
-        if len(rows) == rows_per_shard:
-            flush()
-            new += 1
-            if max_shards is not None and new >= max_shards:
-                bar.close()
-                return _summary(stream, state, started, new, complete=False)
-    if rows:
-        flush()
-        new += 1
-    bar.update(stream.counts.sequences - bar.n)
-    bar.close()
+        todo = []
+        for s in shards:
+            if (m := marker_ok(work / "tokens" / f"{s.index:05d}.json")) is not None:
+                keep(s.index, m)
+            else:
+                todo.append(s)
+        with tqdm(total=len(todo), unit="shard", desc=f"reading {source.name}", disable=not progress) as bar:
+
+            def mapped(shard: Any, marker: dict[str, Any]) -> None:
+                keep(shard.index, marker)
+                bar.update(1)
+
+            eng.run(map_shard, todo, source, work, M, job["overlong"], done=mapped)
+        seconds["map"] = time.perf_counter() - t
+        # 2. plan on the driver, from the merged histograms
+        t = time.perf_counter()
+        total = prefix_histograms(work, hists)
+        del hists
+        plan = plan_histogram(total, M)
+        digest = plan.digest()
+        seconds["plan"] = time.perf_counter() - t
+        if state["plan"] not in (None, digest):
+            state["shards"] = {}  # made from another plan: none is trusted
+        state["plan"] = digest
+        # 3. place: every token shard places its own sequences
+        t = time.perf_counter()
+        todo_place = [s.index for s in shards
+                      if (m := marker_ok(work / "place" / f"{s.index:05d}.json")) is None or m["plan"] != digest]
+        eng.run(place_shard, todo_place, work, plan)
+        seconds["place"] = time.perf_counter() - t
+        # 4. write every output shard not finished yet
+        t = time.perf_counter()
+        R = job["rows_per_shard"]
+        names = [SHARD_PATTERN.format(o) for o in range(-(-plan.num_rows // R))]
+        for stale in out.glob("shard-*.parquet"):
+            if stale.name not in names or stale.name not in state["shards"]:
+                stale.unlink()
+        todo_write = [o for o, name in enumerate(names) if name not in state["shards"]]
+        if max_shards is not None:
+            todo_write = todo_write[:max_shards]
+
+        bar = tqdm(total=len(names), initial=len(names) - len(todo_write), unit="shard", desc=f"writing {out}",
+                   disable=not progress)  # fmt: skip
+
+        def done(o: int, rec: dict[str, Any]) -> None:
+            state["shards"][rec["file"]] = rec
+            state["wall_s"] = earlier + time.perf_counter() - started
+            write_json(out / STATE_FILE, state)
+            bar.update(1)
+
+        with bar:
+            eng.run(write_shard, todo_write, work, out, plan, R, len(shards), done=done)
+        seconds["write"] = time.perf_counter() - t
+        workers = eng.workers
+    finally:
+        eng.close()
+    complete = len(state["shards"]) == len(names)
     state["wall_s"] = earlier + time.perf_counter() - started
-    summary = _summary(stream, state, started, new, complete=True)
-    _json(out / SUMMARY_FILE, summary)
-    state["complete"] = True
-    _json(out / STATE_FILE, state)
-    return summary
-
-
-def _summary(stream: PackedStream, state: dict[str, Any], started: float, new: int, complete: bool) -> dict[str, Any]:
-    """Plan statistics of everything written (all runs), and this run's wall time and peak memory."""
-    c = stream.counts
-    return {
+    stats = plan.stats(num_sequences=counts["sequences"], truncated_sequences=counts["truncated_sequences"],
+                       truncated_tokens=counts["truncated_tokens"], split_sequences=counts["split_sequences"],
+                       dropped_sequences=counts["dropped_sequences"], dropped_tokens=counts["dropped_tokens"])
+    summary = {
         "complete": complete,
-        "job": state["job"],
-        "shards": state["shards"],
-        "stats": c.plan_stats(stream.options.max_length).as_dict(),
-        "tokens_in": c.tokens_in,
-        "tokens_out": c.tokens_out,
-        # every input token is in a row, or counted as truncated or dropped (once the input is exhausted)
-        "tokens_accounted": c.tokens_in == c.tokens_out + c.truncated_tokens + c.dropped_tokens,
+        "job": job,
+        "plan": digest,
+        "shards": [state["shards"][n] for n in names if n in state["shards"]],
+        "stats": stats.as_dict(),
+        "input_shards": len(shards),
+        "tokens_in": counts["tokens_in"],
+        "tokens_out": plan.tokens,
+        # every input token is in a row, or counted as truncated or dropped
+        "tokens_accounted": counts["tokens_in"] == plan.tokens + counts["truncated_tokens"] + counts["dropped_tokens"],
         "wall_s": round(state["wall_s"], 3),
         "this_run": {
-            "shards_written": new,
+            "engine": engine,
+            "workers": workers,
+            "shards_written": len(todo_write),
+            "stage_s": {k: round(v, 3) for k, v in seconds.items()},
             "wall_s": round(time.perf_counter() - started, 3),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
         },
     }
+    if complete:
+        write_json(out / SUMMARY_FILE, summary)
+        state["complete"] = True
+        write_json(out / STATE_FILE, state)
+        shutil.rmtree(work, ignore_errors=True)
+    return summary

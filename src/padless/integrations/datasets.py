@@ -20,8 +20,8 @@ What differs, on purpose:
   its own document, and every row has ``seq_lengths``. (TRL's wrapped rows have none: the sequences of
   a row attend to each other.)
 
-Every token of every column lands in exactly one row, in order within its sequence; empty sequences
-have no tokens and appear in no row. The rows train exactly with :class:`padless.PackingCollator`
+Every token of every column lands in exactly one row, in order within its sequence. An empty sequence
+is refused naming its row, as the collators refuse it. The rows train exactly with :class:`padless.PackingCollator`
 on any backend padless accepts, and with TRL's own ``SFTTrainer(padding_free=True)`` where that path
 is isolated (docs/integrations/exactness.md).
 """
@@ -189,6 +189,16 @@ def _list_columns(table: Any) -> tuple[list[Any], np.ndarray]:
     return columns, (np.zeros(0, dtype=np.int64) if lengths is None else lengths)
 
 
+def _refuse_empty(lengths: np.ndarray, column: str) -> None:
+    """An empty sequence is refused naming its row, as the collators refuse it."""
+    if lengths.size and int(lengths.min()) == 0:
+        empty = np.flatnonzero(lengths == 0)
+        more = f" (and {empty.size - 1} more)" if empty.size > 1 else ""
+        raise ValueError(f"row {int(empty[0])} of the dataset is an empty sequence ({column!r} has no tokens){more}; "
+                         "every sequence needs at least one token: filter them out first, e.g. "
+                         f"dataset.filter(lambda r: len(r[{column!r}]) > 0)")
+
+
 def _pack_column(array: Any, plan: PackPlan, row_offsets: np.ndarray) -> Any:
     """``array`` (a list column) rearranged into the plan's rows: each piece is a list view into the
     original values, flattened once in row order."""
@@ -215,6 +225,7 @@ def _pack_split(dataset: Any, seq_length: int, strategy: str, overlong: str | No
     columns, lengths = _list_columns(table)
     if not columns:
         raise ValueError("the dataset has no columns to pack")
+    _refuse_empty(lengths, table.column_names[0])
     plan = plan_lengths(lengths, seq_length, strategy, overlong=overlong, batch_size=batch_size)
     cum = np.concatenate(([0], np.cumsum(plan.length)))
     row_offsets = cum[plan.row_offsets]  # token offset of every row
@@ -289,7 +300,9 @@ def plan_dataset(
     batch_size = _check_map_kwargs(map_kwargs)
 
     def plan(split: Any) -> PackPlan:
-        _, lengths = _list_columns(split.with_format("arrow")[:])
+        table = split.with_format("arrow")[:]
+        _, lengths = _list_columns(table)
+        _refuse_empty(lengths, table.column_names[0] if table.column_names else "input_ids")
         return plan_lengths(lengths, seq_length, strategy, overlong=overlong, batch_size=batch_size)
 
     return _each_split(dataset, plan)

@@ -7,7 +7,9 @@ padless one), exactly as their trainer would feed it, against the truth: where t
 For each document span ``(row, offset, length)``:
 
 1. its logits inside the batch must equal its logits alone (``input_ids`` of the document only,
-   ``use_cache=False``): the largest absolute difference, judged with :data:`padless.TOLERANCES`;
+   ``use_cache=False``): the largest absolute difference, judged against the same documents
+   right-padded together (padding's own noise) and the dtype's floor, by the one judgment of
+   :mod:`padless.isolation.compare`;
 2. no token before it may be trained to predict its first token: ``labels[row, offset]`` must be
    ignored when ``offset > 0`` (a *cross-document target*).
 
@@ -22,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from padless.batching.batch import forward_inputs
 from padless.layout import IGNORE_INDEX
 
 Span = tuple[int, int, int]
@@ -37,7 +40,7 @@ class BatchAudit:
     max_logit_diff: float
     """Largest |logit in the batch - logit of the document alone| over every checked token."""
     logit_tolerance: float
-    """What ``max_logit_diff`` is allowed (dtype tolerance, scaled by the largest |logit|)."""
+    """What ``max_logit_diff`` is allowed: ``max(factor x padding's noise, dtype floor)``."""
     cross_document_targets: int
     """Document starts (after the first token of a row) whose label is trained: the previous
     document's last token learns to predict them."""
@@ -66,33 +69,27 @@ def audit_batch(
     The model runs in eval mode (no dropout) and is put back as it was."""
     import torch
 
-    from padless.isolation.verify import TOLERANCES
+    from padless.isolation.compare import Document, compare_documents, compute_dtype, computing_in
 
     if not spans:
         raise ValueError("spans is empty: say where the documents of the batch are")
-    dtype = str(model.dtype).removeprefix("torch.")
-    tol = TOLERANCES.get(dtype)
-    if tol is None:
-        raise ValueError(f"no tolerance for dtype {dtype}")
     device = next(model.parameters()).device
-    inputs = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items() if k != "labels"}
+    inputs = forward_inputs({k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()})
     inputs.update(forward_kwargs or {})
+    ids = inputs["input_ids"]
+    docs = [Document(k, tuple(ids[row, offset : offset + length].tolist()), row, tuple(range(offset, offset + length)))
+            for k, (row, offset, length) in enumerate(spans)]  # fmt: skip
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             logits = model(**inputs).logits
-            worst, scale = 0.0, 0.0
-            for row, offset, length in spans:
-                ids = inputs["input_ids"][row, offset : offset + length][None]
-                alone = model(input_ids=ids, use_cache=False).logits[0].float()
-                got = logits[row, offset : offset + length].float()
-                worst = max(worst, (alone - got).abs().max().item())
-                scale = max(scale, alone.abs().max().item())
+            with computing_in(model, compute_dtype(model, logits)):
+                check = compare_documents(model, logits, docs)
     finally:
         model.train(was_training)
     labels = batch.get("labels")
     crossing = 0
     if labels is not None:
         crossing = sum(1 for row, offset, _ in spans if offset > 0 and int(labels[row, offset]) != IGNORE_INDEX)
-    return BatchAudit(len(spans), worst, tol.logits_atol + tol.logits_rtol * scale, crossing)
+    return BatchAudit(len(spans), check.judgment.measured, check.judgment.limit, crossing)

@@ -8,7 +8,7 @@ caught at the step it happens, not in the evaluation curve weeks later::
 
     guard = padless.IsolationGuard(every=100, documents=2, on_failure="raise")
     for batch in loader:
-        out = model(**padless.batching.collate.forward_inputs(batch))
+        out = model(**padless.batching.batch.forward_inputs(batch))
         loss = ...; loss.backward()
         guard(model, batch, out.logits)  # or guard(model, batch): re-runs the batch without gradients
         optimizer.step()
@@ -18,9 +18,13 @@ the logits (after the step they differ by the update, and the guard says so).
 
 A checked document is a piece of the batch that starts a document (its first token predicted by
 nothing): it is run alone with the same token ids and positions ``0..n-1``. Pieces at a row's
-offset 0 are checked last (nothing precedes them to leak from). Dropout makes any two forwards
-differ, so given logits are refused while dropout is active; ``logits=None`` re-runs the batch with
-the model in eval mode. The cost is measured by benchmarks/guard.py.
+offset 0 are checked last (nothing precedes them to leak from). The checked documents are also run
+right-padded together, and the packed differences are judged against that padding noise and the
+dtype's floor (:mod:`padless.isolation.compare`). The dtype is the one the logits were computed
+in: under ``torch.autocast`` (fp32 master weights, ``Trainer(bf16=True)``) the bf16 logits are
+judged with bf16's floor, and the documents are re-run under the same autocast. Dropout makes any
+two forwards differ, so given logits are refused while dropout is active; ``logits=None`` re-runs
+the batch with the model in eval mode. The cost is measured by benchmarks/guard.py.
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from padless.devices import dtype_name
+
 if TYPE_CHECKING:
     import torch
 
-    from padless.isolation.verify import Tolerance
+    from padless.isolation.compare import Evidence, Tolerance
 
 
 class IsolationError(RuntimeError):
@@ -57,7 +63,13 @@ class GuardCheck:
     max_logit_diff: float
     """Largest |packed - alone| logit over the checked documents' tokens."""
     tolerance: float
-    """``atol + rtol * max|alone logit|`` from the dtype's :data:`padless.TOLERANCES`."""
+    """The limit: ``max(factor x noise, atol + rtol x max|alone logit|)`` (:func:`padless.isolation.compare.judge`)."""
+    noise: float | None = None
+    """The same documents right-padded together against alone: padding's own noise."""
+    dtype: str = ""
+    """The dtype the logits were computed in (the autocast dtype under autocast)."""
+    evidence: tuple[Evidence, ...] = ()
+    """The documents over the limit, their tokens, packed vs padded differences."""
 
     @property
     def passed(self) -> bool:
@@ -75,7 +87,9 @@ class IsolationGuard:
     on_failure: Literal["raise", "warn"] = "raise"
     """``raise`` :class:`IsolationError`, or ``warn`` with :class:`IsolationWarning` and go on."""
     tolerance: Tolerance | None = None
-    """Logit tolerance; default: :data:`padless.TOLERANCES` for the model's dtype."""
+    """The absolute floor; default: :data:`padless.TOLERANCES` of the dtype the logits are computed in."""
+    factor: float | None = None
+    """How many times padding's noise is allowed; default :data:`padless.isolation.compare.NOISE_FACTOR`."""
     seed: int = 0
     """Seed of the choice of documents (a check's choice depends on the seed and the step)."""
     calls: int = field(default=0, init=False)
@@ -104,8 +118,10 @@ class IsolationGuard:
         self.last = check
         if not check.passed:
             message = (f"step {check.step}: packed documents {check.pieces} differ from the same documents run "
-                       f"alone by {check.max_logit_diff:.3g} (tolerance {check.tolerance:.3g}): documents of a "
-                       "packed row are not isolated; run padless.verify_isolation(model) on this backend")  # fmt: skip
+                       f"alone by {check.max_logit_diff:.3g} (limit {check.tolerance:.3g}; padding's own noise "
+                       f"{check.noise or 0:.3g}, {check.dtype}): documents of a packed row are not isolated; run "
+                       "padless.verify_isolation(model) on this backend"
+                       + "".join(f"\n  {e.describe()}" for e in check.evidence))  # fmt: skip
             if self.on_failure == "raise":
                 raise IsolationError(message)
             warnings.warn(message, IsolationWarning, stacklevel=2)
@@ -115,7 +131,7 @@ class IsolationGuard:
         placements = getattr(batch, "placements", None)
         if placements is None:
             raise ValueError("IsolationGuard needs the PackedBatch the collator returned (its placements); "
-                             "padless.batching.collate.batch_to keeps them when moving it to a device")  # fmt: skip
+                             "padless.batching.batch.batch_to keeps them when moving it to a device")  # fmt: skip
         prev = placements.prev_offsets()
         starts = np.flatnonzero(prev < 0)  # pieces that start a document
         rng = np.random.default_rng([self.seed, self.calls])
@@ -128,12 +144,9 @@ class IsolationGuard:
         import torch
 
         from padless.batching.batch import forward_inputs
-        from padless.isolation.verify import TOLERANCES
+        from padless.isolation.compare import NOISE_FACTOR, Document, compare_documents, compute_dtype, computing_in
 
         chosen = self._pick(batch)
-        tol = self.tolerance or TOLERANCES.get(str(model.dtype).removeprefix("torch."))
-        if tol is None:
-            raise ValueError(f"no tolerance for dtype {model.dtype}; pass tolerance=Tolerance(...)")
         was_training = model.training
         if logits is not None and was_training and _dropout_active(model):
             raise ValueError("dropout is active, so the step's logits differ from any re-run; call the guard "
@@ -142,21 +155,25 @@ class IsolationGuard:
         if logits is not None and logits.shape[:2] != ids.shape:
             raise ValueError(f"logits {tuple(logits.shape)} do not cover input_ids {tuple(ids.shape)} (logits kept "
                              "only at trained positions?); call the guard without logits to re-run the batch")  # fmt: skip
+        docs = []
+        for j in chosen:
+            r, o, n = int(placements.row[j]), int(placements.offset[j]), int(placements.length[j])
+            docs.append(Document(int(placements.feature[j]), tuple(ids[r, o : o + n].tolist()), r, tuple(range(o, o + n))))
         model.eval()
         try:
             with torch.no_grad():
                 if logits is None:
                     logits = model(**forward_inputs(batch)).logits
-                worst, scale, pieces = 0.0, 0.0, []
-                for j in chosen:
-                    r, o, n = int(placements.row[j]), int(placements.offset[j]), int(placements.length[j])
-                    alone = model(input_ids=ids[r : r + 1, o : o + n], use_cache=False).logits[0].float()
-                    worst = max(worst, (logits[r, o : o + n].float() - alone).abs().max().item())
-                    scale = max(scale, alone.abs().max().item())
-                    pieces.append((int(placements.feature[j]), r, o, n))
+                dtype = compute_dtype(model, logits)
+                with computing_in(model, dtype):  # the documents alone in the dtype the logits were computed in
+                    result = compare_documents(model, logits, docs, tolerance=self.tolerance,
+                                               factor=NOISE_FACTOR if self.factor is None else self.factor)  # fmt: skip
         finally:
             model.train(was_training)
-        return GuardCheck(self.calls, pieces, worst, tol.logits_atol + tol.logits_rtol * scale)
+        verdict = result.judgment
+        pieces = [(d.index, d.row, d.columns[0], len(d.columns)) for d in docs]
+        return GuardCheck(self.calls, pieces, verdict.measured, verdict.limit, verdict.noise, dtype_name(dtype),
+                          tuple(result.evidence))  # fmt: skip
 
 
 def _dropout_active(model: Any) -> bool:

@@ -93,7 +93,8 @@ def sequence_logprobs(
     logits: torch.Tensor | None = None,
     trained_logits_only: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, list[Any]]:
-    """Sum of the log-probs of each feature's trained tokens, ``[num_features]`` float32.
+    """Sum of the log-probs of each feature's trained tokens, ``[num_features]`` float32 (float64 for
+    float64 logits).
 
     ``batch``: a :class:`padless.batching.batch.PackedBatch` (features read back through its
     placements) or a padded batch (:class:`padless.PaddingCollator`, row ``b`` = feature ``b``).
@@ -123,11 +124,11 @@ def sequence_logprobs(
         num_features = placements.num_features
     logit_rows, gathered = rows, False  # where each trained token's predicting logits are
     if logits is None and trained_logits_only:
-        from padless.objectives.loss import _trained_logits
+        from padless.objectives.loss import trained_logits
 
         predicting = torch.zeros(labels_t.shape, dtype=torch.bool)  # [R, L]: positions that predict a target
         predicting[torch.from_numpy(rows), torch.from_numpy(preds)] = True
-        logits = _trained_logits(model, forward_inputs(batch), predicting)
+        logits = trained_logits(model, forward_inputs(batch), predicting)
         if logits.dim() == 2:  # [K, V] in row-major order of the predicting positions
             flat = np.cumsum(predicting.numpy().ravel()) - 1
             logit_rows, preds = np.zeros_like(rows), flat[rows * labels.shape[1] + preds]
@@ -138,9 +139,10 @@ def sequence_logprobs(
         raise ValueError(f"logits {tuple(logits.shape)} do not match labels {tuple(labels_t.shape)}")
     device = logits.device
     r, t, p, f, lr = (torch.from_numpy(a).to(device) for a in (rows, targets, preds, feats, logit_rows))
-    chosen = logits[lr, p].float()  # [K, V]: only the positions that predict a trained token
+    wide = torch.promote_types(logits.dtype, torch.float32)  # float32 at least; a float64 oracle keeps float64
+    chosen = logits[lr, p].to(wide)  # [K, V]: only the positions that predict a trained token
     token_lp = chosen.log_softmax(-1).gather(1, labels_t.to(device)[r, t].unsqueeze(1)).squeeze(1)  # [K]
-    sums = torch.zeros(num_features, dtype=torch.float32, device=device).index_add(0, f, token_lp)
+    sums = torch.zeros(num_features, dtype=wide, device=device).index_add(0, f, token_lp)
     if placements is not None:
         placed = torch.zeros(num_features, dtype=torch.bool, device=device)
         placed[torch.from_numpy(np.unique(placements.feature)).to(device)] = True

@@ -73,7 +73,7 @@ def reduce_device(labels_device: torch.device | None, backend: str) -> torch.dev
     """Where to all-reduce the token count: on the labels' own device (each rank's GPU under torchrun)
     for backends that reduce device tensors, on the CPU for gloo. NCCL needs a CUDA tensor: labels
     still on the CPU fall back to the current CUDA device, which is the rank's own only if the
-    process called ``torch.cuda.set_device(local_rank)`` (the bench does, in ``_init_distributed``)."""
+    process called ``torch.cuda.set_device(local_rank)`` (the bench does: ``padless.bench.parallel.init_distributed``)."""
     import torch
 
     if backend == "gloo":
@@ -97,7 +97,7 @@ def causal_lm_loss(
 
     logits: ``[B, T, V]``; labels: ``[B, T]`` unshifted. ``num_items`` is the step's trained-token
     count (:func:`step_num_items`); ``world_size`` undoes DDP's gradient averaging. Cross-entropy is
-    computed in float32 whatever the logits' dtype. The labels are shifted, not the logits: slicing
+    computed in float32 whatever the logits' dtype (float64 logits stay float64). The labels are shifted, not the logits: slicing
     ``[B, T, V]`` logits would copy the largest tensor of the step. ``weights`` (``[B, T]``, aligned
     with ``labels``: the weight of the target at each position, :func:`target_weights`) weigh each
     token's CE.
@@ -113,9 +113,11 @@ def causal_lm_loss(
 
 
 def _ce_sum(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    import torch
     import torch.nn.functional as F
 
-    flat = logits.reshape(-1, logits.shape[-1]).float()
+    flat = logits.reshape(-1, logits.shape[-1])
+    flat = flat.to(torch.promote_types(flat.dtype, torch.float32))  # half -> float32; a float64 oracle keeps float64
     if weights is None:
         return F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
     ce = F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
@@ -214,7 +216,7 @@ def _on(num_items: int | torch.Tensor, device: torch.device) -> int | torch.Tens
     return num_items.to(device) if hasattr(num_items, "to") else num_items
 
 
-def _trained_logits(model: Any, inputs: Mapping[str, Any], trained: torch.Tensor) -> torch.Tensor:
+def trained_logits(model: Any, inputs: Mapping[str, Any], trained: torch.Tensor) -> torch.Tensor:
     """The forward's logits: ``[K, V]`` for the ``K`` trained positions only (``trained [B, T]``
     bool), or every logit ``[B, T, V]`` when the model does not fit the pattern (no output-embedding
     module, or a forward that does not pass the full hidden states through it).
@@ -263,7 +265,7 @@ def model_loss(
     token-normalised loss contribution. Works for any batch our collators (or transformers') emit.
 
     ``trained_logits_only``: the LM head runs only on the hidden states of tokens whose next token is
-    a target, gathered across rows (:func:`_trained_logits`), so a padded batch, a bucketed one, a
+    a target, gathered across rows (:func:`trained_logits`), so a padded batch, a bucketed one, a
     packed row and a flattened row do the same head work; the loss is unchanged. The head over a
     50k vocabulary dominates small models, so skipping untrained positions (prompts, tool results,
     padding) saves real work. A model that does not fit the pattern computes every logit.
@@ -281,7 +283,7 @@ def model_loss(
     if trained_logits_only:
         targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)  # [B, T]
         trained = targets != IGNORE_INDEX
-        logits = _trained_logits(model, inputs, trained)
+        logits = trained_logits(model, inputs, trained)
         if logits.dim() == 2:  # [K, V], the trained positions
             kept = targets[trained].to(logits.device)  # [K]
             kept_weights = None if weights is None else _shift(weights)[trained.to(weights.device)]

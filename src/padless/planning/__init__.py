@@ -2,6 +2,7 @@
 
 - ``plan``: the planners, overlong policies, :class:`~padless.planning.plan.PackPlan` and its stats.
 - ``_binpack``: the bin-packing engines behind ``plan``.
+- ``slots``: one plan from merged length histograms, and the rule placing each shard's sequences.
 - ``buffered``: the streaming planner (lengths arriving one by one, bounded buffer).
 - ``schedule``: the per-epoch schedule of packed rows for data-parallel training.
 - ``lengths``: length statistics, padding fractions, synthetic lengths, length grouping.

@@ -321,10 +321,24 @@ def histogram_best_fit(
     grouped by pattern. Returns ``(order, item sizes in that order, row_offsets)``: the sizes come
     from the patterns, so the caller need not gather them.
     """
-    m = sizes.size
-    per_row = max_per_row or _NO_CAP
     values, counts = histogram(sizes)
-    smallest = int(values[0]) if m else 1
+    groups, patterns = histogram_groups(values, counts, capacity, max_per_row)
+    return _expand(groups, patterns, sizes, capacity, values, counts, seed)
+
+
+def histogram_groups(
+    values: np.ndarray, counts: np.ndarray, capacity: int, max_per_row: int | None
+) -> tuple[list[list[int]], list[tuple[int, int, int, int]]]:
+    """The groups of identical rows that best fit decreasing makes of ``counts[i]`` items of size
+    ``values[i]`` (sizes ascending): a function of the histogram alone, so one plan can be made over an
+    input whose lengths are never gathered. Returns ``(groups, patterns)``: each group
+    ``[rows, free slots, pattern id, serial]`` in the order its rows were opened; each pattern
+    ``(parent pattern, run size, run copies, slots a row)``, a tree whose root is pattern 0 (empty).
+    """
+    per_row = max_per_row or _NO_CAP
+    values = np.asarray(values, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    smallest = int(values[0]) if values.size else 1
     patterns: list[tuple[int, int, int, int]] = [(-1, 0, 0, 0)]  # id -> (parent, size, copies, width)
     buckets: dict[int, list[list[int]]] = {}  # free capacity -> groups [rows, slots, pattern, serial]
     caps: list[int] = []
@@ -381,7 +395,7 @@ def histogram_best_fit(
             else:
                 closed.append(group)
     groups = sorted(closed + [g for cap in caps for g in buckets[cap]], key=lambda g: g[3])
-    return _expand(groups, patterns, sizes, capacity, values, counts, seed)
+    return groups, patterns
 
 
 _BIG_BAND = 256  # items from which a band is copied as a 2D slice: ~ break-even on 1M-10M lengths
