@@ -16,6 +16,7 @@ from padless.bench.strategies import BENCH_STRATEGIES
 Mode = Literal["same-examples", "token-budget"]
 Allocator = Literal["auto", "glibc", "glibc-tuned", "jemalloc", "tcmalloc"]
 Compile = Literal["off", "static", "dynamic"]
+Distributed = Literal["ddp", "fsdp"]
 
 RESULT_ONLY_FIELDS = ("world_size",)
 """Fields the run fills in (recorded in results.json), not flags."""
@@ -83,6 +84,11 @@ class RunConfig:
     pad_to_multiple_of: int | None = None
     """Round every strategy's row length up to a multiple of this (padded, bucketed, packed and
     flattened rows alike): fewer distinct shapes for compile, more padding."""
+    distributed: Distributed = "ddp"
+    """How ranks train together under torchrun: ddp (a whole replica per rank, gradients all-reduced;
+    with one process nothing is wrapped) or fsdp (FSDP2 through padless.shard_model: parameters,
+    gradients and optimiser state sharded over the ranks per decoder layer; under torchrun only, with
+    one process too). The loss is the same token-normalised one."""
     world_size: int = 1
     """Data-parallel processes (torchrun) the run found; per-step figures are summed over them."""
 
@@ -91,7 +97,8 @@ class RunConfig:
         if unknown or not self.strategies:
             raise ValueError(f"strategies: unknown strategy {unknown[0] if unknown else '(none given)'!r}; "
                              f"choose from {', '.join(BENCH_STRATEGIES)}")  # fmt: skip
-        for name, allowed in (("mode", Mode), ("allocator", Allocator), ("compile", Compile)):
+        for name, allowed in (("mode", Mode), ("allocator", Allocator), ("compile", Compile),
+                              ("distributed", Distributed)):
             if getattr(self, name) not in typing.get_args(allowed):
                 raise ValueError(f"{name} {getattr(self, name)!r}: choose one of {', '.join(typing.get_args(allowed))}")
         for name in ("steps", "batch_size", "max_length", "eval_examples", "grad_accumulation", "world_size"):
@@ -105,6 +112,9 @@ class RunConfig:
         multiple = self.pad_to_multiple_of
         if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
             raise ValueError(f"pad_to_multiple_of={multiple!r} must be >= 1 (an integer) or None")
+        if self.distributed == "fsdp" and (self.compile != "off" or self.dtype == "float16"):
+            what = f"compile={self.compile!r}" if self.compile != "off" else "dtype='float16' (loss scaling of shards)"
+            raise ValueError(f"distributed='fsdp' with {what} has not been run; use distributed='ddp' for it")
         if self.compile == "static" and multiple is None:
             raise ValueError("compile='static' compiles a graph per row shape, so pad_to_multiple_of must be set "
                              "(e.g. 64: rows then take a few shapes); or use compile='dynamic'")  # fmt: skip
