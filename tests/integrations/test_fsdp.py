@@ -407,6 +407,7 @@ def test_each_rank_takes_its_gpu_and_nccl_on_cuda(monkeypatch, device, local_ran
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda backend: calls.append(("init", backend)))
     monkeypatch.setenv("LOCAL_RANK", local_rank)
@@ -414,11 +415,10 @@ def test_each_rank_takes_its_gpu_and_nccl_on_cuda(monkeypatch, device, local_ran
     assert str(padless.init_distributed(device)) == want
     on_gpu = want.startswith("cuda")
     assert calls == [("set_device", want)] * on_gpu + [("init", "nccl" if on_gpu else "gloo")]  # device first
-    with pytest.raises(ValueError, match="CUDA device"):
+    with pytest.raises(ValueError, match="this machine has 2 CUDA device"):
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setenv("LOCAL_RANK", "2")  # 3 processes on a node with 2 GPUs
-        padless.init_distributed("cuda")
+        padless.init_distributed("cuda:2")
 
 
 def test_sync_gradients_keeps_ddp_gradients_local_and_leaves_a_plain_model_alone():

@@ -46,8 +46,8 @@ def init_distributed(device: str = "auto") -> torch.device:
     """Join the ``torchrun`` process group (if not joined yet) and return this rank's device.
 
     ``device``: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``. A bare
-    ``cuda`` is ``cuda:LOCAL_RANK``, or ``cuda:0`` when the launcher made one GPU visible per process;
-    it becomes the current device before NCCL starts (else every rank works on GPU 0), and the
+    ``cuda`` is ``cuda:LOCAL_RANK``, or the current device when the launcher made fewer GPUs visible
+    (one per process; :func:`padless.devices.resolve_device`); it becomes the current device before NCCL starts (else every rank works on GPU 0), and the
     group's backend is ``nccl``; on the CPU ``gloo``. Under ``torchrun`` (``WORLD_SIZE`` set) the group
     is joined even with one process, so :func:`shard_model` runs there too; outside it nothing is
     joined. ``ValueError`` names a device this machine does not have.
@@ -57,10 +57,7 @@ def init_distributed(device: str = "auto") -> torch.device:
 
     from padless.devices import resolve_device
 
-    name = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if name == "cuda" and torch.cuda.is_available() and torch.cuda.device_count() == 1:
-        name = "cuda:0"  # one visible GPU per process: it is this rank's, whatever LOCAL_RANK says
-    rank_device = resolve_device(name)  # a bare accelerator type takes LOCAL_RANK as its index
+    rank_device = resolve_device(device)  # bare cuda: LOCAL_RANK, or the one GPU the launcher left visible
     if rank_device.type == "cuda":
         torch.cuda.set_device(rank_device)
     if os.environ.get("WORLD_SIZE") and not dist.is_initialized():  # launched by torchrun
