@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "block_causal_mask": "padless.attention.masks",
     "backend_inputs": "padless.attention.select",
     "BACKENDS": "padless.attention.select",
+    "check_batch": "padless.attention.accept",
     "check_exact": "padless.attention.select",
     "resolve_backend": "padless.attention.select",
     "additive_tree_mask": "padless.attention.tree",
@@ -130,6 +131,7 @@ if TYPE_CHECKING:  # pragma: no cover - the same table for static analysis (test
     from padless.layout import cu_seqlens_from_lengths, document_ids_from_lengths, IGNORE_INDEX, lengths_from_position_ids, position_ids_from_lengths
     from padless.attention.backend import packed_documents, padless_attention, register_padless_attention
     from padless.attention.masks import additive_block_causal_mask, block_causal_mask
+    from padless.attention.accept import check_batch
     from padless.attention.select import backend_inputs, BACKENDS, check_exact, resolve_backend
     from padless.attention.tree import additive_tree_mask, shared_prompt_refusal, tree_attention
     from padless.attention.varlen import reference_varlen_attention, varlen_attention

@@ -17,6 +17,7 @@ EXTRAS: dict[str, str] = {
     "gguf": "bench",
     "accelerate": "trainer",
     "trl": "trl",
+    "peft": "peft",
     "ray": "ray",
 }
 """Top-level package -> the padless extra that installs it."""

@@ -351,7 +351,7 @@ def test_for_model_refuses_inputs_that_do_not_fit_the_backend():
     [
         ({"use_bidirectional_attention": True}, "both directions"),
         ({"layer_types": ["sliding_attention", "linear_attention", "full_attention", "full_attention"]},
-         "'linear_attention' carry state"),  # fmt: skip
+         "'linear_attention' mix tokens without the attention mask"),  # fmt: skip
     ],
 )
 def test_model_wide_refusals_name_no_backend(config_kw, match):
@@ -392,3 +392,102 @@ def test_verify_default_lengths_exceed_the_window(monkeypatch):
     monkeypatch.setattr(select, "mask_windows", lambda model, max_length: None)
     result = verify_isolation(model, backends=("sdpa",)).results[0]  # the documents row (then the tree row)
     assert result.status == "fail" and result.max_logit_diff > 1e-2
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        # RoBERTa numbers positions from padding_idx + 1 when it computes them: restarted ids from 0 differ
+        (lambda: __import__("transformers").RobertaConfig(is_decoder=True), "padding_idx \\+ 1"),
+        (lambda: __import__("transformers").XLMRobertaConfig(is_decoder=True), "padding_idx \\+ 1"),
+        # a BERT-family causal LM attends both ways unless it is configured as a decoder
+        (lambda: __import__("transformers").BertConfig(is_decoder=False), "both directions"),
+    ],
+)
+def test_position_offsets_and_encoders_are_refused_on_every_backend(make, match):
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match=f"{match}.*no attention backend can"):
+            check_exact(make(), backend, device="cpu", dtype=torch.float32)
+
+
+def test_a_bert_decoder_is_accepted():
+    from transformers import BertConfig
+
+    check_exact(BertConfig(is_decoder=True), "eager", device="cpu", dtype=torch.float32)
+
+
+def test_a_window_the_models_own_mask_ignores_is_not_carried():
+    """Moshi has ``sliding_window`` in its config, but its mask path builds a plain causal mask on sdpa and
+    eager: alone it attends to the whole document, so the packed mask must too."""
+    from transformers import MoshiConfig
+
+    rules = attention_rules(MoshiConfig(sliding_window=WINDOW))
+    assert rules.mask_windows(ROW) is None
+    assert attention_rules(_mistral().config).mask_windows(ROW) == WINDOW  # Mistral's mask does slide
+
+
+def test_per_token_layer_types_are_not_state():
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(**TINY, head_dim=8, sliding_window=WINDOW)
+    config.layer_types = ["sliding_attention", "moe", "full_attention", "mlp"]
+    assert attention_rules(config).other_layer_types == ()
+
+
+def test_chunked_attention_is_carried_by_position_ids_or_refused_per_backend():
+    """Llama 4's chunks: on sdpa / eager a packed batch of restarted position_ids alone lets transformers
+    build per-document chunked masks (a 4D mask would replace the chunks); padless attention has no chunks."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    from padless.attention.select import model_inputs
+
+    config = Llama4TextConfig(**TINY, attention_chunk_size=WINDOW, head_dim=8, intermediate_size_mlp=64,
+                              num_local_experts=2)  # fmt: skip
+    assert attention_rules(config).chunk_size == WINDOW and "chunked_attention" in config.layer_types
+    with pytest.raises(ValueError, match="the model uses chunked attention"):
+        check_exact(config, "padless", device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match="tree of a shared prompt carries no chunked attention"):
+        check_exact(config, "sdpa", device="cpu", dtype=torch.float32, layout="shared_prompt")
+    for backend in ("sdpa", "eager"):
+        check_exact(config, backend, device="cpu", dtype=torch.float32)
+        assert model_inputs(config, backend) == "position_ids"
+        torch.manual_seed(0)
+        model = Llama4ForCausalLM(config).eval()
+        model.set_attn_implementation(backend)
+        feats = make_features(LENGTHS, vocab_size=VOCAB, seed=3)
+        batch = PackingCollator.for_model(model, max_length=ROW)(feats)
+        assert "attention_mask" not in batch and batch["use_cache"] is False
+        with torch.no_grad():
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            pl = batch.placements
+            for j in range(pl.feature.size):
+                r, o, n = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])
+                alone = model(input_ids=torch.tensor([feats[int(pl.feature[j])]["input_ids"]])).logits[0]
+                torch.testing.assert_close(logits[r, o : o + n], alone, atol=1e-5, rtol=1e-5)
+        # the plain block mask would be wrong here: the chunks are what a 4D mask loses
+        plain = PackingCollator(max_length=ROW)(feats)
+        with torch.no_grad():
+            wrong = model(**{k: v for k, v in plain.items() if k != "labels"}).logits
+        docs = [(int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])) for j in range(pl.feature.size)]
+        assert max((wrong[r, o : o + n] - logits[r, o : o + n]).abs().max().item() for r, o, n in docs) > 1e-3
+
+
+def test_a_model_that_expands_its_own_2d_mask_is_refused_the_4d_mask():
+    from transformers import OpenAIGPTConfig
+
+    config = OpenAIGPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4)
+    assert not attention_rules(config).takes_4d_mask and attention_rules(_mistral().config).takes_4d_mask
+    with pytest.raises(ValueError, match="expands a 2D padding mask itself"):
+        check_exact(config, "eager", device="cpu", dtype=torch.float32)
+
+
+def test_a_config_with_per_layer_head_sizes_is_judged_not_crashed():
+    """Gemma 4's config refuses a global head_dim (it varies per layer): the rule answers anyway."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import sweep_support
+
+    config = sweep_support.tiny_config("gemma4_text")
+    check_exact(config, "sdpa", device="cpu", dtype=torch.float32, max_length=ROW)

@@ -248,7 +248,7 @@ def test_run_config_refuses_bad_values_naming_the_field(field, value, message):
 
 
 @pytest.mark.parametrize("extra, message", [({"compile": "dynamic"}, "compile='dynamic'"),
-                                            ({"dtype": "float16"}, "dtype='float16'")])
+                                            ({"dtype": "float16"}, "dtype='float16'"), ({"lora": 8}, "lora")])
 def test_fsdp_refuses_what_has_not_run_with_it(extra, message):
     from padless.bench.config import RunConfig
 

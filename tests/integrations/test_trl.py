@@ -121,3 +121,29 @@ def test_evaluation_packs_the_eval_dataset_once(tmp_path):
     assert "seq_lengths" in trainer.eval_dataset.column_names
     assert trainer.eval_dataset.num_rows == support.num_rows(support.examples())
     assert math.isfinite(trainer.evaluate()["eval_loss"])
+
+
+def test_sft_trainer_with_a_lora_peft_config_packs_for_the_wrapped_model(tmp_path):
+    """TRL wraps the model in a PeftModel; padless' rule answers from the model inside it, and the
+    adapter alone trains on packed rows."""
+    import math
+
+    peft = pytest.importorskip("peft")
+    import torch
+    import trl
+
+    from padless.integrations.trl import SFTTrainer
+
+    ds = support.dataset(support.examples())
+    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
+                         use_cpu=True, max_steps=1, per_device_train_batch_size=2, disable_tqdm=True, bf16=False,
+                         save_strategy="no")  # fmt: skip
+    lora = peft.LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, fan_in_fan_out=True)
+    trainer = SFTTrainer(model=support.model("padless"), args=args, train_dataset=ds, peft_config=lora,
+                         processing_class=support.tokenizer())  # fmt: skip
+    assert type(trainer.model).__name__.startswith("PeftModel")
+    assert trainer.data_collator.attention == "varlen"  # padless attention's inputs, read through the wrapper
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    assert math.isfinite(trainer.train().training_loss)
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert changed and all("lora_" in n for n in changed)

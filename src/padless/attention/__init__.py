@@ -8,6 +8,8 @@
 - ``backend``: the ``"padless"`` attention function registered with transformers, and its mask function.
 - ``rules``: what a model's own attention computes (windows, soft-capping, ALiBi...), read from its config.
 - ``positions``: how a model encodes positions, and when a packed row keeps ALiBi models exact.
+- ``adapters``: PEFT wrappers (LoRA, DoRA, IA3): the one unwrapping, and why prompt learning is refused.
+- ``accept``: a batch or collator built without the model, checked against the model it meets.
 - ``select``: the ONE rule that says whether a model + backend + layout is exact, or refuses it.
 - ``tree``: shared-prompt (tree) attention: completions attend to one prompt, not to each other.
 """

@@ -141,7 +141,12 @@ def head_dim_of(config: Any) -> int | None:
     if config is None:
         return None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    get = lambda name: getattr(text, name, None)  # noqa: E731
+    def get(name: str) -> Any:
+        try:
+            return getattr(text, name, None)
+        except Exception:  # noqa: BLE001 (Gemma 4's per-layer configs refuse a global head_dim)
+            return None
+
     sizes = [v for v in (get("head_dim"), get("qk_head_dim"), get("v_head_dim")) if isinstance(v, int) and v > 0]
     if not sizes:
         hidden, heads = get("hidden_size"), get("num_attention_heads")

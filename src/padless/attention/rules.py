@@ -25,13 +25,25 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
 
+from padless.attention.adapters import adapter_refusal, base_model_of
+
 FULL, SLIDING = "full_attention", "sliding_attention"
 ATTENTION_LAYER_TYPES = (FULL, SLIDING)
 """Layer types whose attention is block-causal (optionally windowed) over the row."""
+CHUNKED = "chunked_attention"
+"""Llama 4's chunked layers (``attention_chunk_size``): attention, judged by :attr:`AttentionRules.chunk_size`."""
+PER_TOKEN_LAYER_TYPES = ("mlp", "moe", "dense", "ffn")
+"""Layer types that mix no tokens (hybrid patterns such as Nemotron-H list them beside attention)."""
+_SLIDING_MASK_MARKS = ("sliding_window_causal_mask", SLIDING, "sliding_window_mask",
+                       "_prepare_4d_causal_attention_mask_with_cache_position")  # fmt: skip
+"""Source text of models whose mask path honours ``config.sliding_window``; a model whose source has a
+window setting and none of these (Moshi, OLMoE in transformers 5.24) builds a plain causal mask on
+sdpa / eager, so its packed mask must not carry a window either."""
 
 MaskWindows = int | dict[str, int | None] | None
 """What the 4D mask path sends: ``None`` one block-causal mask for every layer; ``w`` one mask with
@@ -40,6 +52,18 @@ a dict of masks that the model picks from per layer."""
 
 _MASK_DICT_MARK = "causal_mask_mapping := attention_mask, dict"
 _SINK_MARK = "s_aux="
+_OFFSET_POSITIONS_MARK = "create_position_ids_from_input_ids"
+"""RoBERTa-family embeddings number positions from ``padding_idx + 1`` when they compute them."""
+_POSITION_MASK_MARK = re.compile(r"(create_\w*mask\(|mask_function\(|mask_kwargs = \{)[^)}]*position_ids", re.S)
+"""A mask builder called with ``position_ids``: transformers 5.24 then finds the documents of a packed
+row from restarted position ids (``find_packed_sequence_indices``, any batch size, no 2D mask, no
+cache) and builds per-document masks with the model's own windows."""
+_MASK4D_MARKS = ("masking_utils", "_prepare_4d")
+"""Source text of models whose mask path goes through transformers' mask utilities, which pass a 4D
+mask through as it is; a model with none of these (OpenAI GPT, XLM) expands a 2D mask itself. A
+composite model that builds its decoder with ``AutoModel`` (Fuyu) is judged by that decoder's rules."""
+_DECODER_FLAG_MARK = "is_causal=config.is_decoder"
+"""BERT-family layers are causal only with ``config.is_decoder=True``."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +96,20 @@ class AttentionRules:
     """Chunked attention (``attention_chunk_size``, Llama 4)."""
     takes_position_ids: bool | None
     """The model's ``forward`` accepts ``position_ids`` (``None``: model class unknown)."""
+    offset_positions: bool = False
+    """The model numbers positions from ``padding_idx + 1`` when it computes them itself (RoBERTa,
+    CamemBERT, XLM-RoBERTa, Data2Vec-text, ...), so restarted position ids from 0 are not the positions
+    a document has alone."""
+    takes_4d_mask: bool = True
+    """The model's mask path passes a 4D mask through as it is (``False``: it expands a 2D padding
+    mask itself, so a 4D block mask breaks it)."""
+    masks_from_position_ids: bool = False
+    """The model passes ``position_ids`` to transformers' mask builders, so a batch of restarted
+    ``position_ids`` alone (no ``attention_mask``, ``use_cache=False``) gets per-document masks on sdpa
+    and eager, with the model's own sliding windows."""
+    adapter: str | None = None
+    """Why the PEFT adapter wrapping the model breaks packing (prompt learning), ``None`` when it does
+    not or there is none (:func:`padless.attention.adapters.adapter_refusal`)."""
 
     def mask_windows(self, max_length: int | None) -> MaskWindows:
         """What a 4D mask must carry for rows whose documents hold at most ``max_length`` tokens
@@ -93,11 +131,12 @@ class AttentionRules:
 
 
 def model_class_of(model_or_config: Any) -> type | None:
-    """The causal-LM class of a model, or the one transformers maps a config to (``None``: unknown)."""
+    """The causal-LM class of a model (the one a PEFT adapter wraps: :func:`base_model_of`), or the one
+    transformers maps a config to (``None``: unknown)."""
     if model_or_config is None:
         return None
     if hasattr(model_or_config, "config") and hasattr(model_or_config, "forward"):
-        return type(model_or_config)
+        return type(base_model_of(model_or_config))
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
@@ -107,10 +146,61 @@ def model_class_of(model_or_config: Any) -> type | None:
 
 
 def config_of(model_or_config: Any) -> Any:
-    """The config of a model, or the config itself."""
+    """The config of a model (of the model a PEFT adapter wraps), or the config itself."""
     if hasattr(model_or_config, "config") and hasattr(model_or_config, "forward"):
-        return model_or_config.config
+        return base_model_of(model_or_config).config
     return model_or_config
+
+
+def _text_config(config: Any) -> Any:
+    """The config of the decoder that reads the tokens (a multimodal model's ``text_config``; the config
+    itself otherwise): its windows, layer types and soft-capping are the ones that apply."""
+    get_text = getattr(config, "get_text_config", None)
+    if get_text is None:
+        return config
+    try:
+        return get_text(decoder=True)
+    except (TypeError, ValueError):
+        return config
+
+
+@dataclass(frozen=True)
+class _SourceMarks:
+    """What a model's module source says (the marks above), read once per model class."""
+
+    known: bool = False
+    """The source could be read (``False``: every other field keeps its permissive default)."""
+    sliding_mask: bool = True
+    """The mask path honours ``sliding_window`` (:data:`_SLIDING_MASK_MARKS`)."""
+    mask_dict: bool = False
+    """The base model takes a dict of 4D masks by layer type."""
+    sinks: bool = False
+    """Attention sinks (``s_aux``)."""
+    decoder_flag: bool = False
+    """Layers are causal only with ``config.is_decoder`` (BERT family)."""
+    offset_positions: bool = False
+    """Positions computed from ``padding_idx + 1`` (RoBERTa family)."""
+    masks_from_position_ids: bool = False
+    """Mask builders called with ``position_ids`` (:data:`_POSITION_MASK_MARK`)."""
+    takes_4d_mask: bool = True
+    """A 4D mask passes through as it is (:data:`_MASK4D_MARKS`)."""
+
+
+@functools.cache
+def _source_marks(model_class: type) -> _SourceMarks:
+    source = _module_source(model_class)
+    if not source:
+        return _SourceMarks()
+    return _SourceMarks(
+        known=True,
+        sliding_mask=any(mark in source for mark in _SLIDING_MASK_MARKS),
+        mask_dict=_MASK_DICT_MARK in source,
+        sinks=_SINK_MARK in source,
+        decoder_flag=_DECODER_FLAG_MARK in source,
+        offset_positions=_OFFSET_POSITIONS_MARK in source,
+        masks_from_position_ids=bool(_POSITION_MASK_MARK.search(source)),
+        takes_4d_mask="AutoModel" in source or any(mark in source for mark in _MASK4D_MARKS),
+    )
 
 
 @functools.cache
@@ -124,7 +214,7 @@ def _module_source(model_class: type) -> str:
 
 def attention_rules(model_or_config: Any) -> AttentionRules:
     """Read :class:`AttentionRules` from a transformers model or config (see the module docstring)."""
-    config = config_of(model_or_config)
+    config = _text_config(config_of(model_or_config))
     model_class = model_class_of(model_or_config)
     get = lambda name, default=None: getattr(config, name, default)  # noqa: E731
     window = get("sliding_window")
@@ -134,10 +224,12 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
     if layer_types:
         types = list(dict.fromkeys(layer_types))
         windows = {t: (window if t == SLIDING else None) for t in types if t in ATTENTION_LAYER_TYPES}
-        others = tuple(t for t in types if t not in ATTENTION_LAYER_TYPES)
+        others = tuple(t for t in types if t not in (*ATTENTION_LAYER_TYPES, CHUNKED, *PER_TOKEN_LAYER_TYPES))
     else:
         windows, others = {SLIDING if window is not None else FULL: window}, ()
-    source = _module_source(model_class) if model_class is not None else ""
+    marks = _source_marks(model_class) if model_class is not None else _SourceMarks()
+    if marks.known and not marks.sliding_mask:
+        windows = {t: None for t in windows}  # the model's own mask has no window (see _SLIDING_MASK_MARKS)
     mpt_alibi = bool(getattr(get("attn_config"), "alibi", False)) if get("model_type") == "mpt" else False
     takes_position_ids = None
     if model_class is not None:
@@ -145,13 +237,18 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
     return AttentionRules(
         windows=windows,
         per_layer_type=bool(layer_types),
-        accepts_mask_dict=_MASK_DICT_MARK in source,
+        accepts_mask_dict=marks.mask_dict,
         other_layer_types=others,
         softcap=get("attn_logit_softcapping"),
         dropout=float(get("attention_dropout", 0.0) or 0.0),
-        sinks=_SINK_MARK in source,
+        sinks=marks.sinks,
         alibi=bool(get("alibi", False)) or get("model_type") == "bloom" or mpt_alibi,
-        bidirectional=bool(get("use_bidirectional_attention", False)),
+        bidirectional=bool(get("use_bidirectional_attention", False))
+        or (marks.decoder_flag and get("is_decoder") is False),
         chunk_size=get("attention_chunk_size"),
         takes_position_ids=takes_position_ids,
+        offset_positions=marks.offset_positions,
+        masks_from_position_ids=marks.masks_from_position_ids,
+        takes_4d_mask=marks.takes_4d_mask,
+        adapter=adapter_refusal(model_or_config),
     )

@@ -69,6 +69,8 @@ def _lacks(t: _Target, flag: str) -> bool:
 def _refuse_model(t: _Target) -> str | None:
     """What no backend can make exact: the model's own rules reach across the whole row."""
     r = t.rules
+    if r.adapter is not None:
+        return r.adapter
     if r.alibi:  # relative positions: exact with a block mask alone where the model takes one
         from padless.attention.positions import alibi_refusal
 
@@ -79,10 +81,14 @@ def _refuse_model(t: _Target) -> str | None:
         return (f"{t.model_class.__name__}.forward takes no position_ids, so packed documents would be given "
                 "positions that run on across document boundaries")  # fmt: skip
     if r.bidirectional:
-        return "the model attends in both directions (use_bidirectional_attention)"
+        return "the model attends in both directions (use_bidirectional_attention, or is_decoder=False)"
+    if r.offset_positions:
+        return ("the model numbers positions from padding_idx + 1 when it computes them itself (RoBERTa family), "
+                "so position ids restarted at 0 would give each packed document other positions than it has alone")  # fmt: skip
     if r.other_layer_types:
         kinds = ", ".join(map(repr, r.other_layer_types))
-        return f"layers of type {kinds} carry state along the whole row, across documents"
+        return (f"layers of type {kinds} mix tokens without the attention mask (recurrent, linear, convolution or "
+                "sparse-indexed layers), so their state runs along the whole row, across documents")  # fmt: skip
     return None
 
 
@@ -110,8 +116,11 @@ def _refuse_padless(t: _Target) -> str | None:
 def _refuse_mask4d(t: _Target, name: str, flag: str | None) -> str | None:
     if flag and _lacks(t, flag):
         return f"{t.model_class.__name__} does not support attn_implementation={name!r}"
-    if t.rules.chunk_size is not None:
-        return "a 4D mask replaces the model's chunked attention"
+    if not t.rules.takes_4d_mask:
+        owner = t.model_class.__name__ if t.model_class is not None else "this model"
+        return f"{owner} expands a 2D padding mask itself and cannot take the 4D block mask"
+    if t.rules.chunk_size is not None and not t.rules.masks_from_position_ids:
+        return "a 4D mask replaces the model's chunked attention, and the model builds no mask from position_ids"
     windows = t.rules.mask_windows(t.max_length)
     if isinstance(windows, dict) and not t.rules.accepts_mask_dict:
         owner = t.model_class.__name__ if t.model_class is not None else "this model"
@@ -166,6 +175,18 @@ def backend_inputs(backend: str) -> AttentionInputs:
     return spec.inputs
 
 
+def model_inputs(model_or_config: Any, backend: str) -> AttentionInputs:
+    """What a packed batch must carry for ``backend`` on this model: :func:`backend_inputs`, except that a
+    model with chunked attention (Llama 4) on a 4D-mask backend gets restarted ``position_ids`` alone,
+    from which transformers builds per-document chunked masks itself (a 4D mask would replace its
+    chunks); :func:`check_exact` accepts that only where the model builds its masks from position ids."""
+    inputs = backend_inputs(backend)
+    rules = attention_rules(model_or_config) if model_or_config is not None else None
+    if inputs == "mask4d" and rules is not None and rules.chunk_size is not None and rules.masks_from_position_ids:
+        return "position_ids"
+    return inputs
+
+
 def compute_target(model_or_config: Any, device: Any = None, dtype: Any = None) -> tuple[torch.device, torch.dtype]:
     """Where the attention of a training step will run: ``(device, compute dtype)``.
 
@@ -217,6 +238,8 @@ def _refuse_layout(t: _Target) -> str | None:
     reason = shared_prompt_refusal(t.backend)
     if reason is None and BACKENDS[t.backend].inputs == "mask4d" and t.rules.active_windows(t.max_length):
         reason = "the 4D tree mask of a shared prompt carries no sliding window"
+    if reason is None and t.rules.chunk_size is not None:
+        reason = "the tree of a shared prompt carries no chunked attention"
     return reason
 
 

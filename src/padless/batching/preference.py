@@ -64,6 +64,10 @@ def check_batch_for_model(model: Any, batch: Any) -> None:
                          "build it with PreferenceCollator.for_model(model)")  # fmt: skip
     if "tree_cu_seqlens" not in batch and mask is None and backend != "padless" and _has_tree(batch):
         raise ValueError(f"this shared-prompt batch has neither a tree mask nor tree kwargs; {backend!r} cannot run it")
+    if "tree_cu_seqlens" not in batch and not _has_tree(batch):  # documents only: the one batch check
+        from padless.attention.accept import check_batch
+
+        check_batch(model, batch)
 
 
 def _has_tree(batch: Any) -> bool:

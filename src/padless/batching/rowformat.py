@@ -183,7 +183,7 @@ class RowFormat:
         raises ``ValueError`` naming a backend that is exact when this one is not) -> the inputs the
         backend needs (a different ``attention`` given is refused) -> the mask's dtype and, for a 4D
         mask, the model's sliding windows -> the vocabulary size for token validation."""
-        from padless.attention.select import backend_inputs, check_exact, mask_windows
+        from padless.attention.select import check_exact, mask_windows, model_inputs
 
         backend = model.config._attn_implementation
         max_length = options.get("max_length")
@@ -191,7 +191,7 @@ class RowFormat:
         check_exact(model, backend, device=device_of(model) if device is None else device,
                     dtype=weights_dtype if dtype is None else dtype, max_length=max_length,
                     layout=cls.layout_of(options))  # fmt: skip
-        needed = backend_inputs(backend)
+        needed = model_inputs(model, backend)  # chunked attention: position_ids alone (transformers' own masks)
         if options.setdefault("attention", needed) != needed:
             raise ValueError(f"attention={options['attention']!r} does not isolate documents on backend {backend!r}, "
                              f"which needs attention={needed!r}")  # fmt: skip

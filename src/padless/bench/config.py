@@ -84,6 +84,9 @@ class RunConfig:
     pad_to_multiple_of: int | None = None
     """Round every strategy's row length up to a multiple of this (padded, bucketed, packed and
     flattened rows alike): fewer distinct shapes for compile, more padding."""
+    lora: int | None = None
+    """Train every strategy's model through a LoRA adapter of this rank (padless.models.lora.with_lora,
+    peft's default modules, base weights frozen; needs padless[peft]); unset: full fine-tuning."""
     distributed: Distributed = "ddp"
     """How ranks train together under torchrun: ddp (a whole replica per rank, gradients all-reduced;
     with one process nothing is wrapped) or fsdp (FSDP2 through padless.shard_model: parameters,
@@ -101,6 +104,8 @@ class RunConfig:
                               ("distributed", Distributed)):
             if getattr(self, name) not in typing.get_args(allowed):
                 raise ValueError(f"{name} {getattr(self, name)!r}: choose one of {', '.join(typing.get_args(allowed))}")
+        if self.lora is not None and (isinstance(self.lora, bool) or not isinstance(self.lora, int) or self.lora < 1):
+            raise ValueError(f"lora={self.lora!r} must be a LoRA rank >= 1 (an integer)")
         for name in ("steps", "batch_size", "max_length", "eval_examples", "grad_accumulation", "world_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -112,8 +117,9 @@ class RunConfig:
         multiple = self.pad_to_multiple_of
         if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
             raise ValueError(f"pad_to_multiple_of={multiple!r} must be >= 1 (an integer) or None")
-        if self.distributed == "fsdp" and (self.compile != "off" or self.dtype == "float16"):
-            what = f"compile={self.compile!r}" if self.compile != "off" else "dtype='float16' (loss scaling of shards)"
+        if self.distributed == "fsdp" and (self.compile != "off" or self.dtype == "float16" or self.lora is not None):
+            what = (f"compile={self.compile!r}" if self.compile != "off" else "lora (frozen base weights in the shards)"
+                    if self.lora is not None else "dtype='float16' (loss scaling of shards)")  # fmt: skip
             raise ValueError(f"distributed='fsdp' with {what} has not been run; use distributed='ddp' for it")
         if self.compile == "static" and multiple is None:
             raise ValueError("compile='static' compiles a graph per row shape, so pad_to_multiple_of must be set "

@@ -126,6 +126,10 @@ def train_strategy(
     # round away in bf16 weights (at lr 5e-5 most of them do)
     half = is_half_precision(dtype)
     model = build_model(cfg.model, attn_implementation=attn, seed=cfg.seed, dtype=torch.float32 if half else dtype)
+    if cfg.lora is not None:  # every strategy trains the same adapter; packing reads through the wrapper
+        from padless.models.lora import with_lora
+
+        model = with_lora(model, cfg.lora)
     model = model.to(device)
     model.train()
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if half else contextlib.nullcontext
@@ -140,7 +144,7 @@ def train_strategy(
     batcher = strategy.make_batcher(opts, model)
     rank, world_size = world
     parallel = wrap_model(model, device, world_size, cfg.distributed)  # the loss undoes DDP's / FSDP2's averaging
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
     scheduler = _schedule(optimizer, cfg.warmup_steps, cfg.steps)
     scaler = grad_scaler(device, dtype)
     only = not cfg.full_logits

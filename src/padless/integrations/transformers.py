@@ -269,6 +269,10 @@ class PackedTrainer(Trainer):
         self.rows_per_batch = rows_per_batch or self.args.per_device_train_batch_size
         self.plan_options = dict(strategy=strategy, overlong=overlong, remainder=remainder)
         self.pad_token_id = pad_token_id_for(model, processing_class) if pad_token_id is None else pad_token_id
+        if data_collator is not None:  # the user's collator may not know the model: its batches must fit it
+            from padless.attention.accept import check_collator
+
+            check_collator(model, data_collator, device=self.args.device, dtype=training_dtype(self.args))
         self.data_collator = data_collator or exact_collator(
             model, max_length, device=self.args.device, dtype=training_dtype(self.args) or compute_dtype(model),
             pad_token_id=self.pad_token_id,

@@ -96,7 +96,9 @@ class PackedSFTTrainer(trl.SFTTrainer):
             count_shifted_labels(model)  # before Trainer reads loss_type
         super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, *trl_args,
                          **trl_kwargs)  # fmt: skip
-        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        from padless.attention.adapters import base_model_of
+
+        inner = base_model_of(self.model)  # peft_config=...: TRL wrapped the model in a PeftModel
         count_shifted_labels(inner)
         if hasattr(self, "_loss_shifts_labels"):  # a model loaded by TRL from a name: read loss_type again
             self._loss_shifts_labels = shifts_labels(inner)

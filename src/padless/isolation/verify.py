@@ -376,6 +376,9 @@ def _model_refusal(model: Any) -> str | None:
     """Why padless packs for no backend of this model (its forward takes no ``position_ids``), or None."""
     import inspect
 
+    from padless.attention.adapters import base_model_of
+
+    model = base_model_of(model)  # a PEFT wrapper's forward takes **kwargs and passes them on
     if "position_ids" not in inspect.signature(model.forward).parameters:
         return (f"{type(model).__name__}.forward takes no position_ids, so packed documents would be given "
                 "positions that run on across document boundaries; padless refuses to pack for it")

@@ -116,7 +116,7 @@ def sequence_logprobs(
         rows, targets, preds, feats = _padded_positions(labels)
         num_features = labels.shape[0]
     else:
-        if logits is None and placements.prev_offset is not None:  # a shared-prompt tree: wrong on another backend
+        if logits is None:  # a batch built for another backend or without the model: refused, never wrong
             from padless.batching.preference import check_batch_for_model
 
             check_batch_for_model(model, batch)

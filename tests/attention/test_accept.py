@@ -1,0 +1,168 @@
+"""A batch (or a collator) built without the model is checked where it meets the model: exact batches
+pass, those some model would run contaminated are refused with the reason and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_features
+from padless.attention.accept import carried_inputs, check_batch, check_collator, row_documents
+from padless.attention.backend import register_padless_attention
+from padless.batching.batch import forward_inputs
+from padless.batching.collate import PackingCollator, PaddingCollator
+
+VOCAB, WINDOW, ROW = 64, 8, 32
+LENGTHS = (20, 3, 13, 1, 17, 9)
+TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)  # fmt: skip
+
+
+def _model(kind: str, backend: str = "sdpa"):
+    import transformers as tf
+
+    if backend == "padless":
+        register_padless_attention()
+    torch.manual_seed(0)
+    config = {
+        "llama": lambda: tf.LlamaConfig(**TINY),
+        "mistral": lambda: tf.MistralConfig(**TINY, sliding_window=WINDOW),
+        "gemma3": lambda: tf.Gemma3TextConfig(**TINY, head_dim=8, sliding_window=WINDOW,
+                                              layer_types=["sliding_attention", "full_attention"]),
+        "roberta": lambda: tf.RobertaConfig(**{**TINY, "num_key_value_heads": None}, is_decoder=True),
+    }[kind]()
+    return tf.AutoModelForCausalLM.from_config(config, attn_implementation=backend).eval()
+
+
+def _feats():
+    return make_features(LENGTHS, vocab_size=VOCAB, seed=4)
+
+
+def _max_diff(model, feats, batch):
+    with torch.no_grad():
+        logits = model(**forward_inputs(batch)).logits
+    pl, worst = batch.placements, 0.0
+    for j in range(pl.feature.size):
+        r, o, n = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])
+        with torch.no_grad():
+            alone = model(input_ids=torch.tensor([feats[int(pl.feature[j])]["input_ids"]])).logits[0]
+        worst = max(worst, (logits[r, o : o + n] - alone).abs().max().item())
+    return worst
+
+
+def test_a_model_free_batch_that_is_exact_passes():
+    model, feats = _model("llama"), _feats()
+    batch = PackingCollator(max_length=ROW)(feats)
+    check_batch(model, batch)
+    assert _max_diff(model, feats, batch) < 1e-5
+
+
+def test_a_model_free_batch_without_the_models_window_is_refused():
+    model, feats = _model("mistral"), _feats()
+    plain = PackingCollator(max_length=ROW)(feats)
+    assert _max_diff(model, feats, plain) > 1e-2  # what the check prevents: the mask lost the window
+    with pytest.raises(ValueError, match="sliding window of 8 tokens.*PackingCollator.for_model"):
+        check_batch(model, plain)
+    fitted = PackingCollator.for_model(model, max_length=ROW)(feats)
+    check_batch(model, fitted)
+    assert _max_diff(model, feats, fitted) < 1e-5
+
+
+def test_per_layer_type_masks_are_checked_by_layer_type():
+    model, feats = _model("gemma3"), _feats()
+    with pytest.raises(ValueError, match="layer types need masks with sliding windows"):
+        check_batch(model, PackingCollator(max_length=ROW)(feats))
+    batch = PackingCollator.for_model(model, max_length=ROW)(feats)
+    assert isinstance(batch["attention_mask"], dict)
+    check_batch(model, batch)
+    batch["attention_mask"]["sliding_attention"] = batch["attention_mask"]["full_attention"]  # window dropped
+    with pytest.raises(ValueError, match="sliding window of 8 tokens"):
+        check_batch(model, batch)
+
+
+def test_the_batch_form_must_be_the_backends():
+    model, feats = _model("llama", "padless"), _feats()
+    with pytest.raises(ValueError, match="carries 'mask4d' attention inputs.*only with 'varlen'"):
+        check_batch(model, PackingCollator(max_length=ROW)(feats))
+    check_batch(model, PackingCollator.for_model(model, max_length=ROW)(feats))
+    half = PackingCollator(max_length=ROW, mask_dtype=torch.bfloat16)(feats)
+    with pytest.raises(ValueError, match="mask is torch.bfloat16, the model computes in torch.float32"):
+        check_batch(_model("llama"), half)
+
+
+def test_models_padless_refuses_are_refused_for_any_batch():
+    with pytest.raises(ValueError, match="padding_idx \\+ 1"):
+        check_batch(_model("roberta"), PackingCollator(max_length=ROW)(_feats()))
+
+
+def test_padded_batches_pass_and_inputs_are_read_from_the_batch():
+    model, feats = _model("mistral"), _feats()
+    padded = PaddingCollator()(feats)
+    assert carried_inputs(padded) == "padding"
+    check_batch(model, padded)
+    assert carried_inputs(PackingCollator(max_length=ROW)(feats)) == "mask4d"
+    assert carried_inputs(PackingCollator(max_length=ROW, attention="varlen")(feats)) == "varlen"
+    assert carried_inputs(PackingCollator(max_length=ROW, attention="position_ids")(feats)) == "position_ids"
+
+
+def test_row_documents_are_the_placed_documents():
+    batch = PackingCollator(max_length=ROW)(_feats())
+    docs = row_documents(batch)
+    starts = {(r, int(o)) for r, row in enumerate(docs) for o in ([0, *list(__import__("itertools").accumulate(row))[:-1]])}
+    pl = batch.placements
+    for j in range(pl.feature.size):
+        r, o, n = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])
+        assert (r, o) in starts and n in docs[r]
+    assert all(sum(row) == batch["input_ids"].shape[1] for row in docs)
+
+
+def test_check_collator_reads_the_collators_settings():
+    mistral = _model("mistral")
+    with pytest.raises(ValueError, match="windows None, the model needs 8"):
+        check_collator(mistral, PackingCollator(max_length=ROW))
+    check_collator(mistral, PackingCollator.for_model(mistral, max_length=ROW))
+    check_collator(_model("llama"), PackingCollator(max_length=ROW))
+    with pytest.raises(ValueError, match="attention='mask4d'.*only with 'varlen'"):
+        check_collator(_model("llama", "padless"), PackingCollator(max_length=ROW))
+
+
+def test_sequence_logprobs_refuses_a_batch_the_model_would_run_contaminated():
+    from padless.objectives.logprobs import sequence_logprobs
+
+    model, feats = _model("mistral"), _feats()
+    with pytest.raises(ValueError, match="sliding window of 8 tokens"):
+        sequence_logprobs(model, PackingCollator(max_length=ROW)(feats))
+    sequence_logprobs(model, PackingCollator.for_model(model, max_length=ROW)(feats))
+
+
+def test_packed_trainer_refuses_a_model_free_collator_that_does_not_fit(tmp_path):
+    pytest.importorskip("accelerate")
+    from transformers import TrainingArguments
+
+    from padless.integrations.transformers import PackedTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], per_device_train_batch_size=2)
+    with pytest.raises(ValueError, match="sliding windows None, the model needs 8"):
+        PackedTrainer(_model("mistral"), args, data_collator=PackingCollator(max_length=ROW), max_length=ROW)
+
+
+def test_a_mask_is_compared_once_per_window():
+    from padless.attention import accept
+
+    model, feats = _model("mistral"), _feats()
+    batch = PackingCollator.for_model(model, max_length=ROW)(feats)
+    check_batch(model, batch)
+    assert accept._checked(batch["attention_mask"], WINDOW) and not accept._checked(batch["attention_mask"], None)
+    check_batch(model, batch)  # the second call skips the comparison, and still passes
+    wrong = PackingCollator(max_length=ROW)(feats)  # another tensor: compared, refused
+    with pytest.raises(ValueError, match="sliding window"):
+        check_batch(model, wrong)
+    assert not accept._checked(wrong["attention_mask"], WINDOW)
+
+
+def test_three_axis_position_ids_are_read_like_text_positions():
+    """Multimodal RoPE (Qwen2-VL family) takes position ids ``[3, R, L]``; for text every axis restarts alike."""
+    batch = PackingCollator(max_length=ROW, attention="position_ids")(_feats())
+    flat = row_documents(batch)
+    stacked = dict(batch, position_ids=batch["position_ids"][None].expand(3, -1, -1))
+    assert row_documents(stacked) == flat
