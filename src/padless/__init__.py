@@ -36,6 +36,11 @@ _EXPORTS: dict[str, str] = {
     "position_ids_from_lengths": "padless.layout",
     # attention: masks, varlen kernels, the padless attention function, the one exactness rule, trees
     "packed_documents": "padless.attention.backend",
+    "enable_per_document_mixers": "padless.attention.mixers",
+    "disable_per_document_mixers": "padless.attention.mixers",
+    "mixer_layers": "padless.attention.mixers",
+    "mixer_refusal": "padless.attention.mixers",
+    "MixerInfo": "padless.attention.mixers",
     "padless_attention": "padless.attention.backend",
     "register_padless_attention": "padless.attention.backend",
     "additive_block_causal_mask": "padless.attention.masks",
@@ -130,6 +135,7 @@ if TYPE_CHECKING:  # pragma: no cover - the same table for static analysis (test
     from padless.planning.schedule import schedule_epoch
     from padless.layout import cu_seqlens_from_lengths, document_ids_from_lengths, IGNORE_INDEX, lengths_from_position_ids, position_ids_from_lengths
     from padless.attention.backend import packed_documents, padless_attention, register_padless_attention
+    from padless.attention.mixers import disable_per_document_mixers, enable_per_document_mixers, mixer_layers, mixer_refusal, MixerInfo
     from padless.attention.masks import additive_block_causal_mask, block_causal_mask
     from padless.attention.accept import check_batch
     from padless.attention.select import backend_inputs, BACKENDS, check_exact, resolve_backend

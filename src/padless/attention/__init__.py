@@ -11,5 +11,9 @@
 - ``adapters``: PEFT wrappers (LoRA, DoRA, IA3): the one unwrapping, and why prompt learning is refused.
 - ``accept``: a batch or collator built without the model, checked against the model it meets.
 - ``select``: the ONE rule that says whether a model + backend + layout is exact, or refuses it.
+- ``mixers``: layers that mix tokens without the mask (gated DeltaNet, Mamba, short convolutions, RWKV...),
+  found and patched to run on each packed document alone.
+- ``mixer_documents``: where a forward's documents lie, seen from a layer inside it.
+- ``per_document``: a layer run per document: grouped by length, right-padded, scattered back.
 - ``tree``: shared-prompt (tree) attention: completions attend to one prompt, not to each other.
 """

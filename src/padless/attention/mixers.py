@@ -1,0 +1,273 @@
+"""Token mixers that cannot see document boundaries, run on each packed document alone.
+
+Hybrid and state-space models mix tokens in layers that take no attention mask: gated DeltaNet
+(Qwen3.5, Qwen3-Next), Kimi delta attention, Mamba / Mamba2 mixers (Mamba, Bamba, Falcon-H1,
+GraniteMoeHybrid, Jamba, Nemotron-H, Zamba2, ...), short convolutions (LFM2), lightning attention
+(MiniMax), RG-LRU blocks (RecurrentGemma), RWKV time mixing and token shift, xLSTM. In transformers
+5.24 such a layer sees document boundaries only inside CUDA kernels (``fla``, ``causal_conv1d``,
+``mamba_ssm``) and only where the model passes them on; its torch fallback runs its state along the
+whole packed row, so a document reads the one before it.
+
+:func:`enable_per_document_mixers` patches each such layer in place: in a packed forward it runs the
+layer's *original* forward on each document alone, documents of similar length batched and
+right-padded (:mod:`padless.attention.per_document`); the cost follows the documents, as in padless
+attention. These layers are causal, so trailing padding cannot change the tokens before it;
+tests/attention/test_mixers.py checks packed == alone for every family, padding inside groups.
+
+Where a forward's documents come from is :mod:`padless.attention.mixer_documents`: boundaries sent
+(``cu_seq_lens_q``, :func:`padless.packed_documents`), or restarts of ``position_ids``, which count
+only without a 2D padding mask (transformers' own rule; left-padded generation restarts them too).
+A forward with one document per row, or with padding, runs the layer unchanged; a packed row that
+comes with a cache or recurrent state is refused (the state would span documents).
+
+On CUDA, where the kernel package the model's code would use is installed and the model passes
+boundaries to it (``fla`` for gated DeltaNet: ``cu_seqlens``; ``mamba_ssm`` + ``causal_conv1d`` for
+Mamba2 mixers: ``seq_idx``), the row is flattened to one ``[1, B * L, H]`` sequence and the boundaries
+are handed to the kernel instead (``how="kernel_cu_seqlens"``). Those kernels are not installed where
+this module was written: that path is written from the model code and not exercised by the tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from padless.attention.mixer_documents import _capture_model_positions, _hook_checkpointed_layers, layer_documents
+from padless.attention.per_document import CACHE_ARGS, MASK_ARGS, run_per_document, run_with_boundaries
+
+PER_DOCUMENT, KERNEL = "per_document", "kernel_cu_seqlens"
+
+KINDS: dict[str, str] = {
+    # transformers 5.24 class name -> layer kind
+    "Qwen3_5GatedDeltaNet": "gated_deltanet",
+    "Qwen3_5MoeGatedDeltaNet": "gated_deltanet",
+    "Qwen3NextGatedDeltaNet": "gated_deltanet",
+    "LaraMiniGatedDeltaNet": "gated_deltanet",
+    "OlmoHybridGatedDeltaNet": "gated_deltanet",
+    "Qwen4ExpTextGatedDeltaNet": "gated_deltanet",
+    "KimiLinearDeltaAttention": "kimi_delta_attention",
+    "BailingHybridDeltaAttention": "kimi_delta_attention",
+    "Glm5NextTextLinearAttention": "kimi_delta_attention",
+    "Lfm2ShortConv": "short_conv",
+    "Lfm2MoeShortConv": "short_conv",
+    "Lfm3ShortConv": "short_conv",
+    "MambaMixer": "mamba",
+    "FalconMambaMixer": "mamba",
+    "JambaMambaMixer": "mamba",
+    "ZambaMambaMixer": "mamba",
+    "Mamba2Mixer": "mamba2",
+    "BambaMixer": "mamba2",
+    "FalconH1Mixer": "mamba2",
+    "GraniteMoeHybridMambaLayer": "mamba2",
+    "NemotronHMamba2Mixer": "mamba2",
+    "Zamba2MambaMixer": "mamba2",
+    "MiniMaxLightningAttention": "linear_attention",
+    "RecurrentGemmaRecurrentBlock": "rg_lru",
+    "RwkvSelfAttention": "rwkv",
+    "RwkvFeedForward": "rwkv_token_shift",
+    "xLSTMLayer": "xlstm",
+}
+"""Layer classes known to mix tokens without the attention mask, by kind. A layer is matched by its
+class name, so a model's own subclass copies (transformers' "Copied from") are matched too."""
+
+_KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
+    # kind -> (packages whose kernels take boundaries, the kwarg the model forwards to them)
+    "gated_deltanet": (("fla", "causal_conv1d"), "cu_seqlens"),
+    "mamba2": (("mamba_ssm", "causal_conv1d"), "seq_idx"),
+}
+"""Kinds whose transformers code hands its ``**kwargs`` to CUDA kernels that separate documents."""
+
+_SUSPECT_SUFFIXES = ("Mixer", "MambaLayer", "ShortConv", "DeltaNet", "DeltaAttention", "LightningAttention",
+                     "RecurrentBlock", "Rglru", "Retention", "Hyena", "LSTMLayer")  # fmt: skip
+"""Class-name endings of token mixers of kinds padless does not know (reported ``unknown``)."""
+_MARK = "_padless_per_document"  # on a patched layer: (kind, max_padding)
+_CLASSES: dict[type, type] = {}  # layer class -> its per-document subclass
+_SIGNATURES: dict[type, tuple[inspect.Signature, str, str | None]] = {}
+
+
+@dataclass(frozen=True)
+class MixerInfo:
+    """One token-mixing layer of a model that is not softmax attention."""
+
+    name: str
+    """The layer's module path in the model (``model.layers.0.linear_attn``)."""
+    kind: str
+    """What kind of layer it is: ``gated_deltanet``, ``kimi_delta_attention``, ``mamba``, ``mamba2``,
+    ``short_conv``, ``linear_attention``, ``rg_lru``, ``rwkv``, ``rwkv_token_shift``, ``xlstm``, or
+    ``unknown``."""
+    how: str
+    """How packed documents stay apart in it: ``per_document`` (run on each document alone),
+    ``kernel_cu_seqlens`` (a CUDA kernel given the boundaries), or ``unsupported: <reason>``."""
+
+
+def _kind_of(module: Any) -> str | None:
+    import torch
+
+    name = _base_class(module).__name__
+    if name in KINDS:
+        return KINDS[name]
+    if name.endswith(_SUSPECT_SUFFIXES):
+        return "unknown"
+    if isinstance(module, torch.nn.Conv1d) and module.padding != (0,) and module.padding != "valid":
+        return "unknown"  # a causal convolution over the sequence, outside any known layer
+    return None
+
+
+def kernels_available(kind: str) -> bool:
+    """Whether the CUDA kernel packages that separate documents inside a ``kind`` layer are installed."""
+    spec = _KERNELS.get(kind)
+    return spec is not None and all(importlib.util.find_spec(p) is not None for p in spec[0])
+
+
+def _how(kind: str, device_type: str) -> str:
+    if kind == "unknown":
+        return "unsupported: not a layer kind padless knows how to split by document"
+    if device_type == "cuda" and kernels_available(kind):
+        return KERNEL
+    return PER_DOCUMENT
+
+
+def _device_type(model: Any) -> str:
+    for p in model.parameters():
+        return p.device.type
+    return "cpu"
+
+
+def mixer_layers(model: Any) -> list[MixerInfo]:
+    """Every token-mixing layer of ``model`` that is not softmax attention (outermost matches only: the
+    RG-LRU inside a RecurrentGemma block is part of that block), with how packed documents are kept
+    apart in it on the model's current device."""
+    device_type = _device_type(model)
+    found: list[MixerInfo] = []
+    inside: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(p + ".") for p in inside):
+            continue
+        kind = _kind_of(module)
+        if kind is None:
+            continue
+        inside.append(name)
+        found.append(MixerInfo(name=name, kind=kind, how=_how(kind, device_type)))
+    return found
+
+
+def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25) -> list[str]:
+    """Patch every known token mixer of ``model`` (see :func:`mixer_layers`) in place so that a packed
+    forward runs it on each document alone; return the names patched (idempotent: already-patched
+    layers are named again, not patched twice). A forward with one document per row runs unchanged.
+    ``max_padding``: documents share a padded group while padding stays at most this fraction of the
+    group's real tokens (``0``: only documents of equal length share a group). Raises ``ValueError``
+    naming any token mixer of unknown kind, before patching anything."""
+    if max_padding < 0:
+        raise ValueError(f"max_padding must be >= 0, got {max_padding}")
+    layers = mixer_layers(model)
+    unknown = [f"{m.name} ({type(model.get_submodule(m.name)).__name__})" for m in layers if m.kind == "unknown"]
+    if unknown:
+        raise ValueError(
+            "these layers mix tokens in a way padless cannot split by document: " + ", ".join(unknown)
+            + "; packed rows would leak across documents in them, so train this model with padded batches"
+        )  # fmt: skip
+    _capture_model_positions(model)
+    _hook_checkpointed_layers(model, [m.name for m in layers])
+    names = []
+    for info in layers:
+        module = model.get_submodule(info.name)
+        module.__class__ = _per_document_class(_base_class(module))
+        setattr(module, _MARK, (info.kind, max_padding))
+        names.append(info.name)
+    return names
+
+
+def mixer_refusal(model: Any) -> str | None:
+    """Why packed rows would not be exact in ``model``'s token mixers (``None``: it has none, or every
+    one is patched by :func:`enable_per_document_mixers`): for the exactness rule to cite."""
+    layers = mixer_layers(model)
+    unknown = [m.name for m in layers if m.kind == "unknown"]
+    if unknown:
+        return f"layers {', '.join(unknown)} mix tokens in a way padless cannot split by document"
+    unpatched = [m.name for m in layers if getattr(model.get_submodule(m.name), _MARK, None) is None]
+    if unpatched:
+        kinds = sorted({m.kind for m in layers if m.name in unpatched})
+        return (f"{len(unpatched)} token-mixing layers ({', '.join(kinds)}) carry state along the whole row, "
+                "across documents; call padless.enable_per_document_mixers(model) first")  # fmt: skip
+    return None
+
+
+def disable_per_document_mixers(model: Any) -> list[str]:
+    """Undo :func:`enable_per_document_mixers`: the layers run their own forward again over the whole
+    row (the hooks it added stay, inert); return the names restored."""
+    names = []
+    for name, module in model.named_modules():
+        if getattr(module, _MARK, None) is not None:
+            module.__class__ = _base_class(module)
+            delattr(module, _MARK)
+            names.append(name)
+    return names
+
+
+def _base_class(module: Any) -> type:
+    return getattr(type(module), "_padless_base", type(module))
+
+
+def _per_document_class(base: type) -> type:
+    """``base`` with :func:`_per_document_forward` as its forward. A patched layer changes class rather
+    than holding a closure over itself, so ``copy.deepcopy`` (a DPO reference model) copies a layer
+    that runs its own weights; the class is named in this module, so pickling finds it."""
+    name = f"PerDocument{base.__name__}"
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = type(name, (base,), {"forward": _per_document_forward, "_padless_base": base, "__module__": __name__})
+        _CLASSES[base] = globals()[name] = cls
+    return cls
+
+
+def _signature(base: type) -> tuple[inspect.Signature, str, str | None]:
+    """The layer class's forward signature, the name of its hidden-states argument, its ``**`` name."""
+    if base not in _SIGNATURES:
+        signature = inspect.signature(base.forward)
+        names = list(signature.parameters)[1:]  # after self
+        var_keyword = next((n for n, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None)
+        _SIGNATURES[base] = (signature, names[0], var_keyword)
+    return _SIGNATURES[base]
+
+
+def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A patched layer's forward: packed rows split by document (see the module docstring)."""
+    base = type(self)._padless_base
+    kind, max_padding = getattr(self, _MARK)
+    signature, hidden_name, var_keyword = _signature(base)
+    arguments = dict(signature.bind(self, *args, **kwargs).arguments)
+    del arguments[next(iter(signature.parameters))]
+    arguments.update(arguments.pop(var_keyword, None) or {})
+    hidden = arguments[hidden_name]
+    documents = layer_documents(hidden, arguments)
+    cu = documents.cu_seqlens
+    if cu is None or (not documents.explicit and _padding_mask(arguments)):
+        # transformers' own rule: restarted position_ids mark packed documents only without a
+        # padding mask (left-padded generation restarts them too)
+        return base.forward(self, *args, **kwargs)
+    if _has_cache(arguments):
+        raise ValueError(
+            f"{base.__name__} got a packed row (documents restart inside it) together with a cache or recurrent "
+            "state, which would hold the state of several documents; call the model with use_cache=False "
+            "(padless' collators send it)"
+        )
+    original = functools.partial(base.forward, self)
+    if hidden.device.type == "cuda" and kernels_available(kind):
+        cu_kwargs = _KERNELS[kind][1] == "cu_seqlens"
+        return run_with_boundaries(original, arguments, hidden_name, cu, cu_kwargs=cu_kwargs)
+    return run_per_document(original, arguments, hidden_name, cu, max_padding)
+
+
+def _padding_mask(arguments: dict[str, Any]) -> bool:
+    """A 2D padding mask with some padding reached the layer (transformers passes mixers ``None`` when
+    there is no padding or the mask is 4D)."""
+    mask = next((arguments[n] for n in MASK_ARGS if arguments.get(n) is not None), None)
+    return mask is not None and mask.ndim == 2 and not bool(mask.all())
+
+
+def _has_cache(arguments: dict[str, Any]) -> bool:
+    return arguments.get("use_cache") is True or any(arguments.get(n) is not None for n in CACHE_ARGS)
