@@ -14,6 +14,7 @@
 #   bench      padless bench --preset gpt2 (short), in-process, with torch.cuda.set_sync_debug_mode("warn"):
 #              the host syncs of the training loop counted by source line     -> bench/, syncdebug.json
 #   fsdp       padless bench --distributed fsdp under torchrun, if this padless has it (else skipped)
+#   fsdp-check benchmarks/fsdp.py on every visible GPU: sharded fp32 gradients == one unsharded replica
 # Every step's exit status, seconds and log go to status.json / status.tsv / <step>.log in
 #   docs/bench/gpu/<device name>/      (commit it: the README's GPU section cites it)
 # The script's exit status is the number of failed steps (0: all passed or skipped).
@@ -155,6 +156,11 @@ else
     if "$PY" -m padless bench --help 2>/dev/null | grep -q -- "--distributed"; then
         step fsdp 120 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m padless bench $BENCH \
             --distributed fsdp --out "$OUT/bench-fsdp" --no-progress
+        if [ $DRY = 0 ]; then  # sharded fp32 gradients against one unsharded replica, on every visible GPU
+            NGPU=$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))')
+            step fsdp-check 180 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
+                benchmarks/fsdp.py --model gpt2 --max-length 1024 --rows 4 --steps 10
+        fi
     else
         skip fsdp "this padless bench has no --distributed flag yet"
     fi

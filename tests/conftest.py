@@ -118,3 +118,18 @@ def make_results(
 
 
 # --- schema -------------------------------------------------------------------------------------
+
+
+def check_documents(rows, lengths, max_length):
+    """Every sequence is one document of one row, whole, exactly once; rows fit. The sequences are made so
+    that sequence ``i`` is ``lengths[i]`` copies of the token ``i`` (``padless pack`` and export tests)."""
+    seen = []
+    for row in rows:
+        assert sum(row["seq_lengths"]) == len(row["input_ids"]) == len(row["labels"]) <= max_length
+        at = 0
+        for n in row["seq_lengths"]:
+            doc = row["input_ids"][at : at + n]
+            assert len(set(doc)) == 1 and n == lengths[doc[0]]
+            seen.append(doc[0])
+            at += n
+    assert sorted(seen) == list(range(len(lengths)))

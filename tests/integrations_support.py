@@ -71,7 +71,9 @@ def grads(model: Any) -> dict[str, Any]:
 def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, batch_size: int = NUM_EXAMPLES,
                grad_accum: int = 1, features: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Loss (summed over this rank's micro-batches), gradients and ``num_items_in_batch`` of the first
-    optimiser step. ``kind``: ``trainer-padded``, ``trainer-packed``, ``sft-padded``, ``sft-packed``,
+    optimiser step. ``kind``: ``trainer-padded``, ``trainer-packed``, ``trainer-fsdp`` (PackedTrainer on a
+    model sharded by :func:`padless.shard_model`), ``trainer-fsdp-plugin`` (sharded by accelerate's FSDP2
+    plugin, :func:`force_accelerate_fsdp2`: last in a process), ``sft-padded``, ``sft-packed``,
     ``sft-padding-free`` or ``trl-padded`` (TRL's own SFTTrainer, no fix)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -79,11 +81,14 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
     from padless.integrations.transformers import PackedTrainer, count_shifted_labels
 
     class Capture(TrainerCallback):
-        grads = None
+        grads, sharded = None, None
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
             if self.grads is None:
-                self.grads = grads(model)
+                from padless.models.fsdp import full_tensors, is_sharded
+
+                self.grads = full_tensors(model, grads=True)  # gathered from the shards under FSDP
+                self.sharded = is_sharded(model)
 
     features = features if features is not None else examples()
     net, capture = model(attn), Capture()
@@ -99,9 +104,20 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
             trainer = Trainer(model=net, args=args, train_dataset=features, data_collator=collator, callbacks=[capture])
         else:
             common["per_device_train_batch_size"] = rows_per_batch
+            if kind == "trainer-fsdp":  # sharded by padless before Trainer gets it
+                from padless.models.fsdp import shard_model
+
+                shard_model(net)
+            elif kind == "trainer-fsdp-plugin":  # sharded by accelerate's FSDP2 plugin in prepare
+                common.update(fsdp=True, fsdp_config={"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"})
             args = TrainingArguments(**common)
             trainer = PackedTrainer(model=net, args=args, train_dataset=features, max_length=MAX_LENGTH,
                                     callbacks=[capture])  # fmt: skip
+            if kind == "trainer-fsdp-plugin":
+                from accelerate.utils import FullyShardedDataParallelPlugin
+
+                force_accelerate_fsdp2(trainer.accelerator, FullyShardedDataParallelPlugin(**args.fsdp_plugin_args))
+                trainer.is_fsdp_enabled = True
     else:
         offline_hub()
         import trl
@@ -130,7 +146,7 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
     trainer.training_step = record
     trainer.train()
     return {"loss": sum(losses), "grads": capture.grads, "num_items": counts[0], "micro_batches": len(losses),
-            "rank": trainer.args.process_index, "world": trainer.args.world_size}
+            "rank": trainer.args.process_index, "world": trainer.args.world_size, "sharded": capture.sharded}
 
 
 def _load_example(name: str) -> Any:
@@ -142,21 +158,63 @@ def _load_example(name: str) -> Any:
     return module
 
 
-def accelerate_first_step(attn: str, *, rows_per_batch: int, grad_accum: int) -> dict[str, Any]:
-    """The first step of examples/accelerate_loop.py's ``train``: its loss and gradients on this rank."""
-    from accelerate import Accelerator
+def force_accelerate_fsdp2(accelerator: Any, plugin: Any) -> Any:
+    """Switch ``accelerator`` to FSDP with ``plugin`` (FSDP2) on a CPU and return it. accelerate applies
+    its FSDP plugin on GPUs only: on a CPU its state stays ``MULTI_CPU`` and ``prepare`` wraps the model
+    in DDP. Switched, accelerate's own FSDP2 preparation runs over gloo, as it would over NCCL. The
+    state is shared by every ``Accelerator`` of the process: do this last in a process."""
+    from accelerate.utils import DistributedType
+
+    accelerator.state.distributed_type, accelerator.state.fsdp_plugin = DistributedType.FSDP, plugin
+    assert accelerator.is_fsdp2
+    return accelerator
+
+
+def accelerate_first_step(attn: str, *, rows_per_batch: int, grad_accum: int, fsdp: bool = False,
+                          plugin: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The first step of examples/accelerate_loop.py's ``train``: its loss and (whole) gradients on this
+    rank; ``fsdp``: the model sharded with FSDP2 by padless; ``plugin``: by accelerate's FSDP2 plugin
+    (:func:`force_accelerate_fsdp2`: call it last in a process)."""
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+
+    from padless.models.fsdp import full_tensors, is_sharded
 
     loop = _load_example("accelerate_loop")
-    accelerator = Accelerator(cpu=True)
+    if plugin:
+        fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+        accelerator = force_accelerate_fsdp2(Accelerator(cpu=True, fsdp_plugin=fsdp_plugin), fsdp_plugin)
+    else:
+        accelerator = Accelerator(cpu=True)
     net, seen = model(attn), {}
 
     def before_step(step, wrapped, num_items):
-        if step == 0:
-            seen.update(grads=grads(getattr(wrapped, "module", wrapped)), num_items=int(num_items))
+        if step == 0:  # full_tensors gathers the shards (every rank calls it)
+            seen.update(grads=full_tensors(wrapped, grads=True), num_items=int(num_items), sharded=is_sharded(wrapped))
 
     losses = loop.train(net, examples(), accelerator=accelerator, max_length=MAX_LENGTH, rows_per_batch=rows_per_batch,
-                        grad_accum=grad_accum, steps=1, pad_token_id=50256, before_step=before_step)  # fmt: skip
+                        grad_accum=grad_accum, steps=1, pad_token_id=50256, fsdp=fsdp,
+                        before_step=before_step)  # fmt: skip
     return {"loss": losses[0], **seen, "rank": accelerator.process_index, "world": accelerator.num_processes}
+
+
+def padded_accelerate_step(*, world_size: int = 2, micro_batches: int = 2) -> dict[str, Any]:
+    """What :func:`accelerate_first_step` (1 row per micro-batch) must equal: one process padding
+    exactly the examples of the step's rows (``micro_batches`` x ``world_size``) into one batch."""
+    from padless.batching.collate import PaddingCollator
+    from padless.objectives.loss import model_loss, trained_tokens
+    from padless.planning.schedule import schedule_epoch
+
+    feats = examples()
+    sched = schedule_epoch([len(f["input_ids"]) for f in feats], MAX_LENGTH, world_size=world_size, rows_per_batch=1)
+    rows = [row for step in sched.batches[:micro_batches] for rank_rows in step for row in rank_rows if row >= 0]
+    chosen = sorted(i for row in rows for i in sched.plan.row(row)[0].tolist())
+    net = model("sdpa")
+    batch = PaddingCollator(pad_token_id=50256)([feats[i] for i in chosen])
+    total = trained_tokens(batch["labels"])
+    loss = model_loss(net, batch, total)
+    loss.backward()
+    return {"loss": loss.item(), "grads": grads(net), "num_items": int(total), "examples": len(chosen),
+            "all_rows": len(rows) == sched.plan.num_rows, "of": len(feats)}  # fmt: skip
 
 
 def main(out_dir: str) -> None:

@@ -97,11 +97,15 @@ _EXPORTS: dict[str, str] = {
     "pack_to_parquet": "padless.export.parquet",
     # integrations: datasets
     "pack_dataset": "padless.integrations.datasets",
-    # models: the factory and torch.compile
+    # models: the factory, torch.compile and FSDP2 sharding
     "compile_layers": "padless.models.compile",
     "build_model": "padless.models.factory",
     "load_tokenizer_for": "padless.models.factory",
     "tokenizer_name_for": "padless.models.factory",
+    "full_tensors": "padless.models.fsdp",
+    "init_distributed": "padless.models.fsdp",
+    "shard_model": "padless.models.fsdp",
+    "sync_gradients": "padless.models.fsdp",
     # benchmark results and report
     "write_report": "padless.bench.report",
     "BenchResults": "padless.bench.results",
@@ -157,5 +161,6 @@ if TYPE_CHECKING:  # pragma: no cover - the same table for static analysis (test
     from padless.integrations.datasets import pack_dataset
     from padless.models.compile import compile_layers
     from padless.models.factory import build_model, load_tokenizer_for, tokenizer_name_for
+    from padless.models.fsdp import full_tensors, init_distributed, shard_model, sync_gradients
     from padless.bench.report import write_report
     from padless.bench.results import BenchResults, load_results

@@ -236,6 +236,7 @@ def test_every_config_field_is_a_flag_and_flags_override_the_preset():
     ("strategies", ("packing", "packed"), "strategies: unknown strategy 'packed'"),
     ("mode", "fast", "mode 'fast'"),
     ("allocator", "mimalloc", "allocator 'mimalloc'"),
+    ("distributed", "zero3", "distributed 'zero3'"),
     ("steps", 0, "steps=0 must be >= 1"),
     ("batch_size", True, "batch_size=True must be >= 1"),
 ])  # fmt: skip
@@ -244,6 +245,45 @@ def test_run_config_refuses_bad_values_naming_the_field(field, value, message):
 
     with pytest.raises(ValueError, match=message):
         RunConfig(**{field: value})
+
+
+@pytest.mark.parametrize("extra, message", [({"compile": "dynamic"}, "compile='dynamic'"),
+                                            ({"dtype": "float16"}, "dtype='float16'"), ({"lora": 8}, "lora")])
+def test_fsdp_refuses_what_has_not_run_with_it(extra, message):
+    from padless.bench.config import RunConfig
+
+    with pytest.raises(ValueError, match=f"distributed='fsdp' with {message}.*use distributed='ddp'"):
+        RunConfig(distributed="fsdp", **extra)
+
+
+def test_fsdp_outside_torchrun_is_refused(monkeypatch):
+    from padless.bench.parallel import init_distributed
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="runs under torchrun"):
+        init_distributed("cpu", "fsdp")
+
+
+@pytest.mark.slow
+def test_bench_fsdp_under_torchrun_with_one_process(tmp_path):
+    """``torchrun --nproc-per-node 1 padless bench --distributed fsdp`` (benchmarks/gpu.sh's FSDP step on
+    one GPU): the model sharded over a group of one, trained in the bench's own process, recorded."""
+    import os
+    import subprocess
+    import sys
+
+    from padless.bench.results import validate
+
+    out = tmp_path / "fsdp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "padless",
+           "bench", "--preset", "quick", "--strategies", "padding,packing", "--steps", "3", "--warmup-steps", "1",
+           "--threads", "1", "--no-progress", "--distributed", "fsdp", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert validate(data) == [] and (data["config"]["distributed"], data["config"]["world_size"]) == ("fsdp", 1)
+    np.testing.assert_allclose(data["strategies"]["packing"]["loss"], data["strategies"]["padding"]["loss"], rtol=1e-4)
 
 
 def test_allocator_env():

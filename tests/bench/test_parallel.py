@@ -25,15 +25,18 @@ strategy's does (the ranks hold different numbers of examples)."""
 UNEVEN = ("bucketing/same-examples", "packing/token-budget")
 """Cases whose ranks run different numbers of micro-batches in some step with this data (the test says
 so: a rank ran fillers); bucketing's length-grouped token-budget batches happen to split alike."""
+FSDP_CASES = [("packing", "same-examples"), ("bucketing", "same-examples"), ("packing", "token-budget")]
+"""(strategy, mode) trained again with ``distributed="fsdp"`` (FSDP2, padless.shard_model): the even case
+and both uneven ones (fillers under FSDP2 all-gather like any micro-batch)."""
 STEPS, WORLD = 3, 2
 
 
-def _cfg(mode: str):
+def _cfg(mode: str, distributed: str = "ddp"):
     from padless.bench.config import RunConfig
 
     return RunConfig(model="tiny-llama", data="-", steps=STEPS, batch_size=2, grad_accumulation=2, max_length=512,
                      warmup_steps=1, lr=1e-3, eval_examples=4, train_on="all", mode=mode, token_budget=1024,
-                     in_process=True)  # fmt: skip
+                     in_process=True, distributed=distributed)  # fmt: skip
 
 
 def _data():
@@ -54,7 +57,7 @@ def _rank_steps(name: str, mode: str, train) -> list[list[np.ndarray]]:
     return [strategy_steps(_cfg(mode), name, lengths, (r, WORLD)) for r in range(WORLD)]
 
 
-def _train(name, mode, train, evals, steps, world):
+def _train(name, mode, train, evals, steps, world, distributed="ddp"):
     import torch
 
     from padless.bench.measure import StrategyRecorder
@@ -62,7 +65,7 @@ def _train(name, mode, train, evals, steps, world):
     from padless.bench.train import train_strategy
 
     rec = StrategyRecorder()
-    train_strategy(name, _cfg(mode), train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
+    train_strategy(name, _cfg(mode, distributed), train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
                    pad_token_id=0, recorder=rec, memory=PeakMemory("cpu", method="ru_maxrss"), progress=False,
                    world=world)  # fmt: skip
     return {"loss": rec.loss, "eval": [rec.eval_loss_start, rec.eval_loss_end], "sequences": rec.sequences}
@@ -82,14 +85,19 @@ def _worker(out: str) -> None:
     fills: list[int] = []
     real = parallel.fillers
     parallel.fillers = lambda micro, count: fills.append(len(out := real(micro, count))) or out
+    kinds: list[str] = []
+    wrap = parallel.wrap_model
+    parallel.wrap_model = lambda *a, **kw: kinds.append((out := wrap(*a, **kw)).kind) or out
     train, evals = _data()
     results = {}
     try:
-        for name, mode in CASES:
+        for (name, mode), distributed in [*((c, "ddp") for c in CASES), *((c, "fsdp") for c in FSDP_CASES)]:
             fills.clear()
+            kinds.clear()
             steps = _rank_steps(name, mode, train)[rank]
-            run = _train(name, mode, train, evals, steps, (rank, WORLD))
-            results[f"{name}/{mode}"] = {**run, "fillers": list(fills)}
+            run = _train(name, mode, train, evals, steps, (rank, WORLD), distributed)
+            key = f"{name}/{mode}" + ("/fsdp" if distributed == "fsdp" else "")
+            results[key] = {**run, "fillers": list(fills), "kinds": list(kinds)}
     finally:
         dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
@@ -115,9 +123,10 @@ def ranks(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, mode", CASES)
-def test_two_ranks_train_as_one_process_on_both_ranks_examples(ranks, name, mode):
-    key = f"{name}/{mode}"
+@pytest.mark.parametrize("name, mode, distributed", [*((*c, "ddp") for c in CASES), *((*c, "fsdp") for c in FSDP_CASES)])
+def test_two_ranks_train_as_one_process_on_both_ranks_examples(ranks, name, mode, distributed):
+    key = f"{name}/{mode}" + ("/fsdp" if distributed == "fsdp" else "")
+    assert all(r[key]["kinds"] == [distributed] for r in ranks)  # DDP-wrapped, or sharded by FSDP2
     train, evals = _data()
     per_rank = _rank_steps(name, mode, train)
     union = [np.concatenate(s) for s in zip(*per_rank)]  # one process: both ranks' examples per step
@@ -126,7 +135,7 @@ def test_two_ranks_train_as_one_process_on_both_ranks_examples(ranks, name, mode
         assert r[key]["sequences"] == one["sequences"]
         np.testing.assert_allclose(r[key]["loss"], one["loss"], rtol=1e-4)
         np.testing.assert_allclose(r[key]["eval"], one["eval"], rtol=1e-4)
-    if key in UNEVEN:  # the case this guards: the ranks' micro-batch counts differed
+    if key.removesuffix("/fsdp") in UNEVEN:  # the case this guards: the ranks' micro-batch counts differed
         assert any(f > 0 for r in ranks for f in r[key]["fillers"]), key
 
 
@@ -151,6 +160,7 @@ def test_fillers_pad_a_rank_to_the_agreed_count_with_its_smallest_micro_batch():
     with ddp.sync(False), ddp.sync(True):
         pass
     assert calls == ["no_sync"]  # only the micro-batches before the last skip the all-reduce
+    # FSDP2's switch is exercised by the fsdp cases above (held by padless.models.fsdp.sync_gradients)
     with DataParallel(object(), 1).sync(False):
         pass
 

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import row_documents
+from conftest import check_documents, row_documents
 
 from padless.cli import main
 from padless.batching.collate import PackingCollator
@@ -37,20 +37,6 @@ def read_rows(out):
 
 def pack(*argv):
     return main(["pack", *map(str, argv), "--no-progress"])
-
-
-def check_documents(rows, lengths, max_length):
-    """Every sequence is one document of one row, whole, exactly once; rows fit."""
-    seen = []
-    for row in rows:
-        assert sum(row["seq_lengths"]) == len(row["input_ids"]) == len(row["labels"]) <= max_length
-        at = 0
-        for n in row["seq_lengths"]:
-            doc = row["input_ids"][at : at + n]
-            assert len(set(doc)) == 1 and n == lengths[doc[0]]
-            seen.append(doc[0])
-            at += n
-    assert sorted(seen) == list(range(len(lengths)))
 
 
 def test_pack_jsonl_reads_back_with_datasets_and_the_collator(tmp_path):

@@ -63,23 +63,9 @@ def test_padless_sft_trainer_on_two_ranks_equals_one_padded_process(ranks, tmp_p
 def test_accelerate_example_on_two_ranks_equals_one_padded_process(ranks):
     """Step 1 of the example: 2 micro-batches x 1 row on each of 2 ranks; the reference pads exactly the
     examples of those 4 rows into one batch."""
-
-    from padless.batching.collate import PaddingCollator
-    from padless.planning.schedule import schedule_epoch
-    from padless.objectives.loss import model_loss, trained_tokens
-
-    feats = support.examples()
-    sched = schedule_epoch([len(f["input_ids"]) for f in feats], support.MAX_LENGTH, world_size=2, rows_per_batch=1)
-    rows = [row for step in sched.batches[:2] for rank_rows in step for row in rank_rows if row >= 0]
-    chosen = sorted(i for row in rows for i in sched.plan.row(row)[0].tolist())
-    model = support.model("sdpa")
-    batch = PaddingCollator(pad_token_id=50256)([feats[i] for i in chosen])
-    total = trained_tokens(batch["labels"])
-    loss = model_loss(model, batch, total)
-    loss.backward()
-    want = {"loss": loss.item(), "grads": support.grads(model), "num_items": int(total)}
+    want = support.padded_accelerate_step(world_size=2, micro_batches=2)
     got = [r["accelerate"] for r in ranks]
-    assert len(chosen) < len(feats) or len(rows) == sched.plan.num_rows
+    assert want["examples"] < want["of"] or want["all_rows"]
     assert got[0]["loss"] == got[1]["loss"]  # reduced over the ranks
     for g in got:
         assert_same_step(g, want)

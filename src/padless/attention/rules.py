@@ -136,13 +136,23 @@ def model_class_of(model_or_config: Any) -> type | None:
     if model_or_config is None:
         return None
     if hasattr(model_or_config, "config") and hasattr(model_or_config, "forward"):
-        return type(base_model_of(model_or_config))
+        return _unsharded_class(type(base_model_of(model_or_config)))
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
         return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_or_config)]
     except (KeyError, ValueError):
         return None
+
+
+def _unsharded_class(cls: type) -> type:
+    """The model's own class under FSDP2: ``fully_shard`` swaps it for a subclass ``FSDP<Name>`` of
+    ``(FSDPModule, <Name>)`` defined in torch, whose module source says nothing of the model."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # never imported here: if absent, nothing is sharded
+    sharded = getattr(fsdp, "FSDPModule", None)
+    if sharded is None or not issubclass(cls, sharded):
+        return cls
+    return next(base for base in cls.__mro__[1:] if not issubclass(base, sharded))
 
 
 def config_of(model_or_config: Any) -> Any:

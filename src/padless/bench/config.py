@@ -16,6 +16,7 @@ from padless.bench.strategies import BENCH_STRATEGIES
 Mode = Literal["same-examples", "token-budget"]
 Allocator = Literal["auto", "glibc", "glibc-tuned", "jemalloc", "tcmalloc"]
 Compile = Literal["off", "static", "dynamic"]
+Distributed = Literal["ddp", "fsdp"]
 
 RESULT_ONLY_FIELDS = ("world_size",)
 """Fields the run fills in (recorded in results.json), not flags."""
@@ -86,6 +87,11 @@ class RunConfig:
     lora: int | None = None
     """Train every strategy's model through a LoRA adapter of this rank (padless.models.lora.with_lora,
     peft's default modules, base weights frozen; needs padless[peft]); unset: full fine-tuning."""
+    distributed: Distributed = "ddp"
+    """How ranks train together under torchrun: ddp (a whole replica per rank, gradients all-reduced;
+    with one process nothing is wrapped) or fsdp (FSDP2 through padless.shard_model: parameters,
+    gradients and optimiser state sharded over the ranks per decoder layer; under torchrun only, with
+    one process too). The loss is the same token-normalised one."""
     world_size: int = 1
     """Data-parallel processes (torchrun) the run found; per-step figures are summed over them."""
 
@@ -94,7 +100,8 @@ class RunConfig:
         if unknown or not self.strategies:
             raise ValueError(f"strategies: unknown strategy {unknown[0] if unknown else '(none given)'!r}; "
                              f"choose from {', '.join(BENCH_STRATEGIES)}")  # fmt: skip
-        for name, allowed in (("mode", Mode), ("allocator", Allocator), ("compile", Compile)):
+        for name, allowed in (("mode", Mode), ("allocator", Allocator), ("compile", Compile),
+                              ("distributed", Distributed)):
             if getattr(self, name) not in typing.get_args(allowed):
                 raise ValueError(f"{name} {getattr(self, name)!r}: choose one of {', '.join(typing.get_args(allowed))}")
         if self.lora is not None and (isinstance(self.lora, bool) or not isinstance(self.lora, int) or self.lora < 1):
@@ -110,6 +117,10 @@ class RunConfig:
         multiple = self.pad_to_multiple_of
         if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
             raise ValueError(f"pad_to_multiple_of={multiple!r} must be >= 1 (an integer) or None")
+        if self.distributed == "fsdp" and (self.compile != "off" or self.dtype == "float16" or self.lora is not None):
+            what = (f"compile={self.compile!r}" if self.compile != "off" else "lora (frozen base weights in the shards)"
+                    if self.lora is not None else "dtype='float16' (loss scaling of shards)")  # fmt: skip
+            raise ValueError(f"distributed='fsdp' with {what} has not been run; use distributed='ddp' for it")
         if self.compile == "static" and multiple is None:
             raise ValueError("compile='static' compiles a graph per row shape, so pad_to_multiple_of must be set "
                              "(e.g. 64: rows then take a few shapes); or use compile='dynamic'")  # fmt: skip

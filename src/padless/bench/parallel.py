@@ -1,6 +1,6 @@
 """Training across ranks (``torchrun``): joining the process group, wrapping the model, and keeping the
 ranks' collectives in step. Everything the benchmark's training loop does differently with more than
-one process is here, so another wrapping (FSDP) is one more branch of :func:`wrap_model`.
+one process is here: DDP, or FSDP2 (:func:`padless.shard_model`) as the other branch of :func:`wrap_model`.
 
 A step's micro-batch count depends on its examples' lengths under bucketing and token-budget batching,
 so it differs between ranks. DDP all-reduces gradients in every ``backward()`` it is allowed to sync
@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def init_distributed(device_name: str) -> tuple[int, int]:
+def init_distributed(device_name: str, distributed: str = "ddp") -> tuple[int, int]:
     """``(rank, world_size)``; under ``torchrun`` this joins the process group (gloo on CPU, NCCL on
     CUDA), after binding the process to its own GPU (:func:`padless.devices.resolve_device`: ``LOCAL_RANK``
-    where that many GPUs are visible, else the one the launcher left visible)."""
+    where that many GPUs are visible, else the one the launcher left visible). ``distributed="fsdp"``
+    joins with one process too (FSDP2 shards over a group), and outside ``torchrun`` is refused."""
+    import os
+
     import torch
     import torch.distributed as dist
 
@@ -34,7 +37,10 @@ def init_distributed(device_name: str) -> tuple[int, int]:
     from padless.devices import resolve_device
 
     rank, world_size = world_info()
-    if world_size > 1 and not dist.is_initialized():
+    if distributed == "fsdp" and not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
+        raise ValueError("distributed='fsdp' runs under torchrun (its ranks shard the model): "
+                         "torchrun --nproc-per-node N -m padless bench ..., N >= 1")  # fmt: skip
+    if (world_size > 1 or distributed == "fsdp") and not dist.is_initialized():
         on_gpu = torch.cuda.is_available() and device_name != "cpu"
         if on_gpu:  # each rank on its own GPU before NCCL starts (else every rank works on GPU 0)
             torch.cuda.set_device(resolve_device("cuda" if device_name == "auto" else device_name).index)
@@ -52,18 +58,27 @@ class DataParallel:
     world_size: int
     """Processes training together (1: no wrapping, nothing to synchronise)."""
     kind: str = "none"
-    """``none`` (one process) or ``ddp`` (``DistributedDataParallel``)."""
+    """``none`` (one process), ``ddp`` (``DistributedDataParallel``) or ``fsdp`` (FSDP2, sharded in place)."""
 
     def sync(self, on: bool) -> contextlib.AbstractContextManager[Any]:
-        """A context for one micro-batch's forward and backward: gradients are all-reduced in its
-        backward only when ``on`` (the step's last micro-batch); else they accumulate locally."""
+        """A context for one micro-batch's forward and backward: gradients are all-reduced (FSDP2:
+        reduce-scattered) in its backward only when ``on`` (the step's last micro-batch); else they
+        accumulate locally."""
+        from padless.models.fsdp import sync_gradients
+
         if on or self.kind == "none":
             return contextlib.nullcontext()
-        return self.module.no_sync()
+        return sync_gradients(self.module, False)  # DDP's no_sync, FSDP2's set_requires_gradient_sync
 
 
-def wrap_model(model: Any, device: Any, world_size: int) -> DataParallel:
-    """``model`` ready for data-parallel training over ``world_size`` ranks (DDP; unwrapped for one)."""
+def wrap_model(model: Any, device: Any, world_size: int, kind: str = "ddp") -> DataParallel:
+    """``model`` ready for data-parallel training over ``world_size`` ranks: ``ddp`` (unwrapped for one
+    rank) or ``fsdp`` (:func:`padless.shard_model` in place, one rank included). Build the optimiser
+    after: FSDP2 replaces the parameters by their shards."""
+    if kind == "fsdp":
+        from padless.models.fsdp import shard_model
+
+        return DataParallel(shard_model(model), world_size, "fsdp")
     if world_size == 1:
         return DataParallel(model, 1)
     from torch.nn.parallel import DistributedDataParallel

@@ -62,10 +62,10 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    rank, world_size = init_distributed(cfg.device)
+    rank, world_size = init_distributed(cfg.device, cfg.distributed)
     device, dtype = resolve_device_dtype(cfg)
     peak, peak_gemm = measure_peak_flops(_gemm_shapes(cfg), device, dtype)
-    isolated = not cfg.in_process and world_size == 1
+    isolated = not cfg.in_process and world_size == 1 and cfg.distributed == "ddp"  # FSDP2 keeps its one group
     runs: dict[str, Any] = {}
     done: list[str] = []
     status = RunStatus("complete", ())

@@ -143,7 +143,7 @@ def train_strategy(
     )
     batcher = strategy.make_batcher(opts, model)
     rank, world_size = world
-    parallel = wrap_model(model, device, world_size)  # the loss undoes DDP's averaging (world_size)
+    parallel = wrap_model(model, device, world_size, cfg.distributed)  # the loss undoes DDP's / FSDP2's averaging
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
     scheduler = _schedule(optimizer, cfg.warmup_steps, cfg.steps)
     scaler = grad_scaler(device, dtype)

@@ -28,6 +28,9 @@ padless to Trainer (transformers 5.24, read from its sources):
    ``GPT2LMHeadModel`` has ``loss_type=None``, so Trainer would count ``labels[..., 0]`` too: one token
    too many per padded sequence whose first token is trained. :func:`count_shifted_labels` sets
    ``loss_type="ForCausalLM"``, the loss GPT-2 falls back to anyway; use it for padded Trainer runs too.
+
+Under FSDP2 nothing of this changes (FSDP2 averages gradients over ranks as DDP does); see
+:class:`PackedTrainer` for the two ways to shard.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from padless.batching.samplers import DistributedPackedBatchSampler
 from padless.batching.rows import PackedRowView
 from padless.planning.schedule import RowKey
 from padless.layout import IGNORE_INDEX  # noqa: E402
+from padless.models.fsdp import compute_dtype, is_sharded
 
 
 class EpochDataLoader(DataLoader):
@@ -197,6 +201,26 @@ def loader_for(trainer: Trainer, view: Any, sampler: DistributedPackedBatchSampl
     )  # fmt: skip
 
 
+def owns_its_sharding(model: Any) -> None:
+    """Tell Trainer that ``model``, sharded by :func:`padless.shard_model` before it was handed over,
+    places its parameters and reduces its gradients itself: Trainer neither moves it nor wraps it in
+    DDP, and prepares only the optimiser. That is Trainer's path (transformers 5.24) for a model
+    sharded at load time (``from_pretrained(distributed_config=...)``), which it reads from the
+    model's ``is_distributed_loading_by_transformers``; the flag behind it is set here. Trainer
+    refuses checkpoints with optimiser state for such a model: pass ``save_only_model=True`` or
+    ``save_strategy="no"``."""
+    if not hasattr(type(model), "is_distributed_loading_by_transformers"):
+        import transformers
+
+        raise ValueError(f"transformers {transformers.__version__} has no path for a model sharded before Trainer "
+                         "gets it (is_distributed_loading_by_transformers); pass the unsharded model and "
+                         "TrainingArguments(fsdp=True, fsdp_config={'version': 2}) instead")  # fmt: skip
+    model._is_distributed_loading_by_transformers = True
+    if not model.is_distributed_loading_by_transformers:
+        raise ValueError(f"{type(model).__name__}.is_distributed_loading_by_transformers does not follow its flag: "
+                         "pass the unsharded model and TrainingArguments(fsdp=True) instead")  # fmt: skip
+
+
 class PackedTrainer(Trainer):
     """``Trainer`` whose training micro-batches are padless' planned packed rows (module docstring).
 
@@ -206,6 +230,12 @@ class PackedTrainer(Trainer):
     ``pad_token_id`` (default: :func:`pad_token_id_for`). ``data_collator`` may be a
     :class:`padless.PackingCollator` (default: one for the model's backend); evaluation batches go
     through it too. The plan's seed is ``args.data_seed`` or ``args.seed``.
+
+    FSDP2: either hand over the model unsharded with ``TrainingArguments(fsdp=True,
+    fsdp_config={"version": 2, ...})`` (accelerate shards it in ``prepare``; it does so on GPUs only,
+    a CPU run is DDP), or shard it first with :func:`padless.shard_model` (any device, gloo included;
+    see :func:`owns_its_sharding`). Either way the packed rows and the token-normalised loss give the
+    gradient of one process over every rank's rows (tests/integrations/test_fsdp.py).
     """
 
     def __init__(
@@ -231,6 +261,8 @@ class PackedTrainer(Trainer):
             raise ValueError(f"data_collator must be a padless PackingCollator (or None), got "
                              f"{type(data_collator).__name__}: another collator cannot place planned rows exactly")
         count_shifted_labels(model)  # before Trainer reads loss_type
+        if is_sharded(model):
+            owns_its_sharding(model)
         super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, *trainer_args,
                          **trainer_kwargs)  # fmt: skip
         self.max_length = max_length
@@ -242,7 +274,8 @@ class PackedTrainer(Trainer):
 
             check_collator(model, data_collator, device=self.args.device, dtype=training_dtype(self.args))
         self.data_collator = data_collator or exact_collator(
-            model, max_length, device=self.args.device, dtype=training_dtype(self.args), pad_token_id=self.pad_token_id,
+            model, max_length, device=self.args.device, dtype=training_dtype(self.args) or compute_dtype(model),
+            pad_token_id=self.pad_token_id,
             strategy=strategy, overlong=overlong,
         )  # fmt: skip
         self.batch_sampler: DistributedPackedBatchSampler | None = None

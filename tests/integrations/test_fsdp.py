@@ -1,0 +1,444 @@
+"""FSDP2 on packed rows: two ranks under ``torchrun --nproc-per-node 2`` (gloo, CPU, fp32) shard a
+tiny model with :func:`padless.shard_model`, train the first optimiser step of
+:class:`padless.DistributedPackedBatchSampler`'s plan (2 micro-batches per rank, gradients kept
+local on the first) with the token-normalised loss, and end with the gradients and, after one SGD
+step, the whole (unsharded) parameters of one process over both ranks' rows. The
+examples/accelerate_loop.py ``--fsdp`` step and PackedTrainer's (each sharded by padless,
+and by accelerate's FSDP2 plugin) are held to their padded one-process step the same way.
+
+The torchrun worker is this file's ``main`` (``python -m torch.distributed.run --nproc-per-node 2
+tests/integrations/test_fsdp.py OUT``); the parent compares what each rank saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+import integrations_support as support  # noqa: E402
+from conftest import make_features  # noqa: E402
+
+LENGTHS = [37, 12, 50, 8, 23, 41, 5, 30, 17, 44, 9, 26, 14, 33, 6, 20, 3, 58, 11, 29]
+MAX_LENGTH, ROWS, ACCUM, SEED, LR = 64, 2, 2, 4, 0.5
+CASES = {  # name -> (model, attention backend, reshard after forward, LM head on trained tokens only)
+    "gpt2-padless": ("tiny-gpt2", "padless", True, True),  # tied embeddings: one root group holds both
+    "llama-sdpa": ("tiny-llama", "sdpa", False, False),  # a 4D block mask, grouped-query attention
+}
+
+
+# ----------------------------------------------------------------------------- the torchrun worker
+
+
+def _loop_step(case: str) -> dict[str, Any]:
+    """One optimiser step of a hand-written FSDP2 loop on this rank; what it saw, gathered whole."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+    from torch.utils.data import DataLoader
+
+    import padless
+    from padless.models.fsdp import is_sharded
+
+    name, attn, reshard, only = CASES[case]
+    if attn == "padless":
+        padless.register_padless_attention()
+    model = padless.build_model(name, attn_implementation=attn, seed=0)
+    full_numel = sum(p.numel() for p in model.parameters())
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    collator = padless.PackingCollator.for_model(model, max_length=MAX_LENGTH)  # before sharding
+    padless.shard_model(model, reshard_after_forward=reshard)
+    local_numel = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
+    groups = [n for n, m in model.named_modules() if isinstance(m, FSDPModule)]  # one per layer, and the root
+    sampler = padless.DistributedPackedBatchSampler(LENGTHS, MAX_LENGTH, ROWS, seed=SEED)  # rank from dist
+    loader = DataLoader(padless.PackedRowView(make_features(LENGTHS, with_labels=True, seed=SEED)),
+                        batch_sampler=sampler, collate_fn=collator)  # fmt: skip
+    batches = iter(loader)
+    micro = [next(batches) for _ in range(ACCUM)]
+    world = dist.get_world_size()
+
+    held: list[int] = []  # parameters holding a (reduced) gradient after each micro-batch
+
+    def step_grads(num_items: Any, world_size: int) -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        for i, batch in enumerate(micro):
+            with padless.sync_gradients(model, i == len(micro) - 1):
+                padless.model_loss(model, batch, num_items, world_size=world_size,
+                                   trained_logits_only=only).backward()  # fmt: skip
+            held.append(sum(p.grad is not None for p in model.parameters()))
+        return padless.full_tensors(model, grads=True)
+
+    local = padless.step_num_items(micro, all_ranks=False)
+    naive = step_grads(local, 1)  # each rank's own mean, then FSDP averages: tokens weighed by rank
+    num_items = padless.step_num_items(micro)  # all micro-batches, all ranks
+    grads = step_grads(num_items, world)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    optimizer.step()
+    return {"rank": dist.get_rank(), "world": world, "keys": list(sampler)[:ACCUM], "num_items": int(num_items),
+            "local": int(local), "grads": grads, "naive": naive, "params": padless.full_tensors(model),
+            "numel": (full_numel, local_numel), "sharded": is_sharded(model), "held": held,
+            "params_count": len(list(model.parameters())), "groups": groups,
+            "layers": model.config.num_hidden_layers, "tied": tied,
+            "still_tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight}  # fmt: skip
+
+
+def main(out_dir: str) -> None:
+    import faulthandler
+
+    import torch
+
+    import padless
+
+    faulthandler.dump_traceback_later(int(os.environ.get("PADLESS_WORKER_TIMEOUT", "400")), exit=True)  # no hang
+    torch.set_num_threads(1)
+    device = padless.init_distributed("cpu")
+    results: dict[str, Any] = {"device": str(device)}
+    for case in CASES:
+        results[case] = _loop_step(case)
+    results["accelerate"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, fsdp=True)
+    per_rank = -(-support.num_rows(support.examples()) // 2)  # one optimiser step holds every row
+    results["trainer"] = support.first_step("trainer-fsdp", "padless", os.path.join(out_dir, "t"),
+                                            rows_per_batch=per_rank)  # fmt: skip
+    # last: these switch the process's accelerate state to FSDP (support.force_accelerate_fsdp2)
+    results["trainer-plugin"] = support.first_step("trainer-fsdp-plugin", "padless", os.path.join(out_dir, "p"),
+                                                   rows_per_batch=per_rank)  # fmt: skip
+    results["plugin"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, plugin=True)
+    torch.save(results, os.path.join(out_dir, f"rank{results[next(iter(CASES))]['rank']}.pt"))
+
+
+# ----------------------------------------------------------------------------- the parent
+
+
+def _torchrun(script: Path | str, *args: str, cwd: Path = support.ROOT) -> subprocess.CompletedProcess:
+    """``script`` under ``torchrun --nproc-per-node 2`` on this machine's loopback, offline; it must succeed."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+           "PYTHONPATH": os.pathsep.join([str(support.ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    if "GLOO_SOCKET_IFNAME" not in env and sys.platform == "linux":
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on the loopback interface
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Each rank's results of one ``torchrun`` launch."""
+    import torch
+
+    out = tmp_path_factory.mktemp("fsdp")
+    _torchrun(__file__, str(out))
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def _one_process(case: str) -> dict[str, Any]:
+    """The same step in one process: every row both ranks trained, in one micro-batch."""
+    import torch
+
+    import padless
+    from padless.planning.schedule import schedule_epoch
+
+    name, attn, _, _ = CASES[case]
+    if attn == "padless":
+        padless.register_padless_attention()
+    sched = schedule_epoch(LENGTHS, MAX_LENGTH, world_size=2, rows_per_batch=ROWS, seed=SEED)
+    keys = [sched.rank_batches(r)[:ACCUM] for r in range(2)]
+    model = padless.build_model(name, attn_implementation=attn, seed=0)
+    view = padless.PackedRowView(make_features(LENGTHS, with_labels=True, seed=SEED))
+    rows = [view[key] for rank in keys for micro in rank for key in micro]
+    batch = padless.PackingCollator.for_model(model, max_length=MAX_LENGTH)(rows)
+    total = padless.trained_tokens(batch["labels"])
+    padless.model_loss(model, batch, total).backward()
+    grads = padless.full_tensors(model, grads=True)
+    torch.optim.SGD(model.parameters(), lr=LR).step()
+    return {"keys": keys, "num_items": int(total), "grads": grads, "params": padless.full_tensors(model)}
+
+
+def _assert_close(got: dict[str, Any], want: dict[str, Any]) -> None:
+    import torch
+
+    assert set(got) == set(want)
+    scale = max(t.abs().max().item() for t in want.values())
+    for name, t in want.items():
+        torch.testing.assert_close(got[name], t, rtol=1e-5, atol=1e-6 * scale, msg=name)
+
+
+def _gap(got: dict[str, Any], want: dict[str, Any]) -> float:
+    return max((got[n] - t).abs().max().item() for n, t in want.items())
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fsdp2_step_on_two_ranks_equals_one_process_over_both_ranks_rows(ranks, case):
+    want = _one_process(case)
+    got = [r[case] for r in ranks]
+    assert [(g["rank"], g["world"], g["keys"]) for g in got] == [(0, 2, want["keys"][0]), (1, 2, want["keys"][1])]
+    assert got[0]["num_items"] == got[1]["num_items"] == want["num_items"] == got[0]["local"] + got[1]["local"]
+    for g in got:
+        full, local = g["numel"]
+        assert g["sharded"] and full // 2 <= local < full  # each rank holds about half of every parameter
+        layers = "transformer.h" if "gpt2" in case else "model.layers"
+        assert g["groups"] == ["", *(f"{layers}.{i}" for i in range(g["layers"]))]
+        _assert_close(g["grads"], want["grads"])  # the reduce-scattered shards, gathered: one process's gradient
+        _assert_close(g["params"], want["params"])  # after one SGD step on the shards
+    assert got[0]["numel"][1] + got[1]["numel"][1] == got[0]["numel"][0]
+    assert all(g["tied"] == g["still_tied"] == (case == "gpt2-padless") for g in got)  # sharding keeps a tie
+    # gradients stay local (nothing reduce-scattered) until the last micro-batch of the step
+    assert all(g["held"] == [0, g["params_count"]] * 2 for g in got)
+    # negative control: each rank's own mean is another gradient (the ranks hold different token counts)
+    assert got[0]["local"] != got[1]["local"]
+    scale = max(t.abs().max().item() for t in want["grads"].values())
+    assert _gap(got[0]["naive"], want["grads"]) > 1e-2 * scale
+    print(f"\n{case}: max |grad - one process| / max |grad|: FSDP2 {max(_gap(g['grads'], want['grads']) for g in got) / scale:.1e}, "
+          f"per-rank mean {_gap(got[0]['naive'], want['grads']) / scale:.1e}; params after SGD "
+          f"{max(_gap(g['params'], want['params']) for g in got):.1e}")  # fmt: skip
+
+
+@pytest.mark.parametrize("sharder", ["accelerate", "plugin"])
+def test_accelerate_example_with_fsdp_equals_one_padded_process(ranks, sharder):
+    """examples/accelerate_loop.py sharded by ``train(..., fsdp=True)`` (padless.shard_model) or by
+    accelerate's FSDP2 plugin in ``prepare``: step 1 of 2 micro-batches x 1 row per rank equals one
+    process padding exactly those 4 rows' examples."""
+    from test_transformers import assert_same_step
+
+    want = support.padded_accelerate_step(world_size=2, micro_batches=2)
+    got = [r[sharder] for r in ranks]
+    assert want["examples"] < want["of"] or want["all_rows"]
+    assert got[0]["loss"] == got[1]["loss"]  # reduced over the ranks
+    for g in got:
+        assert g["sharded"]
+        assert_same_step(g, want)
+
+
+@pytest.mark.parametrize("sharder", ["trainer", "trainer-plugin"])
+def test_packed_trainer_under_fsdp2_equals_one_padded_process(ranks, sharder, tmp_path):
+    """PackedTrainer on a model sharded by padless.shard_model, or by accelerate's FSDP2 plugin from
+    ``TrainingArguments(fsdp=True, fsdp_config={"version": 2})``: one optimiser step over every packed
+    row (half per rank) equals Trainer padding all the examples in one process."""
+    from test_transformers import assert_same_step
+
+    want = support.first_step("trainer-padded", "sdpa", str(tmp_path))
+    got = [r[sharder] for r in ranks]
+    assert [(g["rank"], g["world"], g["micro_batches"]) for g in got] == [(0, 2, 1), (1, 2, 1)]
+    assert got[0]["num_items"] == got[1]["num_items"]  # all-reduced over the ranks
+    for g in got:
+        assert g["sharded"]
+        assert_same_step({**g, "loss": sum(x["loss"] for x in got) / 2}, want)  # the ranks' losses average to it
+
+
+def test_the_docs_page_snippet_runs_on_two_ranks(tmp_path):
+    """docs/integrations/fsdp.md's python block, as one script under torchrun (tests/integrations/test_docs.py
+    runs the other pages in-process)."""
+    import re
+
+    from test_docs import DOCS, UNDER_TORCHRUN, code_of
+
+    assert "fsdp.md" in UNDER_TORCHRUN
+    script = tmp_path / "fsdp_page.py"
+    script.write_text(code_of(DOCS / "fsdp.md"))
+    out = _torchrun(script, cwd=tmp_path).stdout
+    assert len(re.findall(r"^step 2: \d+ trained tokens$", out, flags=re.M)) == 1, out[-2000:]  # rank 0 prints
+
+
+def test_the_gpu_script_checks_and_trains_on_two_cpu_ranks():
+    """benchmarks/fsdp.py (the FSDP step of benchmarks/gpu.sh) on gloo: its exactness check passes
+    and its timed run trains; so the script cannot rot before a GPU runs it."""
+    import re
+
+    out = _torchrun(support.ROOT / "benchmarks" / "fsdp.py", "--device", "cpu", "--max-length", "128", "--steps", "1",
+                    "--documents", "120", "--rows", "1").stdout  # fmt: skip
+    gap = re.search(r"^fsdp exactness \(fp32\): max \|grad - one process\| / max \|grad\| = (\S+) ", out, flags=re.M)
+    assert gap and float(gap.group(1)) < 1e-5, out[-2000:]
+    assert re.search(r"^fsdp: 2 rank\(s\) on cpu \(gloo\)", out, flags=re.M)
+    assert re.search(r"^fsdp training \(auto\): median step \S+ s, [\d,]+ real tokens/s", out, flags=re.M), out[-2000:]
+
+
+# ----------------------------------------------------------------------------- one process
+
+
+@pytest.fixture
+def one_rank():
+    """A gloo process group of one rank in this process, torn down after the test."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))  # fmt: skip
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_sharded_rank_trains_like_the_model_itself(one_rank):
+    """World size 1: the sharded model's loss and gradients are the plain model's (same batch)."""
+    import torch
+
+    import padless
+    from padless.models.fsdp import is_sharded
+
+    plain, sharded = (padless.build_model("tiny-llama", seed=0) for _ in range(2))
+    batch = padless.PackingCollator.for_model(plain, max_length=MAX_LENGTH)(make_features([20, 31, 9, 44], seed=1))
+    padless.shard_model(sharded)
+    assert is_sharded(sharded) and not is_sharded(plain)
+    after = padless.PackingCollator.for_model(sharded, max_length=MAX_LENGTH)(make_features([20, 31, 9, 44], seed=1))
+    same = [torch.equal(v, batch[k]) if torch.is_tensor(v) else v == batch[k] for k, v in after.items()]
+    assert set(after) == set(batch) and all(same)  # sharding keeps what the exactness rule reads
+    n = padless.trained_tokens(batch["labels"])
+    losses = [padless.model_loss(m, batch, n) for m in (plain, sharded)]
+    for loss in losses:
+        loss.backward()
+    assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-6)
+    _assert_close(padless.full_tensors(sharded, grads=True), padless.full_tensors(plain, grads=True))
+    assert set(padless.full_tensors(sharded)) == {n for n, _ in plain.named_parameters()}
+    with pytest.raises(ValueError, match="sharded already"):
+        padless.shard_model(sharded)
+    with pytest.raises(ValueError, match="no decoder layers in Sequential"):
+        padless.shard_model(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    with pytest.raises(ValueError, match="on the CPU already: leave cpu_offload off"):
+        padless.shard_model(padless.build_model("tiny-gpt2", seed=0), cpu_offload=True)
+    split = padless.build_model("tiny-llama", seed=0)
+    split.lm_head.to("meta")
+    with pytest.raises(ValueError, match=r"every parameter on one device, found \['cpu', 'meta'\]"):
+        padless.shard_model(split)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "padless"])
+def test_mixed_precision_computes_in_bfloat16_over_float32_shards(one_rank, attn):
+    """``param_dtype=bfloat16, reduce_dtype=float32``: the forward runs in bf16 (the loss moves off the
+    fp32 one, by bf16 rounding only), the shards and their gradients stay fp32; a collator built on the
+    fp32 model serves the bf16 compute."""
+    import torch
+
+    import padless
+    from padless.models.fsdp import compute_dtype
+
+    padless.register_padless_attention()
+    plain, sharded = (padless.build_model("tiny-llama", attn_implementation=attn, seed=0) for _ in range(2))
+    batch = padless.PackingCollator.for_model(plain, max_length=MAX_LENGTH)(make_features([20, 31, 9, 44], seed=1))
+    padless.shard_model(sharded, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert (compute_dtype(sharded), compute_dtype(plain), sharded.dtype) == (torch.bfloat16, None, torch.float32)
+    n = padless.trained_tokens(batch["labels"])
+    full, half = padless.model_loss(plain, batch, n), padless.model_loss(sharded, batch, n)
+    half.backward()
+    assert half.item() != full.item() and half.item() == pytest.approx(full.item(), rel=1e-2)
+    grads = padless.full_tensors(sharded, grads=True)
+    assert {g.dtype for g in grads.values()} == {p.dtype for p in padless.full_tensors(sharded).values()} == {torch.float32}
+    assert set(grads) == {name for name, _ in plain.named_parameters()}
+
+
+def test_packed_trainer_judges_a_sharded_model_in_its_compute_dtype(one_rank, monkeypatch, tmp_path):
+    """A model sharded with bf16 mixed precision (fp32 shards) is judged in bf16, what it computes in."""
+    import torch
+    from transformers import TrainingArguments
+
+    import padless
+    from padless.integrations import transformers as integration
+
+    seen = []
+    real = integration.exact_collator
+    monkeypatch.setattr(integration, "exact_collator", lambda *a, **kw: seen.append(kw["dtype"]) or real(*a, **kw))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, save_strategy="no")
+    for param_dtype in (torch.bfloat16, None):
+        model = padless.shard_model(support.model("sdpa"), param_dtype=param_dtype)
+        integration.PackedTrainer(model=model, args=args, max_length=support.MAX_LENGTH)
+    assert seen == [torch.bfloat16, None]  # None: the model's own dtype
+
+
+def test_without_torchrun_nothing_is_joined_and_sharding_is_refused(monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    import padless
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert padless.init_distributed("cpu") == torch.device("cpu") and not dist.is_initialized()
+    with pytest.raises(ValueError, match="launch with torchrun and call padless.init_distributed"):
+        padless.shard_model(padless.build_model("tiny-gpt2", seed=0))
+    with pytest.raises(ValueError, match="torch.nn.Module"):
+        padless.shard_model("gpt2")
+
+
+def test_packed_trainer_refuses_a_sharded_model_where_transformers_has_no_path_for_it():
+    from padless.integrations.transformers import owns_its_sharding
+
+    class OldModel:  # a model class without is_distributed_loading_by_transformers (transformers < 5.x)
+        pass
+
+    with pytest.raises(ValueError, match="pass the unsharded model and TrainingArguments"):
+        owns_its_sharding(OldModel())
+    model = support.model("sdpa")
+    owns_its_sharding(model)
+    assert model.is_distributed_loading_by_transformers
+
+
+@pytest.mark.parametrize(
+    "device,local_rank,gpus,want",
+    [
+        ("auto", "1", 2, "cuda:1"),  # one process per GPU: cuda:LOCAL_RANK
+        ("cuda", "3", 1, "cuda:0"),  # the launcher binds one visible GPU per process
+        ("cuda:1", "0", 2, "cuda:1"),  # named: as named
+        ("auto", "1", 0, "cpu"),  # no GPU: gloo on the CPU
+    ],
+)
+def test_each_rank_takes_its_gpu_and_nccl_on_cuda(monkeypatch, device, local_rank, gpus, want):
+    """The CUDA path without a GPU: torch.cuda and init_process_group stand-ins record what would run."""
+    import torch
+    import torch.distributed as dist
+
+    import padless
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: calls.append(("init", backend)))
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert str(padless.init_distributed(device)) == want
+    on_gpu = want.startswith("cuda")
+    assert calls == [("set_device", want)] * on_gpu + [("init", "nccl" if on_gpu else "gloo")]  # device first
+    with pytest.raises(ValueError, match="this machine has 2 CUDA device"):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        padless.init_distributed("cuda:2")
+
+
+def test_sync_gradients_keeps_ddp_gradients_local_and_leaves_a_plain_model_alone():
+    import padless
+
+    calls = []
+
+    class Wrapper:  # what DistributedDataParallel offers
+        def no_sync(self):
+            calls.append("no_sync")
+            return contextlib.nullcontext()
+
+    with padless.sync_gradients(Wrapper(), False):
+        pass
+    with padless.sync_gradients(Wrapper(), True):
+        pass
+    with padless.sync_gradients(object(), False):
+        pass
+    assert calls == ["no_sync"]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
