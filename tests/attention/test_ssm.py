@@ -87,3 +87,15 @@ def test_packed_gradients_equal_alone_through_position_ids():
     assert packed.keys() == alone.keys() and packed
     for name in packed:
         torch.testing.assert_close(packed[name], alone[name], atol=EXACT, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("family", ["mamba2", "rwkv"])
+def test_verify_isolation_runs_once_the_mixers_are_patched(family):
+    model = build(family, None)
+    report = padless.verify_isolation(model)
+    assert not report.passed and all(r.status == "refused" for r in report.results)
+    padless.enable_per_document_mixers(model)
+    report = padless.verify_isolation(model)
+    passed = [r.backend for r in report.results if r.status == "pass"]
+    assert report.passed and "eager" in passed, report
+    assert all(r.status == "refused" for r in report.results if r.backend.endswith("+shared_prompt"))
