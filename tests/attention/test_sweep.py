@@ -64,9 +64,12 @@ def test_quick_sweep_knows_what_is_exact_and_what_is_refused(quick):
         assert status[(model_type, "for_model", "sdpa")].status == "exact", status[(model_type, "for_model", "sdpa")]
         assert status[(model_type, "for_model", "padless")].status == "exact"
     for model_type, needle in (("roberta", "padding_idx + 1"), ("deepseek_v32", "mix tokens without"),
-                               ("bart", "no position_ids"), ("bloom", "ALiBi"), ("mamba", "no position_ids")):  # fmt: skip
-        o = status[(model_type, "for_model", "eager")]  # every model has eager (BLOOM, Mamba: no sdpa)
+                               ("bart", "no position_ids"), ("bloom", "ALiBi")):  # fmt: skip
+        o = status[(model_type, "for_model", "eager")]  # every model has eager (BLOOM: no sdpa)
         assert o.status == "refused" and needle in o.detail, o
+    # pure state-space models: restarted position_ids through **kwargs reach the per-document mixers
+    for backend in ("eager", "padless"):
+        assert status[("mamba", "for_model", backend)].status == "exact", status[("mamba", "for_model", backend)]
     # hybrids: for_model runs their token mixers on each document alone (padless.enable_per_document_mixers)
     for model_type in ("qwen3_5_text", "qwen3_next", "bamba", "lfm2"):
         assert status[(model_type, "for_model", "sdpa")].status == "exact", status[(model_type, "for_model", "sdpa")]

@@ -70,7 +70,14 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` unless ``model(**batch)`` computes for every packed document exactly what
     the document computes alone, by the one rule; return otherwise. Padded batches (a 2D
     ``attention_mask``) pass unchecked: they are not packed."""
-    from padless.attention.select import backend_inputs, check_exact, compute_target, mask_windows, model_inputs
+    from padless.attention.select import (
+        attention_free,
+        backend_inputs,
+        check_exact,
+        compute_target,
+        mask_windows,
+        model_inputs,
+    )
 
     kind = carried_inputs(batch)
     if kind == "padding":
@@ -82,7 +89,7 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     device, dtype = compute_target(inner)  # where this forward runs (autocast counts)
     check_exact(model, backend, device=device, dtype=dtype, max_length=longest)
     needed = model_inputs(model, backend)
-    if kind == "position_ids" and backend_inputs(backend) == "mask4d":
+    if kind == "position_ids" and backend_inputs(backend) == "mask4d" and not attention_free(model):
         from padless.attention.rules import attention_rules
 
         if not attention_rules(model).masks_from_position_ids:

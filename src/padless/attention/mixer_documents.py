@@ -105,9 +105,10 @@ def _capture_model_positions(model: Any) -> None:
         if not isinstance(module, PreTrainedModel) or getattr(module, "_padless_positions_hook", False):
             continue
         params = inspect.signature(module.forward).parameters
-        if "position_ids" not in params:
+        declared = "position_ids" in params
+        if not declared and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             continue
-        hook = _ModelPositionsHook(list(params))
+        hook = _ModelPositionsHook(list(params), declared)
         module.register_forward_pre_hook(hook.before, with_kwargs=True)
         module.register_forward_hook(hook.after, with_kwargs=True, always_call=True)
         module._padless_positions_hook = True
@@ -157,19 +158,27 @@ class _ModelPositionsHook:
     """Sets what a base model's forward was given (position ids, a padding mask?) for its duration.
     Hooks are small classes, not closures, so a patched model still pickles."""
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], declared: bool = True) -> None:
         self.names = names  # the forward's parameter names, for positional arguments
+        self.declared = declared
+        """The forward names ``position_ids``; ``False``: it takes them through ``**kwargs`` (Mamba,
+        RWKV, xLSTM), and a call without them leaves what an enclosing model was given."""
         self.tokens: list[Any] = []
 
     def before(self, module: Any, args: tuple, kwargs: dict) -> None:
         given = dict(zip(self.names, args, strict=False)) | kwargs
+        if not self.declared and "position_ids" not in given:
+            self.tokens.append(None)  # e.g. MambaModel inside MambaForCausalLM, which keeps the kwarg
+            return
         mask = given.get("attention_mask")
         padded = _is_tensor(mask) and mask.ndim == 2 and not bool(mask.all())
         self.tokens.append(_MODEL_POSITIONS.set((given.get("position_ids"), padded)))
 
     def after(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         if self.tokens:
-            _MODEL_POSITIONS.reset(self.tokens.pop())
+            token = self.tokens.pop()
+            if token is not None:
+                _MODEL_POSITIONS.reset(token)
 
 
 class _LayerDocumentsHook:

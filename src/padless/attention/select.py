@@ -11,6 +11,7 @@ rule of their own, so they cannot disagree.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,6 +50,8 @@ class _Target:
     """The backend being judged (set by :func:`_reason`)."""
     layout: str = "documents"
     """:data:`Layout` of the rows."""
+    attention_free: bool = False
+    """:func:`attention_free`: no softmax attention runs, so no backend is involved."""
     mixers: str | None = None
     """What the model's token mixers that are not softmax attention need (:mod:`padless.attention.mixers`):
     ``None`` none found (a bare config: unknown), ``""`` found and every one runs per document, else
@@ -81,7 +84,7 @@ def _refuse_model(t: _Target) -> str | None:
         reason = alibi_refusal(t.config, backend=t.backend)
         if reason is not None:
             return f"the model uses ALiBi positions: {reason}"
-    elif r.takes_position_ids is False:
+    elif r.takes_position_ids is False and not t.attention_free:
         return (f"{t.model_class.__name__}.forward takes no position_ids, so packed documents would be given "
                 "positions that run on across document boundaries")  # fmt: skip
     if r.bidirectional:
@@ -109,6 +112,31 @@ MIXER_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "mamba", "attention")
 mixers (``linear_attention``, ``mamba``), LFM2 short convolutions (``conv``), Falcon-H1 / Zamba's
 parallel or shared blocks (``hybrid``) and GraniteMoeHybrid's name for softmax attention
 (``attention``). Other non-attention types (``indexed_attention``, compressed attention) stay refused."""
+
+
+def attention_free(model_or_config: Any) -> bool:
+    """A model (not a bare config: a config cannot show its layers) that runs no softmax attention and
+    whose token mixers all run per document: its forward takes ``position_ids`` only through
+    ``**kwargs`` (Mamba, Mamba2, Falcon-Mamba, RWKV, xLSTM in transformers 5.24: no position embeddings
+    either), every token mixer is patched (:func:`padless.attention.mixers.mixer_refusal` is ``None``)
+    and no module outside the mixers is an ``*Attention`` class. Restarted ``position_ids`` passed as a
+    keyword then reach the mixers (the hook of :mod:`padless.attention.mixer_documents`), whatever
+    ``attn_implementation`` says, since no attention runs; the batch carries no ``attention_mask``,
+    which these models read as a 2D padding mask."""
+    if model_or_config is None or not hasattr(model_or_config, "named_modules"):
+        return False
+    model_class = model_class_of(model_or_config)
+    params = inspect.signature(model_class.forward).parameters if model_class is not None else {}
+    if "position_ids" in params or not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return False
+    if _mixer_state(model_or_config) != "":
+        return False
+    from padless.attention.mixers import mixer_layers
+
+    mixers = [m.name for m in mixer_layers(model_or_config)]
+    inside = lambda name: any(name == m or name.startswith(m + ".") for m in mixers)  # noqa: E731
+    return not any(type(module).__name__.endswith("Attention") and not inside(name)
+                   for name, module in model_or_config.named_modules())  # fmt: skip
 
 
 def _mixer_state(model_or_config: Any) -> str | None:
@@ -243,6 +271,8 @@ def model_inputs(model_or_config: Any, backend: str) -> AttentionInputs:
     from which transformers builds per-document chunked masks itself (a 4D mask would replace its
     chunks); :func:`check_exact` accepts that only where the model builds its masks from position ids."""
     inputs = backend_inputs(backend)
+    if attention_free(model_or_config):  # no attention runs: restarted position_ids reach the mixers
+        return "position_ids"
     rules = attention_rules(model_or_config) if model_or_config is not None else None
     if inputs == "mask4d" and rules is not None and rules.chunk_size is not None and rules.masks_from_position_ids:
         return "position_ids"
@@ -284,12 +314,21 @@ def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | Non
     device, dtype = compute_target(model_or_config, device, dtype)
     return _Target(device, dtype, config, model_class_of(model_or_config), max_length,
                    attention_rules(model_or_config), head_dim=head_dim_of(config), layout=layout,
-                   mixers=_mixer_state(model_or_config))  # fmt: skip
+                   mixers=_mixer_state(model_or_config), attention_free=attention_free(model_or_config))  # fmt: skip
 
 
 def _reason(target: _Target, backend: str) -> str | None:
     target = dataclasses.replace(target, backend=backend)
+    if target.attention_free:  # no attention runs: the backend's limits do not matter
+        return _refuse_model(target) or _refuse_attention_free_layout(target)
     return _refuse_model(target) or BACKENDS[backend].refuse(target) or _refuse_layout(target)
+
+
+def _refuse_attention_free_layout(t: _Target) -> str | None:
+    if t.layout == "shared_prompt":
+        return ("a shared-prompt tree needs attention to let completions see the prompt; the state-space / "
+                "recurrent mixers of a model without attention run each document alone")
+    return None
 
 
 def _refuse_layout(t: _Target) -> str | None:

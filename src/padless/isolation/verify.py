@@ -160,7 +160,8 @@ def _forward_backward(model: Any, batches: Sequence[Any], num_items: Any, comput
     logits = []
     for batch in batches:
         with compute():
-            out = model(**forward_inputs(batch)).logits
+            # no cache, as in training (RWKV in eval mode writes its state in place, breaking backward)
+            out = model(**{"use_cache": False, **forward_inputs(batch)}).logits
             loss = causal_lm_loss(out, batch["labels"], num_items)
         loss.backward()
         logits.append(out.detach())
@@ -378,6 +379,10 @@ def _model_refusal(model: Any) -> str | None:
 
     from padless.attention.adapters import base_model_of
 
+    from padless.attention.select import attention_free
+
+    if attention_free(model):  # Mamba, RWKV, xLSTM with patched mixers: position_ids through **kwargs
+        return None
     model = base_model_of(model)  # a PEFT wrapper's forward takes **kwargs and passes them on
     if "position_ids" not in inspect.signature(model.forward).parameters:
         return (f"{type(model).__name__}.forward takes no position_ids, so packed documents would be given "

@@ -1,0 +1,101 @@
+"""Pure state-space / recurrent models (Mamba, Mamba2, Falcon-Mamba, RWKV, xLSTM: no attention, no
+position embeddings, ``position_ids`` only through ``**kwargs``) pack exactly through
+``PackingCollator.for_model`` (issue 20): the restarted ``position_ids`` the batch carries as a keyword
+reach the per-document mixers, and the same batch is contaminated once the mixers are disabled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_features
+from test_mixers import CONTAMINATED, EXACT, LENGTHS, NO_ATTENTION, VOCAB, alone_logits, build
+
+import padless
+from padless.attention.mixers import disable_per_document_mixers, mixer_refusal
+from padless.attention.select import BACKENDS, attention_free
+
+SSM = sorted(NO_ATTENTION)
+
+
+def _packed(model, batch) -> torch.Tensor:
+    with torch.no_grad():  # position_ids as a plain keyword: no packed_documents context
+        return model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+
+
+@pytest.mark.parametrize("family", SSM)
+def test_for_model_packs_exactly_through_position_ids(family):
+    model = build(family, None)
+    assert mixer_refusal(model) is not None and not attention_free(model)
+    with pytest.raises(ValueError, match="takes no position_ids"):  # unpatched: refused as before
+        padless.check_exact(model, model.config._attn_implementation)
+    collator = padless.PackingCollator.for_model(model, max_length=32)
+    assert collator.attention == "position_ids" and attention_free(model)
+    batch = collator(make_features(LENGTHS, vocab_size=VOCAB, seed=5))
+    assert "attention_mask" not in batch and batch["use_cache"] is False  # a 2D mask would read as padding
+    rows = [padless.lengths_from_position_ids(row.numpy()) for row in batch["position_ids"]]
+    assert len(rows) > 1 and max(map(len, rows)) > 1  # several rows, documents sharing one
+    padless.check_batch(model, batch)
+    alone = alone_logits(model, batch)
+    after = (_packed(model, batch) - alone).abs().max().item()
+    assert after <= EXACT, f"{family}: packed vs alone {after:.2e}"
+    disable_per_document_mixers(model)
+    before = (_packed(model, batch) - alone).abs().max().item()
+    assert before > CONTAMINATED, f"{family}: the unpatched model is not contaminated ({before:.2e})"
+    with pytest.raises(ValueError, match="takes no position_ids"):
+        padless.check_batch(model, batch)
+
+
+@pytest.mark.parametrize("family", SSM)
+def test_every_backend_name_is_exact_and_a_bare_config_is_not(family):
+    """No attention runs, so ``attn_implementation`` does not matter; a config cannot show its mixers."""
+    model = build(family, None)
+    padless.enable_per_document_mixers(model)
+    for backend in BACKENDS:
+        padless.check_exact(model, backend, device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match="takes no position_ids"):
+        padless.check_exact(model.config, "eager")
+    with pytest.raises(ValueError, match="shared-prompt tree needs attention"):
+        padless.check_exact(model, "eager", layout="shared_prompt")
+
+
+def test_packed_gradients_equal_alone_through_position_ids():
+    model = build("mamba2", None).train()
+    collator = padless.PackingCollator.for_model(model, max_length=64)
+    batch = collator(make_features(LENGTHS, vocab_size=VOCAB, seed=6))
+    assert batch["input_ids"].shape[0] == 1
+
+    def loss(logits, ids):
+        predicted, targets = logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)
+        return torch.nn.functional.cross_entropy(predicted, targets, reduction="sum")
+
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    lengths = padless.lengths_from_position_ids(batch["position_ids"][0].numpy()).tolist()
+    model.zero_grad()
+    logits, at, total = model(**inputs).logits, 0, 0
+    for n in lengths:
+        total = total + loss(logits[:, at : at + n], batch["input_ids"][:, at : at + n])
+        at += n
+    total.backward()
+    packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    at = 0
+    for n in lengths:
+        ids = batch["input_ids"][:, at : at + n]
+        loss(model(ids, use_cache=False).logits, ids).backward()
+        at += n
+    alone = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert packed.keys() == alone.keys() and packed
+    for name in packed:
+        torch.testing.assert_close(packed[name], alone[name], atol=EXACT, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("family", ["mamba2", "rwkv"])
+def test_verify_isolation_runs_once_the_mixers_are_patched(family):
+    model = build(family, None)
+    report = padless.verify_isolation(model)
+    assert not report.passed and all(r.status == "refused" for r in report.results)
+    padless.enable_per_document_mixers(model)
+    report = padless.verify_isolation(model)
+    passed = [r.backend for r in report.results if r.status == "pass"]
+    assert report.passed and "eager" in passed, report
+    assert all(r.status == "refused" for r in report.results if r.backend.endswith("+shared_prompt"))
