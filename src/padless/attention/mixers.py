@@ -142,7 +142,10 @@ def _device_type(model: Any) -> str:
 def mixer_layers(model: Any) -> list[MixerInfo]:
     """Every token-mixing layer of ``model`` that is not softmax attention (outermost matches only: the
     RG-LRU inside a RecurrentGemma block is part of that block), with how packed documents are kept
-    apart in it on the model's current device."""
+    apart in it on the model's current device. An object without modules (a bare config, a stand-in
+    for a model) has no layers to list."""
+    if not hasattr(model, "named_modules"):
+        return []
     device_type = _device_type(model)
     found: list[MixerInfo] = []
     inside: list[str] = []
