@@ -192,6 +192,35 @@ def test_grouping_does_not_change_outputs(family, max_padding):
     assert max_diff(model, batch, attn) <= EXACT
 
 
+def _document_loss(logits, ids):
+    """Summed next-token cross-entropy of one document (``logits`` ``[1, n, V]``, ``ids`` ``[1, n]``)."""
+    predicted, targets = logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)
+    return torch.nn.functional.cross_entropy(predicted, targets, reduction="sum")
+
+
+def assert_packed_grads_equal_alone(model, packed_logits_fn, input_ids, lengths):
+    """The summed per-document loss of one packed row (``packed_logits_fn()`` -> ``[1, T, V]`` logits of
+    ``input_ids`` ``[1, T]``, documents of ``lengths`` in order) has the gradients of the documents
+    trained alone."""
+    model.zero_grad()
+    logits, at, total = packed_logits_fn(), 0, 0
+    for n in lengths:
+        total = total + _document_loss(logits[:, at : at + n], input_ids[:, at : at + n])
+        at += n
+    total.backward()
+    packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    at = 0
+    for n in lengths:
+        ids = input_ids[:, at : at + n]
+        _document_loss(model(ids, use_cache=False).logits, ids).backward()
+        at += n
+    alone = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert packed.keys() == alone.keys() and packed
+    for name in packed:
+        torch.testing.assert_close(packed[name], alone[name], atol=EXACT, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.mark.parametrize("family", ["qwen3_5_text", "bamba", "lfm2", "mamba"])
 def test_packed_gradients_equal_alone(family):
     """A training step: the summed token loss of the packed row has the gradients of the documents
@@ -201,28 +230,7 @@ def test_packed_gradients_equal_alone(family):
     enable_per_document_mixers(model)
     batch = packed_batch(attn)
 
-    def loss(logits, ids):
-        predicted, targets = logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)
-        return torch.nn.functional.cross_entropy(predicted, targets, reduction="sum")
-
-    model.zero_grad()
-    logits = packed_logits(model, batch, attn)[0]
-    at, total = 0, 0
-    for n in LENGTHS:
-        total = total + loss(logits[None, at : at + n], batch["input_ids"][:, at : at + n])
-        at += n
-    total.backward()
-    packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    at = 0
-    for n in LENGTHS:
-        ids = batch["input_ids"][:, at : at + n]
-        loss(model(ids, use_cache=False).logits, ids).backward()
-        at += n
-    alone = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    assert packed.keys() == alone.keys() and packed
-    for name in packed:
-        torch.testing.assert_close(packed[name], alone[name], atol=EXACT, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    assert_packed_grads_equal_alone(model, lambda: packed_logits(model, batch, attn), batch["input_ids"], LENGTHS)
 
 
 @pytest.mark.parametrize("family", ["bamba", "mamba", "recurrent_gemma"])

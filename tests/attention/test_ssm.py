@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_features
-from test_mixers import CONTAMINATED, EXACT, LENGTHS, NO_ATTENTION, VOCAB, alone_logits, build
+from test_mixers import CONTAMINATED, EXACT, LENGTHS, NO_ATTENTION, VOCAB, alone_logits, assert_packed_grads_equal_alone, build
 
 import padless
 from padless.attention.mixers import disable_per_document_mixers, mixer_refusal
@@ -64,29 +64,9 @@ def test_packed_gradients_equal_alone_through_position_ids():
     batch = collator(make_features(LENGTHS, vocab_size=VOCAB, seed=6))
     assert batch["input_ids"].shape[0] == 1
 
-    def loss(logits, ids):
-        predicted, targets = logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)
-        return torch.nn.functional.cross_entropy(predicted, targets, reduction="sum")
-
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     lengths = padless.lengths_from_position_ids(batch["position_ids"][0].numpy()).tolist()
-    model.zero_grad()
-    logits, at, total = model(**inputs).logits, 0, 0
-    for n in lengths:
-        total = total + loss(logits[:, at : at + n], batch["input_ids"][:, at : at + n])
-        at += n
-    total.backward()
-    packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    at = 0
-    for n in lengths:
-        ids = batch["input_ids"][:, at : at + n]
-        loss(model(ids, use_cache=False).logits, ids).backward()
-        at += n
-    alone = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    assert packed.keys() == alone.keys() and packed
-    for name in packed:
-        torch.testing.assert_close(packed[name], alone[name], atol=EXACT, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    assert_packed_grads_equal_alone(model, lambda: model(**inputs).logits, batch["input_ids"], lengths)
 
 
 @pytest.mark.parametrize("family", ["mamba2", "rwkv"])
