@@ -125,8 +125,6 @@ def main() -> None:
                      attn_pdrop=0.0)  # fmt: skip
     torch.manual_seed(args.seed)
     base = GPT2LMHeadModel(cfg).eval()
-    collators = {"packed": padless.PreferenceCollator(max_length=args.max_length, share_prompt=False, attention="varlen"),
-                 "shared": padless.PreferenceCollator(max_length=args.max_length, share_prompt=True, attention="varlen")}  # fmt: skip
     methods = {}
     for name, backend in (("padded", "sdpa"), ("packed", "padless"), ("shared", "padless")):
         policy, ref = copy.deepcopy(base), copy.deepcopy(base)
@@ -134,6 +132,9 @@ def main() -> None:
         ref.set_attn_implementation(backend)
         methods[name] = dict(policy=policy, ref=ref, opt=torch.optim.AdamW(policy.parameters(), lr=1e-3),
                              times=[], losses=[], tokens=[], flops=[])  # fmt: skip
+    collators = {name: padless.PreferenceCollator.for_model(methods[name]["policy"], max_length=args.max_length,
+                                                            share_prompt=name == "shared")
+                 for name in ("packed", "shared")}  # fmt: skip
 
     def build(name: str, pairs: list[dict]):
         if name == "padded":

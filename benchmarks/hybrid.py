@@ -93,9 +93,10 @@ def ways(family: str, feats: list[dict], bucket: int) -> dict[str, tuple[torch.n
     order = sorted(range(len(feats)), key=lambda i: len(feats[i]["input_ids"]))
     buckets = [[feats[i] for i in order[at : at + bucket]] for at in range(0, len(order), bucket)]
     pad = padless.PaddingCollator()
+    packed, packed_sdpa = model("padless", True), model("sdpa", True)
     return {
-        "packed": (model("padless", True), [padless.PackingCollator(max_length=ROW, attention="varlen")(feats)]),
-        "packed-sdpa": (model("sdpa", True), [padless.PackingCollator(max_length=ROW, attention="mask4d")(feats)]),
+        "packed": (packed, [padless.PackingCollator.for_model(packed, max_length=ROW)(feats)]),
+        "packed-sdpa": (packed_sdpa, [padless.PackingCollator.for_model(packed_sdpa, max_length=ROW)(feats)]),
         "padded": (base, [pad(feats)]),
         "bucketed": (base, [pad(b) for b in buckets]),
     }

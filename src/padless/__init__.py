@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "backend_inputs": "padless.attention.select",
     "BACKENDS": "padless.attention.select",
     "check_batch": "padless.attention.accept",
+    "check_collator": "padless.attention.accept",
     "check_exact": "padless.attention.select",
     "resolve_backend": "padless.attention.select",
     "additive_tree_mask": "padless.attention.tree",
@@ -137,7 +138,7 @@ if TYPE_CHECKING:  # pragma: no cover - the same table for static analysis (test
     from padless.attention.backend import packed_documents, padless_attention, register_padless_attention
     from padless.attention.mixers import disable_per_document_mixers, enable_per_document_mixers, mixer_layers, mixer_refusal, MixerInfo
     from padless.attention.masks import additive_block_causal_mask, block_causal_mask
-    from padless.attention.accept import check_batch
+    from padless.attention.accept import check_batch, check_collator
     from padless.attention.select import backend_inputs, BACKENDS, check_exact, resolve_backend
     from padless.attention.tree import additive_tree_mask, shared_prompt_refusal, tree_attention
     from padless.attention.varlen import reference_varlen_attention, varlen_attention

@@ -3,10 +3,11 @@ collator, backend), and the table for docs/integrations/exactness.md.
 
 A configuration is one of:
 
-- ``exact``: the batch was accepted (``for_model`` built it; a model-free batch passed
-  :func:`padless.check_batch`) and every document's packed logits equal the document alone
-  (fp32, ``1e-5 + 1e-5 * max|logit|``);
-- ``refused``: padless refused with a reason (``for_model`` / ``check_batch`` raised ``ValueError``);
+- ``exact``: the batch was accepted (``for_model`` built it; a model-free collator was fitted by
+  :func:`padless.check_collator` and its batch passed :func:`padless.check_batch`) and every
+  document's packed logits equal the document alone (fp32, ``1e-5 + 1e-5 * max|logit|``);
+- ``refused``: padless refused with a reason (``for_model`` / ``check_collator`` / ``check_batch``
+  raised ``ValueError``);
 - ``contaminated``: accepted, and some document's logits differ from the document alone. The sweep
   asserts there are none;
 - ``crashed``: accepted, and the forward raised (counted apart: loud, not silently wrong);
@@ -32,8 +33,9 @@ LENGTHS = (20, 3, 13, 1, 17, 9, 6)
 BACKENDS = ("sdpa", "eager", "padless")
 COLLATORS = ("for_model", "plain", "plain_position_ids")
 """``for_model``; the model-free ``PackingCollator(max_length=...)`` (a 4D block mask); the model-free
-collator with ``attention="position_ids"`` (restarted position ids alone). Model-free batches count as
-accepted only when :func:`padless.check_batch` accepts them."""
+collator with ``attention="position_ids"`` (restarted position ids alone). A model-free collator
+collates only once :func:`padless.check_collator` fitted it to the model; its batches count as accepted
+only when :func:`padless.check_batch` accepts them too."""
 MAX_PARAMS = 3_000_000
 """A config left bigger than this after shrinking is reported as not built (the sweep stays fast)."""
 
@@ -87,6 +89,9 @@ class Outcome:
     """exact | refused | contaminated | crashed | unsupported"""
     detail: str = ""
     max_diff: float | None = None
+    raw: str | None = None
+    """Model-free collators: what the same batch fed raw (``model_free=True``, no check) gives, judged the
+    same way (``exact`` / ``contaminated`` / ``crashed``): the cases the refusal keeps out."""
 
 
 def _is_config(value: Any) -> bool:
@@ -258,22 +263,33 @@ def check(model: Any, model_type: str, collator: str, backend: str) -> Outcome:
         return Outcome(model_type, collator, backend, "unsupported", "the model cannot switch attention implementation")
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", VOCAB) or VOCAB)
     feats = features(min(vocab, VOCAB))
+    raw = None
     try:
         if collator == "for_model":
             batch = PackingCollator.for_model(model, max_length=ROW)(feats)
         else:
-            attention = "position_ids" if collator == "plain_position_ids" else "mask4d"
-            batch = PackingCollator(max_length=ROW, attention=attention, features=FeatureSpec())(feats)
+            plain = PackingCollator(max_length=ROW, attention="position_ids" if collator == "plain_position_ids" else "mask4d",
+                                    features=FeatureSpec())  # fmt: skip
+            # what the refusal prevents: the same batch fed raw (model_free=True, no check)
+            raw = _judge(model, feats, dataclasses.replace(plain, model_free=True)(feats))[0]
+            # what a user of a model-free collator does: fit it to the model; padless' consumers check each batch
+            batch = padless.check_collator(model, plain)(feats)
             padless.check_batch(model, batch)
     except ValueError as error:
-        return Outcome(model_type, collator, backend, "refused", str(error))
+        return Outcome(model_type, collator, backend, "refused", str(error), raw=raw)
+    status, detail, diff = _judge(model, feats, batch)
+    return Outcome(model_type, collator, backend, status, detail, diff, raw=raw)
+
+
+def _judge(model: Any, feats: list[dict], batch: Any) -> tuple[str, str, float | None]:
+    """``exact`` / ``contaminated`` / ``crashed`` for a batch fed to ``model``, a detail and the difference."""
     try:
         diff, tol = _contamination(model, feats, batch)
     except Exception as error:  # noqa: BLE001
-        return Outcome(model_type, collator, backend, "crashed", _first_line(error))
+        return "crashed", _first_line(error), None
     if not math.isfinite(diff) or diff > tol:
-        return Outcome(model_type, collator, backend, "contaminated", f"max |logit diff| {diff:.3g} > {tol:.3g}", diff)
-    return Outcome(model_type, collator, backend, "exact", "", diff)
+        return "contaminated", f"max |logit diff| {diff:.3g} > {tol:.3g}", diff
+    return "exact", "", diff
 
 
 def sweep(model_types: list[str]) -> tuple[list[Outcome], dict[str, str]]:
@@ -291,7 +307,8 @@ def sweep(model_types: list[str]) -> tuple[list[Outcome], dict[str, str]]:
                 unbuilt[model_type] = _first_line(error)
                 continue
             broken = alone_error(model)  # with the attention the model was built with
-            mine = [check(model, model_type, c, b) for c in COLLATORS for b in BACKENDS]
+            # model-free collators first: for_model patches a hybrid's token mixers in place
+            mine = [check(model, model_type, c, b) for c in (*COLLATORS[1:], COLLATORS[0]) for b in BACKENDS]
             # a model that cannot run alone is judged only where padless refused it without running it
             if broken and any(o.status not in ("refused", "unsupported") for o in mine):
                 unbuilt[model_type] = broken
@@ -339,6 +356,8 @@ def summary(outcomes: list[Outcome], unbuilt: dict[str, str]) -> dict[str, Any]:
         reasons[_reason_class(details[0]) if details else "crashed or unsupported"] += 1
     contaminated = sorted({f"{o.model_type}/{o.collator}/{o.backend}" for o in outcomes if o.status == "contaminated"})
     plain_exact = sorted(t for t, os in by_type.items() if any(o.collator != "for_model" and o.status == "exact" for o in os))
+    raw = {c: sorted(t for t, os in by_type.items() if any(o.collator == c and o.raw == "contaminated" for o in os))
+           for c in COLLATORS[1:]}  # fmt: skip
     return {
         "types": len(by_type) + len(unbuilt),
         "built": len(by_type),
@@ -347,6 +366,8 @@ def summary(outcomes: list[Outcome], unbuilt: dict[str, str]) -> dict[str, Any]:
         "refused_by_reason": dict(reasons.most_common()),
         "contaminated": contaminated,
         "plain_exact": len(plain_exact),
+        "raw_contaminated": len(set().union(*raw.values())),
+        "raw_contaminated_by_collator": {c: len(ts) for c, ts in raw.items()},
         "configurations": len(outcomes),
         "statuses": dict(Counter(o.status for o in outcomes).most_common()),
     }
@@ -364,23 +385,28 @@ def table(outcomes: list[Outcome], unbuilt: dict[str, str]) -> str:
     lines = [
         f"transformers {transformers.__version__}: {s['types']} causal-LM types, {s['built']} built as tiny configs; "
         f"**{s['exact']} exact on at least one backend** with `for_model`, **{s['refused']} refused** "
-        f"({reasons}), **{len(s['contaminated'])} contaminated**. The model-free `PackingCollator(max_length=...)` "
-        f"batch (a 4D block mask, or `attention=\"position_ids\"`) is exact on at least one backend for "
-        f"{s['plain_exact']} architectures and refused by `padless.check_batch` everywhere else. "
+        f"({reasons}), **{len(s['contaminated'])} contaminated**. A model-free `PackingCollator(max_length=...)` "
+        f"(a 4D block mask, or `attention=\"position_ids\"`) collates only once fitted to the model; fitted with "
+        f"`padless.check_collator`, it is exact on at least one backend for {s['plain_exact']} architectures "
+        f"and refused by `check_collator` / `check_batch` everywhere else; fed raw (`model_free=True`, no check), "
+        f"the same batches would be contaminated on {s['raw_contaminated']} architectures "
+        f"({s['raw_contaminated_by_collator']['plain']} with the 4D block mask, "
+        f"{s['raw_contaminated_by_collator']['plain_position_ids']} with position ids alone). "
         f"{s['configurations']} configurations (architecture x collator x backend): "
         + ", ".join(f"{k} {v}" for k, v in s["statuses"].items()) + ".",
         "",
-        "| architecture | `for_model`: exact on | `for_model`: refused or crashed elsewhere (why) | model-free batch: exact on |",
-        "|---|---|---|---|",
+        "| architecture | `for_model`: exact on | `for_model`: refused or crashed elsewhere (why) | model-free, fitted: exact on | model-free fed raw: contaminated on |",
+        "|---|---|---|---|---|",
     ]
     for t in sorted(by_type):
         os = by_type[t]
         exact = [o.backend for o in os if o.collator == "for_model" and o.status == "exact"]
-        plain = [o.backend + ("" if o.collator == "plain" else " (position_ids)") for o in os
-                 if o.collator != "for_model" and o.status == "exact"]  # fmt: skip
+        named = lambda o: o.backend + ("" if o.collator == "plain" else " (position_ids)")  # noqa: E731
+        plain = [named(o) for o in os if o.collator != "for_model" and o.status == "exact"]
+        raw = [named(o) for o in os if o.raw == "contaminated"]
         why = sorted({_clean(o.detail) for o in os if o.collator == "for_model" and o.status != "exact"
                       and o.status != "unsupported"})  # fmt: skip
-        cells = [f"`{t}`", ", ".join(exact) or "-", "; ".join(why) or "-", ", ".join(plain) or "-"]
+        cells = [f"`{t}`", ", ".join(exact) or "-", "; ".join(why) or "-", ", ".join(plain) or "-", ", ".join(raw) or "-"]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     if unbuilt:
         lines += ["", f"Not built as a tiny config ({len(unbuilt)}): "

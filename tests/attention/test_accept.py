@@ -3,6 +3,9 @@ pass, those some model would run contaminated are refused with the reason and th
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+
 import pytest
 import torch
 
@@ -52,14 +55,14 @@ def _max_diff(model, feats, batch):
 
 def test_a_model_free_batch_that_is_exact_passes():
     model, feats = _model("llama"), _feats()
-    batch = PackingCollator(max_length=ROW)(feats)
+    batch = PackingCollator(model_free=True, max_length=ROW)(feats)
     check_batch(model, batch)
     assert _max_diff(model, feats, batch) < 1e-5
 
 
 def test_a_model_free_batch_without_the_models_window_is_refused():
     model, feats = _model("mistral"), _feats()
-    plain = PackingCollator(max_length=ROW)(feats)
+    plain = PackingCollator(model_free=True, max_length=ROW)(feats)
     assert _max_diff(model, feats, plain) > 1e-2  # what the check prevents: the mask lost the window
     with pytest.raises(ValueError, match="sliding window of 8 tokens.*PackingCollator.for_model"):
         check_batch(model, plain)
@@ -71,7 +74,7 @@ def test_a_model_free_batch_without_the_models_window_is_refused():
 def test_per_layer_type_masks_are_checked_by_layer_type():
     model, feats = _model("gemma3"), _feats()
     with pytest.raises(ValueError, match="layer types need masks with sliding windows"):
-        check_batch(model, PackingCollator(max_length=ROW)(feats))
+        check_batch(model, PackingCollator(model_free=True, max_length=ROW)(feats))
     batch = PackingCollator.for_model(model, max_length=ROW)(feats)
     assert isinstance(batch["attention_mask"], dict)
     check_batch(model, batch)
@@ -83,16 +86,16 @@ def test_per_layer_type_masks_are_checked_by_layer_type():
 def test_the_batch_form_must_be_the_backends():
     model, feats = _model("llama", "padless"), _feats()
     with pytest.raises(ValueError, match="carries 'mask4d' attention inputs.*only with 'varlen'"):
-        check_batch(model, PackingCollator(max_length=ROW)(feats))
+        check_batch(model, PackingCollator(model_free=True, max_length=ROW)(feats))
     check_batch(model, PackingCollator.for_model(model, max_length=ROW)(feats))
-    half = PackingCollator(max_length=ROW, mask_dtype=torch.bfloat16)(feats)
+    half = PackingCollator(model_free=True, max_length=ROW, mask_dtype=torch.bfloat16)(feats)
     with pytest.raises(ValueError, match="mask is torch.bfloat16, the model computes in torch.float32"):
         check_batch(_model("llama"), half)
 
 
 def test_models_padless_refuses_are_refused_for_any_batch():
     with pytest.raises(ValueError, match="padding_idx \\+ 1"):
-        check_batch(_model("roberta"), PackingCollator(max_length=ROW)(_feats()))
+        check_batch(_model("roberta"), PackingCollator(model_free=True, max_length=ROW)(_feats()))
 
 
 def test_padded_batches_pass_and_inputs_are_read_from_the_batch():
@@ -100,13 +103,13 @@ def test_padded_batches_pass_and_inputs_are_read_from_the_batch():
     padded = PaddingCollator()(feats)
     assert carried_inputs(padded) == "padding"
     check_batch(model, padded)
-    assert carried_inputs(PackingCollator(max_length=ROW)(feats)) == "mask4d"
-    assert carried_inputs(PackingCollator(max_length=ROW, attention="varlen")(feats)) == "varlen"
-    assert carried_inputs(PackingCollator(max_length=ROW, attention="position_ids")(feats)) == "position_ids"
+    assert carried_inputs(PackingCollator(model_free=True, max_length=ROW)(feats)) == "mask4d"
+    assert carried_inputs(PackingCollator(model_free=True, max_length=ROW, attention="varlen")(feats)) == "varlen"
+    assert carried_inputs(PackingCollator(model_free=True, max_length=ROW, attention="position_ids")(feats)) == "position_ids"
 
 
 def test_row_documents_are_the_placed_documents():
-    batch = PackingCollator(max_length=ROW)(_feats())
+    batch = PackingCollator(model_free=True, max_length=ROW)(_feats())
     docs = row_documents(batch)
     starts = {(r, int(o)) for r, row in enumerate(docs) for o in ([0, *list(__import__("itertools").accumulate(row))[:-1]])}
     pl = batch.placements
@@ -126,16 +129,59 @@ def test_check_collator_reads_the_collators_settings():
         check_collator(_model("llama", "padless"), PackingCollator(max_length=ROW))
 
 
+def test_a_collator_built_without_the_model_refuses_to_collate_until_fitted():
+    from padless.batching.preference import PreferenceCollator, RolloutCollator
+
+    feats = _feats()
+    plain = PackingCollator(max_length=ROW)
+    pair = {"prompt_ids": [1, 2], "chosen_ids": [3], "rejected_ids": [4, 5]}
+    group = {"prompt_ids": [1, 2], "completion_ids": [[3], [4, 5]]}
+    for collator, features in ((plain, feats), (PreferenceCollator(max_length=ROW), [pair]),
+                               (RolloutCollator(max_length=ROW, share_prompt=False), [group])):  # fmt: skip
+        name = type(collator).__name__
+        with pytest.raises(ValueError, match=f"this {name} was built without a model.*{name}.for_model.*check_collator"):
+            collator(features)
+        assert dataclasses.replace(collator, model_free=True)(features)["input_ids"].numel() > 0
+    llama = _model("llama")
+    fitted = check_collator(llama, plain)
+    assert fitted.fitted_to == "LlamaForCausalLM (sdpa)" and plain.fitted_to is None
+    assert fitted.totals is plain.totals  # a copy that keeps counting into the same totals
+    before = plain.totals["sequences"]
+    batch = fitted(feats)
+    check_batch(llama, batch)
+    assert _max_diff(llama, feats, batch) < 1e-5
+    assert plain.totals["sequences"] == before + len(feats)
+    with pytest.raises(ValueError, match="built without a model"):
+        plain(feats)  # the original stays unfitted
+    for kept in (dataclasses.replace(fitted, pad_to_multiple_of=8), pickle.loads(pickle.dumps(fitted))):
+        assert kept.fitted_to == fitted.fitted_to
+        kept(feats)
+    assert PackingCollator.for_model(llama, max_length=ROW).fitted_to == "LlamaForCausalLM (sdpa)"
+
+
+def test_fitting_refuses_where_the_batches_would_be_contaminated_and_keeps_what_is_exact():
+    mistral, feats = _model("mistral"), _feats()
+    with pytest.raises(ValueError, match="sliding windows None, the model needs 8"):
+        check_collator(mistral, PackingCollator(max_length=ROW))
+    # position ids alone: transformers builds Mistral's per-document masks, window included
+    fitted = check_collator(mistral, PackingCollator(max_length=ROW, attention="position_ids"))
+    batch = fitted(feats)
+    assert "attention_mask" not in batch
+    assert _max_diff(mistral, feats, batch) < 1e-5
+    with pytest.raises(ValueError, match="padding_idx \\+ 1"):
+        check_collator(_model("roberta"), PackingCollator(max_length=ROW, attention="position_ids"))
+
+
 def test_sequence_logprobs_refuses_a_batch_the_model_would_run_contaminated():
     from padless.objectives.logprobs import sequence_logprobs
 
     model, feats = _model("mistral"), _feats()
     with pytest.raises(ValueError, match="sliding window of 8 tokens"):
-        sequence_logprobs(model, PackingCollator(max_length=ROW)(feats))
+        sequence_logprobs(model, PackingCollator(model_free=True, max_length=ROW)(feats))
     sequence_logprobs(model, PackingCollator.for_model(model, max_length=ROW)(feats))
 
 
-def test_packed_trainer_refuses_a_model_free_collator_that_does_not_fit(tmp_path):
+def test_packed_trainer_fits_a_model_free_collator_or_refuses_it(tmp_path):
     pytest.importorskip("accelerate")
     from transformers import TrainingArguments
 
@@ -144,6 +190,10 @@ def test_packed_trainer_refuses_a_model_free_collator_that_does_not_fit(tmp_path
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], per_device_train_batch_size=2)
     with pytest.raises(ValueError, match="sliding windows None, the model needs 8"):
         PackedTrainer(_model("mistral"), args, data_collator=PackingCollator(max_length=ROW), max_length=ROW)
+    llama = _model("llama")
+    trainer = PackedTrainer(llama, args, data_collator=PackingCollator(max_length=ROW), max_length=ROW)
+    assert trainer.data_collator.fitted_to == "LlamaForCausalLM (sdpa)"  # the fitted copy collates
+    assert _max_diff(llama, _feats(), trainer.data_collator(_feats())) < 1e-5
 
 
 def test_a_mask_is_compared_once_per_window():
@@ -154,7 +204,7 @@ def test_a_mask_is_compared_once_per_window():
     check_batch(model, batch)
     assert accept._checked(batch["attention_mask"], WINDOW) and not accept._checked(batch["attention_mask"], None)
     check_batch(model, batch)  # the second call skips the comparison, and still passes
-    wrong = PackingCollator(max_length=ROW)(feats)  # another tensor: compared, refused
+    wrong = PackingCollator(model_free=True, max_length=ROW)(feats)  # another tensor: compared, refused
     with pytest.raises(ValueError, match="sliding window"):
         check_batch(model, wrong)
     assert not accept._checked(wrong["attention_mask"], WINDOW)
@@ -162,7 +212,7 @@ def test_a_mask_is_compared_once_per_window():
 
 def test_three_axis_position_ids_are_read_like_text_positions():
     """Multimodal RoPE (Qwen2-VL family) takes position ids ``[3, R, L]``; for text every axis restarts alike."""
-    batch = PackingCollator(max_length=ROW, attention="position_ids")(_feats())
+    batch = PackingCollator(model_free=True, max_length=ROW, attention="position_ids")(_feats())
     flat = row_documents(batch)
     stacked = dict(batch, position_ids=batch["position_ids"][None].expand(3, -1, -1))
     assert row_documents(stacked) == flat

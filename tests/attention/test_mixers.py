@@ -107,7 +107,7 @@ def packed_batch(attn: str | None, lengths=LENGTHS, max_length=None, seed=0) -> 
     """What the model-free collator sends: mask4d for sdpa/eager, varlen for padless, and position ids
     alone for models without attention (their documents come from ``packed_documents``)."""
     attention = "varlen" if attn == "padless" else "mask4d"
-    collator = padless.PackingCollator(max_length=max_length, attention=attention)
+    collator = padless.PackingCollator(model_free=True, max_length=max_length, attention=attention)
     batch = collator(make_features(lengths, vocab_size=VOCAB, seed=seed))
     if attn is None:
         batch.pop("attention_mask", None)

@@ -81,6 +81,9 @@ def test_quick_sweep_knows_what_is_exact_and_what_is_refused(quick):
     assert status[("llama", "plain", "sdpa")].status == "exact"
     assert status[("mistral", "plain", "sdpa")].status == "refused"
     assert "sliding window" in status[("mistral", "plain", "sdpa")].detail
+    assert status[("mistral", "plain", "sdpa")].raw == "contaminated"  # what the refusal keeps out
+    assert status[("llama", "plain", "sdpa")].raw == "exact"
+    assert status[("mistral", "plain_position_ids", "sdpa")].status == "exact"  # transformers' masks keep the window
 
 
 def test_the_sweep_counts_a_wrong_batch_as_contaminated():
@@ -92,7 +95,7 @@ def test_the_sweep_counts_a_wrong_batch_as_contaminated():
     model = S.build("mistral")
     model.set_attn_implementation("sdpa")
     feats = S.features(S.VOCAB)
-    diff, tol = S._contamination(model, feats, PackingCollator(max_length=S.ROW)(feats))
+    diff, tol = S._contamination(model, feats, PackingCollator(model_free=True, max_length=S.ROW)(feats))
     assert diff > 100 * tol
     assert torch.isfinite(torch.tensor(diff))
 
@@ -114,8 +117,9 @@ config (hidden 64, 2 layers, or 4 for a layer pattern so each kind of layer is p
 sliding windows and attention chunks of 8 tokens, shorter than most of the 7 documents of up to 20
 tokens; rows of 32), and for each of `sdpa`, `eager` and `padless` packs the documents with
 `PackingCollator.for_model(model)` and with the model-free `PackingCollator(max_length=32)`, both its
-4D block mask and `attention="position_ids"` (a model-free batch counts as accepted only if
-`padless.check_batch(model, batch)` accepts it). An accepted batch is **exact** when every
+4D block mask and `attention="position_ids"` (a model-free collator refuses to collate until
+`padless.check_collator(model, collator)` fits it; its batch counts as accepted only if
+`padless.check_batch(model, batch)` accepts it too). An accepted batch is **exact** when every
 document's packed logits equal the document alone (fp32, `1e-5 + 1e-5 x max|logit|`), **contaminated**
 otherwise; **refused** means padless raised with the reason shown; **crashed** means the model raised
 on an accepted batch (loud, never silent; e.g. models whose attention classes drop padless' kwargs);

@@ -178,7 +178,7 @@ def test_a_mask_without_the_window_contaminates(name):
     window, so the equality above is a test that can fail."""
     model = _model(WINDOWED[name], "sdpa")
     feats = make_features(LENGTHS, vocab_size=VOCAB, seed=1)
-    blind = PackingCollator(max_length=ROW, attention="mask4d")
+    blind = PackingCollator(model_free=True, max_length=ROW, attention="mask4d")
     assert _max_packed_vs_alone(model, blind, feats) > 1e-2
 
 
@@ -341,9 +341,9 @@ def test_for_model_refuses_inputs_that_do_not_fit_the_backend():
     with pytest.raises(ValueError, match="attention='varlen' does not isolate documents on backend 'sdpa'"):
         PackingCollator.for_model(model, max_length=ROW, attention="varlen")
     with pytest.raises(ValueError, match="windows apply to the 4D mask only"):
-        PackingCollator(attention="varlen", windows=WINDOW)
+        PackingCollator(model_free=True, attention="varlen", windows=WINDOW)
     with pytest.raises(ValueError, match="windows must be"):
-        PackingCollator(windows={"sliding_attention": 0})
+        PackingCollator(model_free=True, windows={"sliding_attention": 0})
 
 
 @pytest.mark.parametrize(
@@ -465,7 +465,7 @@ def test_chunked_attention_is_carried_by_position_ids_or_refused_per_backend():
                 alone = model(input_ids=torch.tensor([feats[int(pl.feature[j])]["input_ids"]])).logits[0]
                 torch.testing.assert_close(logits[r, o : o + n], alone, atol=1e-5, rtol=1e-5)
         # the plain block mask would be wrong here: the chunks are what a 4D mask loses
-        plain = PackingCollator(max_length=ROW)(feats)
+        plain = PackingCollator(model_free=True, max_length=ROW)(feats)
         with torch.no_grad():
             wrong = model(**{k: v for k, v in plain.items() if k != "labels"}).logits
         docs = [(int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])) for j in range(pl.feature.size)]

@@ -57,7 +57,7 @@ def test_packing_collator_places_the_plan():
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 12, 30)
     feats = [{"input_ids": (np.arange(n) + 100 * i) % 997} for i, n in enumerate(lengths)]
-    batch = PackingCollator(max_length=16, overlong="split")(feats)
+    batch = PackingCollator(model_free=True, max_length=16, overlong="split")(feats)
     pl, want = batch.placements, _of(plan_packs(lengths, 16))
     assert [a.tolist() for a in (pl.feature, pl.start, pl.row, pl.offset, pl.length)] == \
         [a.tolist() for a in (want.feature, want.start, want.row, want.offset, want.length)]  # fmt: skip

@@ -27,7 +27,7 @@ def test_padding_collator_multiple_of():
 
 def test_packing_collator_literal_one_row():
     feats = [{"input_ids": [11, 12, 13]}, {"input_ids": [21, 22], "labels": [-100, 22]}, {"input_ids": [31]}]
-    batch = PackingCollator(pad_token_id=PAD, pad_to_multiple_of=8)(feats)
+    batch = PackingCollator(model_free=True, pad_token_id=PAD, pad_to_multiple_of=8)(feats)
     assert set(batch) == {"input_ids", "labels", "position_ids", "attention_mask", "use_cache"}
     assert batch["use_cache"] is False
     assert batch["input_ids"].tolist() == [[11, 12, 13, 21, 22, 31, PAD, PAD]]
@@ -52,7 +52,7 @@ def test_packing_collator_literal_one_row():
 
 def test_packing_collator_varlen_keys():
     feats = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}, {"input_ids": [6, 7, 8, 9]}]
-    batch = PackingCollator(max_length=5, attention="varlen", pad_to_max_length=True)(feats)
+    batch = PackingCollator(model_free=True, max_length=5, attention="varlen", pad_to_max_length=True)(feats)
     assert set(batch) == {"input_ids", "labels", "position_ids", "use_cache",
                           "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}  # fmt: skip
     assert batch["input_ids"].shape == (2, 5)
@@ -69,13 +69,13 @@ def test_packing_collator_varlen_keys():
 
 
 def test_packing_collator_position_ids_keys():
-    batch = PackingCollator(attention="position_ids")(make_features([3, 4]))
+    batch = PackingCollator(model_free=True, attention="position_ids")(make_features([3, 4]))
     assert set(batch) == {"input_ids", "labels", "position_ids", "use_cache"}
 
 
 def test_separator_appended_once():
     spec = FeatureSpec(separator_id=0, train_on_separator=False)
-    batch = PackingCollator(features=spec)([{"input_ids": [5, 6]}, {"input_ids": [7, 0]}])
+    batch = PackingCollator(model_free=True, features=spec)([{"input_ids": [5, 6]}, {"input_ids": [7, 0]}])
     assert batch["input_ids"].tolist() == [[5, 6, 0, 7, 0]]
     assert batch["labels"].tolist() == [[-100, 6, -100, -100, 0]]
 
@@ -89,7 +89,7 @@ def test_separator_appended_once():
 def test_every_token_placed_exactly_once(lengths, strategy, seed):
     feats = make_features(lengths, seed=seed, with_labels=True)
     pad = -7  # not a valid token id, so padding can never be mistaken for a document
-    batch = PackingCollator(max_length=40, strategy=strategy, attention="varlen", pad_token_id=pad)(feats)
+    batch = PackingCollator(model_free=True, max_length=40, strategy=strategy, attention="varlen", pad_token_id=pad)(feats)
     assert batch["input_ids"].shape[1] <= 40
     flat_ids = batch["input_ids"].reshape(-1).tolist()
     flat_labels = batch["labels"].reshape(-1).tolist()
@@ -107,12 +107,12 @@ def test_every_token_placed_exactly_once(lengths, strategy, seed):
 def test_overlong_policies_are_counted():
     feats = make_features([5, 12, 3])
     with pytest.raises(ValueError, match="12"):
-        PackingCollator(max_length=8)(feats)
-    truncating = PackingCollator(max_length=8, overlong="truncate")
+        PackingCollator(model_free=True, max_length=8)(feats)
+    truncating = PackingCollator(model_free=True, max_length=8, overlong="truncate")
     batch = truncating(feats)
     assert int((batch["input_ids"] != 0).sum()) == 5 + 8 + 3
     assert truncating.totals["truncated_sequences"] == 1 and truncating.totals["truncated_tokens"] == 4
-    dropping = PackingCollator(max_length=8, overlong="drop")
+    dropping = PackingCollator(model_free=True, max_length=8, overlong="drop")
     dropping(feats)
     assert dropping.totals["dropped_sequences"] == 1 and dropping.totals["dropped_tokens"] == 12
 
@@ -132,7 +132,7 @@ def test_overlong_policies_are_counted():
 )
 def test_bad_input(features, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        PackingCollator(**kwargs)(features)
+        PackingCollator(model_free=True, **kwargs)(features)
 
 
 def test_bad_input_padding_collator():
@@ -142,7 +142,7 @@ def test_bad_input_padding_collator():
 
 def test_unknown_attention_inputs():
     with pytest.raises(ValueError, match="unknown attention inputs 'dense'"):
-        PackingCollator(attention="dense")
+        PackingCollator(model_free=True, attention="dense")
 
 
 def test_prepacked_rows_are_placed_as_given():
@@ -150,14 +150,14 @@ def test_prepacked_rows_are_placed_as_given():
         {"input_ids": [1, 2, 3, 4, 5], "labels": [1, 2, 3, 4, 5], "seq_lengths": [2, 3]},
         {"input_ids": [6, 7], "labels": [6, -100], "seq_lengths": [2]},
     ]
-    batch = PackingCollator(max_length=5, pad_token_id=PAD, pad_to_max_length=True)(rows)
+    batch = PackingCollator(model_free=True, max_length=5, pad_token_id=PAD, pad_to_max_length=True)(rows)
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5], [6, 7, PAD, PAD, PAD]]
     assert batch["position_ids"].tolist() == [[0, 1, 0, 1, 2], [0, 1, 0, 1, 2]]
     assert batch["labels"].tolist() == [[-100, 2, -100, 4, 5], [-100, -100, -100, -100, -100]]
     with pytest.raises(ValueError, match="sum to"):
-        PackingCollator()([{"input_ids": [1, 2], "seq_lengths": [3]}])
+        PackingCollator(model_free=True)([{"input_ids": [1, 2], "seq_lengths": [3]}])
     with pytest.raises(ValueError, match="mixes"):
-        PackingCollator()([rows[0], {"input_ids": [1]}])
+        PackingCollator(model_free=True)([rows[0], {"input_ids": [1]}])
 
 
 def test_for_model_picks_inputs_and_dtype():
@@ -186,7 +186,7 @@ def test_for_model_refuses_a_model_without_position_ids():
 def test_placements_say_where_every_piece_went():
     """Placements replace re-running the planner: each feature's pieces, rows and offsets."""
     feats = [{"input_ids": list(range(1, n + 1))} for n in (5, 3, 9, 2)]
-    collate = PackingCollator(max_length=6, overlong="split")
+    collate = PackingCollator(model_free=True, max_length=6, overlong="split")
     batch = collate(feats)
     p = batch.placements
     assert p.num_features == 4 and sorted(set(p.feature.tolist())) == [0, 1, 2, 3]
@@ -203,6 +203,6 @@ def test_placements_say_where_every_piece_went():
 def test_labels_outside_the_vocabulary_are_refused_by_both_collators():
     feats = [{"input_ids": [1, 2], "labels": [1, 99999]}]
     spec = FeatureSpec(vocab_size=512)
-    for collate in (PaddingCollator(features=spec), PackingCollator(features=spec)):
+    for collate in (PaddingCollator(features=spec), PackingCollator(model_free=True, features=spec)):
         with pytest.raises(ValueError, match="label 99999"):
             collate(feats)

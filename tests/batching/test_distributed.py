@@ -67,7 +67,7 @@ def test_loader_trains_exactly_the_planned_rows():
 
     lengths = [9, 30, 4, 17, 25, 3, 12, 8, 21, 6, 14, 2]
     feats = make_features(lengths, with_labels=True, seed=3)
-    collator = PackingCollator(max_length=32, attention="varlen", pad_token_id=0)
+    collator = PackingCollator(model_free=True, max_length=32, attention="varlen", pad_token_id=0)
     for rank in range(2):
         sampler = DistributedPackedBatchSampler(lengths, 32, 2, num_replicas=2, rank=rank, seed=5)
         loader = DataLoader(PackedRowView(feats), batch_sampler=sampler, collate_fn=collator)

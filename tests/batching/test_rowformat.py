@@ -150,13 +150,13 @@ def test_collators_pickle_and_count():
     import pickle
 
     feats = [{"input_ids": [5, 6, 7]}, {"input_ids": [8]}]
-    c = PackingCollator(pad_token_id=-9, pad_to_multiple_of=8)
+    c = PackingCollator(model_free=True, pad_token_id=-9, pad_to_multiple_of=8)
     c(feats)
     assert c.totals["sequences"] == 2 and c.totals["tokens"] == 4
     back = pickle.loads(pickle.dumps(c))
     assert back == c and back.totals == c.totals
     assert back(feats)["input_ids"].tolist() == c(feats)["input_ids"].tolist() == [[5, 6, 7, 8, -9, -9, -9, -9]]
-    group = PreferenceCollator(max_length=16, share_prompt=False)
+    group = PreferenceCollator(model_free=True, max_length=16, share_prompt=False)
     assert pickle.loads(pickle.dumps(group)) == group
 
 

@@ -56,7 +56,7 @@ def test_packed_rows_feed_the_collator_without_replanning():
     feats = make_features([5, 9, 3, 14, 2, 7, 1], with_labels=True, seed=2)
     rows = PackedRows(feats, max_length=16)
     assert len(rows) == rows.plan.num_rows >= 3
-    batch = PackingCollator(max_length=16, pad_to_max_length=True, attention="varlen", pad_token_id=-1)(
+    batch = PackingCollator(model_free=True, max_length=16, pad_to_max_length=True, attention="varlen", pad_token_id=-1)(
         [rows[r] for r in range(len(rows))]
     )
     assert batch["input_ids"].shape == (len(rows), 16)

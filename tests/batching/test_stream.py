@@ -164,7 +164,7 @@ def test_stream_rows_follow_the_plan_and_hold_the_tokens(overlong):
 
 def test_rows_go_through_the_collator_without_replanning():
     rows = list(PackedStream(indexed_features([5, 3, 6, 2, 4], with_labels=False), 8, buffer_size=5))
-    batch = PackingCollator(max_length=8, pad_token_id=99)(rows)
+    batch = PackingCollator(model_free=True, max_length=8, pad_token_id=99)(rows)
     for r, row in enumerate(rows):
         n = row["input_ids"].size
         assert batch["input_ids"][r, :n].tolist() == row["input_ids"].tolist()

@@ -59,7 +59,7 @@ def test_pack_jsonl_reads_back_with_datasets_and_the_collator(tmp_path):
 
     # labels are stored as given (unmasked): the collator masks each document's first label itself
     originals = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
-    batch = PackingCollator(max_length=64, pad_token_id=7)(rows[:5])
+    batch = PackingCollator(model_free=True, max_length=64, pad_token_id=7)(rows[:5])
     for r, row in enumerate(rows[:5]):
         at = 0
         for n in row["seq_lengths"]:

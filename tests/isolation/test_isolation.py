@@ -32,7 +32,7 @@ def _max_diff(model, batch, feats):
 def test_packed_equals_unpacked(family, backend, attention):
     model = build_model(f"tiny-{family}", attn_implementation=backend).eval()
     feats = make_features(LENGTHS, seed=1)
-    batch = PackingCollator(attention=attention, pad_to_multiple_of=8)(feats)
+    batch = PackingCollator(model_free=True, attention=attention, pad_to_multiple_of=8)(feats)
     assert _max_diff(model, batch, feats) < 1e-5
 
 
@@ -41,7 +41,7 @@ def test_default_use_cache_contaminates_position_ids_only_rows(family):
     """Why the collator sends use_cache=False: with a cache, transformers skips packed-row detection."""
     model = build_model(f"tiny-{family}").eval()
     feats = make_features(LENGTHS, seed=1)
-    batch = PackingCollator(attention="position_ids")(feats)
+    batch = PackingCollator(model_free=True, attention="position_ids")(feats)
     assert _max_diff(model, batch, feats) < 1e-5
     assert _max_diff(model, {**batch, "use_cache": True}, feats) > 1e-2
 
@@ -49,7 +49,7 @@ def test_default_use_cache_contaminates_position_ids_only_rows(family):
 def test_all_ones_2d_mask_contaminates():
     model = build_model("tiny-llama").eval()
     feats = make_features(LENGTHS, seed=1)
-    batch = PackingCollator(attention="position_ids")(feats)
+    batch = PackingCollator(model_free=True, attention="position_ids")(feats)
     ones = torch.ones_like(batch["input_ids"])
     assert _max_diff(model, {**batch, "attention_mask": ones}, feats) > 1e-2
 
@@ -58,7 +58,7 @@ def test_4d_bool_mask_is_ignored_by_eager():
     """Why padless sends a float additive mask, never a bool one."""
     model = build_model("tiny-llama", attn_implementation="eager").eval()
     feats = make_features(LENGTHS, seed=1)
-    batch = PackingCollator(attention="mask4d")(feats)
+    batch = PackingCollator(model_free=True, attention="mask4d")(feats)
     bool_mask = batch["attention_mask"] == 0
     assert _max_diff(model, batch, feats) < 1e-5
     assert _max_diff(model, {**batch, "attention_mask": bool_mask}, feats) > 1e-2

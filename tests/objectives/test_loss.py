@@ -47,7 +47,7 @@ def test_padded_and_packed_give_same_loss_and_gradients(family, attention):
     model = build_model(f"tiny-{family}").eval()
     feats = make_features(LENGTHS, with_labels=True, seed=3)
     loss_pad, g_pad = _step(model, [PaddingCollator()(feats)])
-    loss_pack, g_pack = _step(model, [PackingCollator(max_length=24, attention=attention)(feats)])
+    loss_pack, g_pack = _step(model, [PackingCollator(model_free=True, max_length=24, attention=attention)(feats)])
     assert abs(loss_pad - loss_pack) <= 1e-5 * abs(loss_pad)
     torch.testing.assert_close(g_pack, g_pad, rtol=1e-5, atol=1e-7)
 
@@ -55,7 +55,7 @@ def test_padded_and_packed_give_same_loss_and_gradients(family, attention):
 def test_micro_batches_4x1_equal_2x2():
     model = build_model("tiny-llama").eval()
     feats = make_features([3, 20, 4, 6], with_labels=True, seed=5)  # unequal token counts per half
-    collate = PackingCollator(max_length=24)
+    collate = PackingCollator(model_free=True, max_length=24)
     _, g_whole = _step(model, [collate(feats)])
     _, g_split = _step(model, [collate(feats[:2]), collate(feats[2:])])
     torch.testing.assert_close(g_split, g_whole, rtol=1e-5, atol=1e-7)
@@ -87,7 +87,7 @@ def test_loss_bad_input():
 def test_trained_logits_only_gives_the_same_loss_and_gradients(family, packed):
     model = build_model(f"tiny-{family}").eval()
     feats = make_features(LENGTHS, with_labels=True, seed=7)  # prompt-like prefixes masked
-    batch = (PackingCollator(max_length=24) if packed else PaddingCollator())(feats)
+    batch = (PackingCollator(model_free=True, max_length=24) if packed else PaddingCollator())(feats)
     n = step_num_items([batch])
     grads = []
     for only in (False, True):
@@ -114,7 +114,7 @@ def test_trained_logits_only_runs_the_head_on_trained_tokens_only(family, packed
     every strategy (not the union of trained positions across rows)."""
     model = build_model(f"tiny-{family}").eval()
     feats = make_features(LENGTHS, with_labels=True, seed=7)
-    batch = (PackingCollator(max_length=24) if packed else PaddingCollator())(feats)
+    batch = (PackingCollator(model_free=True, max_length=24) if packed else PaddingCollator())(feats)
     rows = []
     handle = model.get_output_embeddings().register_forward_hook(lambda m, a, out: rows.append(out.shape[:-1]))
     try:

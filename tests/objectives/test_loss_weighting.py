@@ -102,7 +102,7 @@ def test_trained_logits_only_gives_the_same_loss_and_gradients(mode):
 def test_split_pieces_are_documents_of_their_own():
     """overlong="split": each piece is trained as its own document, so it counts as one."""
     feats = make_features([30, 7, 19], seed=9)  # every token trained
-    batch = PackingCollator(max_length=12, overlong="split")(feats)
+    batch = PackingCollator(model_free=True, max_length=12, overlong="split")(feats)
     pieces = batch.placements.feature.size
     assert pieces > len(feats)
     assert step_num_items([batch], weighting="sequence").item() == pieces  # every piece has >= 1 target
@@ -115,7 +115,7 @@ def test_split_pieces_are_documents_of_their_own():
 def test_shared_prompt_batches_are_refused():
     import numpy as np
 
-    batch = PackingCollator(max_length=24)(make_features([4, 5], seed=10))
+    batch = PackingCollator(model_free=True, max_length=24)(make_features([4, 5], seed=10))
     p = batch.placements
     batch.placements = type(p)(p.feature, p.start, p.row, p.offset, p.length, p.num_features,
                                prev_offset=np.array([-1, 1]))  # fmt: skip
@@ -166,7 +166,7 @@ def test_separator_weighs_as_the_token_before_it():
     padded = PaddingCollator(features=spec)([{"input_ids": [1, 2, 3], "w": [0.5, 1.5, 2.5]},
                                              {"input_ids": [4, 9], "w": [1.0, 3.0]}])  # fmt: skip
     assert padded["loss_weights"].tolist() == [[0.5, 1.5, 2.5, 2.5], [1.0, 3.0, 0.0, 0.0]]
-    packed = PackingCollator(max_length=8, features=spec)([{"input_ids": [1, 2, 3], "w": [0.5, 1.5, 2.5]}])
+    packed = PackingCollator(model_free=True, max_length=8, features=spec)([{"input_ids": [1, 2, 3], "w": [0.5, 1.5, 2.5]}])
     assert packed["loss_weights"].tolist() == [[0.5, 1.5, 2.5, 2.5]]
 
 

@@ -1,29 +1,35 @@
-"""Does a packed batch fit the model it meets? The check for batches built without the model.
+"""Does a packed batch fit the model it meets? The checks for collators built without the model.
 
 ``PackingCollator.for_model(model)`` asks :func:`padless.check_exact` and builds what the model's
 backend needs. A model-free ``PackingCollator(max_length=...)`` cannot: it sends a plain block-causal
 4D mask that replaces the model's own mask, sliding window and chunks included, and restarted position
 ids that models computing their own positions ignore. Such a batch is exact on some models and
-silently wrong on others (every sliding-window family, every hybrid, decoders without position ids).
+silently wrong on others (every sliding-window family, every hybrid, decoders without position ids),
+so a collator built without the model refuses to collate
+(:meth:`padless.batching.rowformat.RowFormat.check_fitted`) until it is fitted to one.
 
-:func:`check_batch` closes that gap where the batch meets the model: it reads what the batch carries
-(a 4D mask, the varlen kwargs, or position ids alone) and the documents of each row (from the
-restarted ``position_ids``), asks the one rule (:func:`padless.check_exact`) about this model, backend
-and longest document, and compares the batch's mask with the one the rule's windows call for, entry
-by entry. padless' own consumers of a (model, batch) pair call it (``sequence_logprobs``, the guard's
-checks); call it yourself before ``model(**batch)`` when the collator did not see the model.
+- :func:`check_collator` fits it: it reads the collator's settings once (layout, attention inputs,
+  windows, mask dtype, row length), asks the one rule about this model, and returns the collator
+  marked with the model, or raises.
+- :func:`check_batch` checks one (model, batch) pair: it reads what the batch carries (a 4D mask, the
+  varlen kwargs, or position ids alone) and the documents of each row (from the restarted
+  ``position_ids``), asks the one rule about this model, backend and longest document, and compares
+  the batch's mask with the one the rule's windows call for, entry by entry. padless' own consumers of
+  a (model, batch) pair call it (``sequence_logprobs``, the guard's checks); a collator made with
+  ``model_free=True`` leaves it to you before ``model(**batch)``.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from padless.attention.adapters import base_model_of
 
+_Collator = TypeVar("_Collator")
 _FIX = "build the collator with PackingCollator.for_model(model, ...)"
 _CHECKED: dict[int, tuple[weakref.ref, Any]] = {}
 """``id`` of a 4D mask tensor -> (a weak reference to it, the window it was found to carry): a batch
@@ -131,11 +137,29 @@ def _check_masks(mask: Any, windows: Any, docs: list[list[int]], dtype: Any) -> 
         _remember(m, window)
 
 
-def check_collator(model: Any, collator: Any, *, device: Any = None, dtype: Any = None) -> None:
-    """Raise ``ValueError`` unless the batches ``collator`` (a :class:`padless.PackingCollator`, built with
-    or without the model) makes are exact on ``model``: what :func:`check_batch` checks per batch, read
-    once from the collator's settings (attention inputs, sliding windows, mask dtype, row length).
-    ``device`` / ``dtype``: where training runs (default: the model's parameters)."""
+def fitted_name(model: Any) -> str:
+    """What a collator fitted to ``model`` records (``fitted_to``): the class it wraps (adapters read
+    through) and its attention backend."""
+    inner = base_model_of(model)
+    return f"{type(inner).__name__} ({inner.config._attn_implementation})"
+
+
+def check_collator(model: Any, collator: _Collator, *, device: Any = None, dtype: Any = None) -> _Collator:
+    """The collator, fitted to ``model``, if the batches ``collator`` (a :class:`padless.PackingCollator`,
+    :class:`padless.PreferenceCollator` or :class:`padless.RolloutCollator`, built with or without the
+    model) makes are exact on it; raise ``ValueError`` otherwise. It checks what :func:`check_batch`
+    checks per batch, read once from the collator's settings (layout, attention inputs, sliding
+    windows, mask dtype, row length). A collator built without the model refuses to collate until it
+    is fitted: ``collator = padless.check_collator(model, collator)`` returns a copy that records the
+    model (``fitted_to``; the running totals stay shared). ``device`` / ``dtype``: where training runs
+    (default: the model's parameters)."""
+    import dataclasses
+
+    _check_settings(model, collator, device, dtype)
+    return dataclasses.replace(collator, fitted_to=fitted_name(model))
+
+
+def _check_settings(model: Any, collator: Any, device: Any, dtype: Any) -> None:
     import torch
 
     from padless.attention.select import check_exact, compute_target, mask_windows, model_inputs
@@ -144,7 +168,8 @@ def check_collator(model: Any, collator: Any, *, device: Any = None, dtype: Any 
     backend = inner.config._attn_implementation
     device, dtype = compute_target(inner, device, dtype)
     max_length = getattr(collator, "max_length", None)
-    check_exact(model, backend, device=device, dtype=dtype, max_length=max_length)
+    check_exact(model, backend, device=device, dtype=dtype, max_length=max_length,
+                layout=getattr(collator, "layout", "documents"))  # fmt: skip
     needed, carried = model_inputs(model, backend), getattr(collator, "attention", None)
     if carried == "position_ids" and needed == "mask4d":
         from padless.attention.rules import attention_rules

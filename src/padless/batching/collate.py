@@ -80,7 +80,8 @@ class PackingCollator(RowFormat):
     and by ``attention``: ``attention_mask`` ``[R, 1, L, L]`` (mask4d) or ``cu_seq_lens_q/k``,
     ``max_length_q/k`` (varlen). The keywords are :class:`padless.batching.rowformat.RowFormat`'s
     fields; use :meth:`for_model` to pick ``attention``, the mask dtype and the sliding windows from
-    a model's attention implementation and config.
+    a model's attention implementation and config. One built without the model collates only once
+    fitted (``collator = padless.check_collator(model, collator)``) or made with ``model_free=True``.
 
     Totals of what the planner truncated or dropped accumulate in :attr:`totals` (in the process that
     calls the collator), so nothing is lost silently.
@@ -158,6 +159,7 @@ class PackingCollator(RowFormat):
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> PackedBatch:
         import torch
 
+        self.check_fitted()
         input_ids, labels, row_docs, placements = self.pack(features)
         position_ids = np.stack([position_ids_from_lengths(docs) for docs in row_docs])
         batch = self.row_inputs(input_ids, labels, position_ids, row_docs)

@@ -209,6 +209,7 @@ class _GroupCollator(RowFormat):
 
         from padless.attention.tree import additive_tree_mask
 
+        self.check_fitted()
         if len(features) == 0:
             raise ValueError("the batch is empty: a collator needs at least one feature")
         groups, kept = self._fitted(self._read(features))

@@ -142,6 +142,17 @@ class RowFormat:
     features: FeatureSpec = field(default_factory=FeatureSpec)
     """Token validation (vocabulary), the separator appended to every sequence (EOS) and per-token
     loss weights; shared with :class:`padless.PaddingCollator`."""
+    fitted_to: str | None = None
+    """The model this format was fitted to (its class and attention backend): set by :meth:`for_model`
+    and by :func:`padless.check_collator`, which return formats whose batches the one rule accepted for
+    that model. ``None``: built without a model, and such a format refuses to collate
+    (:meth:`check_fitted`) unless :attr:`model_free` says so."""
+    model_free: bool = False
+    """``True`` states that this format collates without knowing the model and that its batches are
+    yours to check: a model-free batch cannot carry the model's sliding windows, chunked attention,
+    position scheme or hybrid layers, and runs contaminated on such models. Check each (model, batch)
+    pair with :func:`padless.check_batch` (padless' consumers do: ``sequence_logprobs``,
+    ``PackedTrainer``) or never hand the batches to a model (layout inspection, tests)."""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_INPUTS:
@@ -161,6 +172,26 @@ class RowFormat:
             raise ValueError(
                 f"windows apply to the 4D mask only; attention={self.attention!r} takes the model's own windows"
             )
+
+    def check_fitted(self) -> None:
+        """Raise ``ValueError`` unless this format may collate: fitted to a model (:attr:`fitted_to`) or
+        explicitly :attr:`model_free`. Every collator calls it before it builds a batch, so no batch
+        that some model would run contaminated leaves a collator that never saw the model."""
+        if self.fitted_to is not None or self.model_free:
+            return
+        name = type(self).__name__
+        raise ValueError(
+            f"this {name} was built without a model, so its batches cannot carry the model's sliding windows, "
+            f"chunked attention, position scheme or hybrid layers, and would run contaminated on such models; "
+            f"build it with {name}.for_model(model, ...), or fit it with "
+            f"collator = padless.check_collator(model, collator); model_free=True collates anyway and leaves "
+            f"each batch to you (padless.check_batch(model, batch) before model(**batch))"
+        )  # fmt: skip
+
+    @property
+    def layout(self) -> Layout:
+        """The row layout this format builds (:meth:`layout_of` its own options)."""
+        return self.layout_of(self.__dict__)
 
     @classmethod
     def layout_of(cls, options: Mapping[str, Any]) -> Layout:
@@ -189,6 +220,7 @@ class RowFormat:
         raises ``ValueError`` naming a backend that is exact when this one is not) -> the inputs the
         backend needs (a different ``attention`` given is refused) -> the mask's dtype and, for a 4D
         mask, the model's sliding windows -> the vocabulary size for token validation."""
+        from padless.attention.accept import fitted_name
         from padless.attention.mixers import enable_per_document_mixers, mixer_layers
         from padless.attention.select import check_exact, mask_windows, model_inputs
 
@@ -213,6 +245,7 @@ class RowFormat:
         if vocab_size and features.vocab_size is None:
             features = dataclasses.replace(features, vocab_size=vocab_size)
         options["features"] = features
+        options.setdefault("fitted_to", fitted_name(model))
         return cls(**options)
 
     def row_width(self, used: int) -> int:

@@ -135,7 +135,7 @@ class DistributedPackedBatchSampler:
 
     Iterating yields one list of row keys per micro-batch: at most ``rows_per_batch`` keys (fewer only
     in the last step with ``remainder="empty"``). Use it as ``DataLoader(PackedRowView(dataset),
-    batch_sampler=sampler, collate_fn=PackingCollator(...))`` and call :meth:`set_epoch` every epoch.
+    batch_sampler=sampler, collate_fn=PackingCollator.for_model(model, ...))`` and call :meth:`set_epoch` every epoch.
     ``len(sampler)`` is the number of micro-batches of the current epoch, the same on every rank.
     """
 

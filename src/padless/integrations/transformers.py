@@ -272,7 +272,7 @@ class PackedTrainer(Trainer):
         if data_collator is not None:  # the user's collator may not know the model: its batches must fit it
             from padless.attention.accept import check_collator
 
-            check_collator(model, data_collator, device=self.args.device, dtype=training_dtype(self.args))
+            data_collator = check_collator(model, data_collator, device=self.args.device, dtype=training_dtype(self.args))
         self.data_collator = data_collator or exact_collator(
             model, max_length, device=self.args.device, dtype=training_dtype(self.args) or compute_dtype(model),
             pad_token_id=self.pad_token_id,
