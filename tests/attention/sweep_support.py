@@ -10,11 +10,14 @@ A configuration is one of:
   raised ``ValueError``);
 - ``contaminated``: accepted, and some document's logits differ from the document alone. The sweep
   asserts there are none;
-- ``crashed``: accepted, and the forward raised (counted apart: loud, not silently wrong);
+- ``crashed``: accepted, and the forward raised (loud, not silently wrong; the sweep asserts there
+  are none either: a path padless cannot run is refused up front);
 - ``unsupported``: transformers has no such attention implementation for the model.
 
 Windows and chunks are set to :data:`WINDOW` tokens, shorter than most documents (:data:`LENGTHS`),
-so a mask that lost a window shows as a difference.
+so a mask that lost a window shows as a difference. Each document alone runs with its position ids
+stated (:func:`padless.packed_documents`): padless attention never guesses that an unmarked row is
+one document.
 """
 
 from __future__ import annotations
@@ -132,6 +135,8 @@ def _overrides(config: Any, depth: int = 0) -> dict[str, Any]:
         kw["sliding_window"] = WINDOW
     if isinstance(own.get("qk_rope_head_dim"), int) and "head_dim" in kw:  # latent attention: rope dims
         kw["head_dim"] = SIZES["qk_rope_head_dim"]
+    if isinstance(own.get("kv_lora_rank"), int) and "num_key_value_heads" in kw:
+        kw["num_key_value_heads"] = HEADS  # latent attention expands keys to every head (real configs: kv heads == heads)
     if isinstance(own.get("rotary_dim"), int):
         kw["rotary_dim"] = 8
     layers_key = next((k for k in DEPTH_KEYS if isinstance(own.get(k), int)), None)
@@ -224,7 +229,10 @@ def features(vocab: int) -> list[dict[str, list[int]]]:
 def _alone(model: Any, ids: list[int]) -> Any:
     import torch
 
-    with torch.no_grad():
+    from padless.attention.backend import packed_documents
+
+    # padless attention never guesses that an unmarked row is one document: say so (kwargs that reach it win)
+    with torch.no_grad(), packed_documents(position_ids=torch.arange(len(ids))[None]):
         return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
 
 

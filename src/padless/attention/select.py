@@ -159,6 +159,10 @@ _PADLESS_NO_BOUNDARIES = ("granitemoehybrid", "zamba", "recurrent_gemma")
 """Models (transformers 5.24) whose decoder layers call attention without the ``position_ids`` /
 ``cu_seq_lens`` padless attention separates documents by, although the class declares
 ``_supports_attention_backend`` (found running tests/attention/test_mixers.py)."""
+_PADLESS_OWN_MASK = ("doge",)
+"""Models (transformers 5.24) whose attention layers add a 4D mask of their own making to the scores
+(Doge's dynamic mask), which padless attention, computing per document without a mask, would drop
+(found by the sweep, tests/attention/test_sweep.py)."""
 
 
 def _head_sizes(config: Any) -> tuple[int | None, int | None]:
@@ -183,6 +187,8 @@ def _refuse_padless(t: _Target) -> str | None:
     model_type = getattr(t.config.get_text_config() if hasattr(t.config, "get_text_config") else t.config, "model_type", None)
     if model_type in _PADLESS_NO_BOUNDARIES:
         return f"{model_type} decoder layers pass its attention no position_ids or document boundaries"
+    if model_type in _PADLESS_OWN_MASK:
+        return f"{model_type} attention layers add a 4D mask of their own (a dynamic mask) that padless attention would drop"
     qk, v = _head_sizes(t.config)
     if qk is not None and v is not None and qk != v:
         return (f"padless attention needs value heads as large as query/key heads, and this model's are {v} and {qk} "
