@@ -11,6 +11,9 @@
 #   verify     padless verify --model smollm2-135m --dtype bfloat16 --device cuda --json -> verify.json
 #   autocast   PackingCollator.for_model on the CPU-built model, a bf16-autocast step on the GPU over
 #              fp32 weights (Trainer(bf16=True)), IsolationGuard on it, per backend -> autocast.json
+#   mixers     hybrid models (Qwen3.5 text, Bamba, LFM2 configs) packed vs each document alone, fp32: the
+#              per-document torch mixers on CUDA, then the CUDA kernels given the boundaries
+#              (kernels=True) where fla / causal_conv1d / mamba_ssm import, else recorded skipped -> mixers.json
 #   bench      padless bench --preset gpt2 (short), in-process, with torch.cuda.set_sync_debug_mode("warn"):
 #              the host syncs of the training loop counted by source line     -> bench/, syncdebug.json
 #   fsdp       padless bench --distributed fsdp under torchrun, if this padless has it (else skipped)
@@ -138,6 +141,7 @@ step setup 180 bash -c setup
 if [ $DRY = 0 ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu.sh: torch sees no CUDA device; use --cpu-dry-run to check the script on a CPU" >&2
     skip parity "no CUDA device"; skip verify "no CUDA device"; skip autocast "no CUDA device"
+    skip mixers "no CUDA device"
     skip bench "no CUDA device"; skip fsdp "no CUDA device"
 else
     step parity 120 "$PY" benchmarks/kernel_parity.py --json "$OUT/parity.json"
@@ -147,6 +151,7 @@ else
         step verify 180 sh -c "\"$PY\" -m padless verify --model smollm2-135m --dtype bfloat16 --device cuda --json > \"$OUT/verify.json\""
     fi
     step autocast 120 "$PY" benchmarks/gpu_checks.py autocast "$OUT/autocast.json" --device $DEVICE
+    step mixers 90 "$PY" benchmarks/gpu_checks.py mixers "$OUT/mixers.json" --device $DEVICE
     if [ $DRY = 1 ]; then
         BENCH="--preset quick --steps 2 --warmup-steps 1 --limit 60 --eval-examples 4 --max-length 256 --strategies padding,bucketing,packing,flattening --device cpu"
     else

@@ -4,6 +4,7 @@ which is what ``gpu.sh --cpu-dry-run`` does. (The kernels' parity is ``benchmark
 
     python benchmarks/gpu_checks.py env       OUT.json
     python benchmarks/gpu_checks.py autocast  OUT.json [--device cuda] [--model tiny-llama]
+    python benchmarks/gpu_checks.py mixers    OUT.json [--device cuda]
     python benchmarks/gpu_checks.py syncdebug OUT.json -- BENCH_ARGS...   (``padless bench`` in-process)
 """
 
@@ -122,6 +123,73 @@ def autocast(out: str, device_name: str, model_name: str) -> int:
     return 1 if failed else 0
 
 
+# ------------------------------------------------------------------------------------------ mixers
+
+
+def mixers(out: str, device_name: str, documents: int = 8) -> int:
+    """Hybrid models on the device (``benchmarks/hybrid.py``'s Qwen3.5 text, Bamba and LFM2 configs,
+    fp32, TF32 off): packed logits from ``PackingCollator.for_model`` against each document alone,
+    first with the per-document torch mixers, then with the CUDA kernels handed the boundaries
+    (``enable_per_document_mixers(model, kernels=True)``) where their packages import (else recorded
+    as not installed). A path whose documents differ beyond ``1e-4 + 1e-4 * max|logit|`` fails."""
+    import torch
+    import transformers as T
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import hybrid
+
+    from padless.attention.mixers import enable_per_document_mixers, kernels_available, mixer_layers
+    from padless.batching.batch import batch_to, forward_inputs
+    from padless.batching.collate import PackingCollator
+
+    device = torch.device(device_name)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    feats = hybrid.features(hybrid.lengths(0, n=documents), seed=1)
+    rows, failed = [], False
+    for family, make in hybrid.CONFIGS.items():
+        torch.manual_seed(0)
+        model = T.AutoModelForCausalLM.from_config(make(), attn_implementation="sdpa").eval().to(device)
+        with torch.no_grad():
+            alone = [model(input_ids=torch.tensor([f["input_ids"]], device=device), use_cache=False).logits[0]
+                     for f in feats]  # fmt: skip
+        for path in ("per_document", "kernels"):
+            row: dict[str, Any] = {"family": family, "path": path}
+            try:
+                collate = PackingCollator.for_model(model, max_length=hybrid.ROW)
+                if path == "kernels":
+                    kinds = sorted({m.kind for m in mixer_layers(model)})
+                    missing = [k for k in kinds if not kernels_available(k)]
+                    if missing or device.type != "cuda":
+                        row.update(status="skipped", detail=f"no CUDA kernels for {', '.join(missing) or kinds} here")
+                        rows.append(row)
+                        print(json.dumps(row))
+                        continue
+                    enable_per_document_mixers(model, kernels=True)
+                row["how"] = sorted({m.how for m in mixer_layers(model)})
+                batch = batch_to(collate(feats), device)
+                with torch.no_grad():
+                    logits = model(**forward_inputs(batch)).logits
+                pl, worst, scale = batch.placements, 0.0, 0.0
+                for j in range(pl.feature.size):
+                    r, o, n = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])
+                    ref = alone[int(pl.feature[j])]
+                    worst = max(worst, (logits[r, o : o + n] - ref).abs().max().item())
+                    scale = max(scale, ref.abs().max().item())
+                tol = 1e-4 + 1e-4 * scale
+                row.update(status="pass" if worst <= tol else "fail", max_logit_diff=worst, tolerance=tol)
+                failed |= worst > tol
+            except Exception as exc:  # noqa: BLE001 (recorded: the next path still runs)
+                row.update(status="error", detail=f"{type(exc).__name__}: {str(exc)[:400]}")
+                failed = True
+            finally:
+                enable_per_document_mixers(model)  # back to the torch path for the next family's checks
+            rows.append(row)
+            print(json.dumps(row, default=str))
+    _write(out, {"device": str(device), "documents": documents, "rows": rows})
+    return 1 if failed else 0
+
+
 # --------------------------------------------------------------------------------------- syncdebug
 
 
@@ -156,7 +224,7 @@ def syncdebug(out: str, bench_args: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("check", choices=("env", "autocast", "syncdebug"))
+    parser.add_argument("check", choices=("env", "autocast", "mixers", "syncdebug"))
     parser.add_argument("out")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", default="tiny-llama")
@@ -168,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         return env(args.out)
     if args.check == "autocast":
         return autocast(args.out, args.device, args.model)
+    if args.check == "mixers":
+        return mixers(args.out, args.device)
     return syncdebug(args.out, rest)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu.sh"
-STEPS = ["env", "setup", "parity", "verify", "autocast", "bench", "fsdp"]
+STEPS = ["env", "setup", "parity", "verify", "autocast", "mixers", "bench", "fsdp"]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="needs bash and coreutils timeout")  # fmt: skip
