@@ -48,7 +48,6 @@ _EXPORTS: dict[str, str] = {
     "backend_inputs": "padless.attention.select",
     "BACKENDS": "padless.attention.select",
     "check_batch": "padless.attention.accept",
-    "check_collator": "padless.attention.accept",
     "check_exact": "padless.attention.select",
     "resolve_backend": "padless.attention.select",
     "additive_tree_mask": "padless.attention.tree",
@@ -62,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "PreferenceCollator": "padless.batching.preference",
     "RolloutCollator": "padless.batching.preference",
     "share_prompt": "padless.batching.preference",
+    "check_collator": "padless.batching.rowformat",
     "FeatureSpec": "padless.batching.rowformat",
     "RowFormat": "padless.batching.rowformat",
     "PackedRows": "padless.batching.rows",
@@ -138,13 +138,13 @@ if TYPE_CHECKING:  # pragma: no cover - the same table for static analysis (test
     from padless.attention.backend import packed_documents, padless_attention, register_padless_attention
     from padless.attention.mixers import disable_per_document_mixers, enable_per_document_mixers, mixer_layers, mixer_refusal, MixerInfo
     from padless.attention.masks import additive_block_causal_mask, block_causal_mask
-    from padless.attention.accept import check_batch, check_collator
+    from padless.attention.accept import check_batch
     from padless.attention.select import backend_inputs, BACKENDS, check_exact, resolve_backend
     from padless.attention.tree import additive_tree_mask, shared_prompt_refusal, tree_attention
     from padless.attention.varlen import reference_varlen_attention, varlen_attention
     from padless.batching.collate import PackingCollator, PaddingCollator
     from padless.batching.preference import PreferenceCollator, RolloutCollator, share_prompt
-    from padless.batching.rowformat import FeatureSpec, RowFormat
+    from padless.batching.rowformat import check_collator, FeatureSpec, RowFormat
     from padless.batching.rows import PackedRows, PackedRowView
     from padless.batching.samplers import DistributedPackedBatchSampler, LengthGroupedBatchSampler, world_info
     from padless.batching.stream import PackedIterableDataset, PackedStream

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from conftest import make_features
-from padless.attention.accept import carried_inputs, check_batch, check_collator, row_documents
+from padless.attention.accept import carried_inputs, check_batch, row_documents
 from padless.attention.backend import register_padless_attention
 from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator, PaddingCollator
+from padless.batching.rowformat import check_collator
 
 VOCAB, WINDOW, ROW = 64, 8, 32
 LENGTHS = (20, 3, 13, 1, 17, 9)
@@ -144,7 +145,7 @@ def test_a_collator_built_without_the_model_refuses_to_collate_until_fitted():
         assert dataclasses.replace(collator, model_free=True)(features)["input_ids"].numel() > 0
     llama = _model("llama")
     fitted = check_collator(llama, plain)
-    assert fitted.fitted_to == "LlamaForCausalLM (sdpa)" and plain.fitted_to is None
+    assert fitted.fitted_to.model == "LlamaForCausalLM (sdpa)" and plain.fitted_to is None
     assert fitted.totals is plain.totals  # a copy that keeps counting into the same totals
     before = plain.totals["sequences"]
     batch = fitted(feats)
@@ -156,7 +157,20 @@ def test_a_collator_built_without_the_model_refuses_to_collate_until_fitted():
     for kept in (dataclasses.replace(fitted, pad_to_multiple_of=8), pickle.loads(pickle.dumps(fitted))):
         assert kept.fitted_to == fitted.fitted_to
         kept(feats)
-    assert PackingCollator.for_model(llama, max_length=ROW).fitted_to == "LlamaForCausalLM (sdpa)"
+    assert PackingCollator.for_model(llama, max_length=ROW).fitted_to.model == "LlamaForCausalLM (sdpa)"
+
+
+def test_a_fitted_collator_whose_settings_changed_must_be_fitted_again():
+    mistral, feats = _model("mistral"), _feats()
+    short = PackingCollator.for_model(mistral, max_length=WINDOW)  # no document outgrows the window: no window sent
+    assert short.windows is None
+    longer = dataclasses.replace(short, max_length=ROW)  # now documents do, and the mask still has no window
+    with pytest.raises(ValueError, match=f"fitted to MistralForCausalLM \\(sdpa\\).*max_length {WINDOW} -> {ROW}"):
+        longer(feats)
+    assert _max_diff(mistral, feats, dataclasses.replace(longer, model_free=True)(feats)) > 1e-2  # what it prevents
+    with pytest.raises(ValueError, match="sliding windows None, the model needs 8"):
+        check_collator(mistral, longer)
+    dataclasses.replace(short, pad_to_multiple_of=4)(make_features([3, 5], vocab_size=VOCAB))  # padding: still fitted
 
 
 def test_fitting_refuses_where_the_batches_would_be_contaminated_and_keeps_what_is_exact():
@@ -192,7 +206,7 @@ def test_packed_trainer_fits_a_model_free_collator_or_refuses_it(tmp_path):
         PackedTrainer(_model("mistral"), args, data_collator=PackingCollator(max_length=ROW), max_length=ROW)
     llama = _model("llama")
     trainer = PackedTrainer(llama, args, data_collator=PackingCollator(max_length=ROW), max_length=ROW)
-    assert trainer.data_collator.fitted_to == "LlamaForCausalLM (sdpa)"  # the fitted copy collates
+    assert trainer.data_collator.fitted_to.model == "LlamaForCausalLM (sdpa)"  # the fitted copy collates
     assert _max_diff(llama, _feats(), trainer.data_collator(_feats())) < 1e-5
 
 

@@ -1,35 +1,31 @@
-"""Does a packed batch fit the model it meets? The checks for collators built without the model.
+"""Does a packed batch fit the model it meets? The check for batches made without the model.
 
 ``PackingCollator.for_model(model)`` asks :func:`padless.check_exact` and builds what the model's
 backend needs. A model-free ``PackingCollator(max_length=...)`` cannot: it sends a plain block-causal
 4D mask that replaces the model's own mask, sliding window and chunks included, and restarted position
 ids that models computing their own positions ignore. Such a batch is exact on some models and
 silently wrong on others (every sliding-window family, every hybrid, decoders without position ids),
-so a collator built without the model refuses to collate
-(:meth:`padless.batching.rowformat.RowFormat.check_fitted`) until it is fitted to one.
+so a collator built without the model refuses to collate until it is fitted to one
+(:func:`padless.check_collator`, beside ``for_model`` in :mod:`padless.batching.rowformat`), or unless
+it is made with ``model_free=True``, which leaves each batch to :func:`check_batch`.
 
-- :func:`check_collator` fits it: it reads the collator's settings once (layout, attention inputs,
-  windows, mask dtype, row length), asks the one rule about this model, and returns the collator
-  marked with the model, or raises.
-- :func:`check_batch` checks one (model, batch) pair: it reads what the batch carries (a 4D mask, the
-  varlen kwargs, or position ids alone) and the documents of each row (from the restarted
-  ``position_ids``), asks the one rule about this model, backend and longest document, and compares
-  the batch's mask with the one the rule's windows call for, entry by entry. padless' own consumers of
-  a (model, batch) pair call it (``sequence_logprobs``, the guard's checks); a collator made with
-  ``model_free=True`` leaves it to you before ``model(**batch)``.
+:func:`check_batch` checks one (model, batch) pair: it reads what the batch carries (a 4D mask, the
+varlen kwargs, or position ids alone) and the documents of each row (from the restarted
+``position_ids``), asks the one rule about this model, backend and longest document, and compares the
+batch's mask with the one the rule's windows call for, entry by entry. padless' own consumers of a
+(model, batch) pair call it (``sequence_logprobs``, the guard's checks).
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from padless.attention.adapters import base_model_of
 
-_Collator = TypeVar("_Collator")
 _FIX = "build the collator with PackingCollator.for_model(model, ...)"
 _CHECKED: dict[int, tuple[weakref.ref, Any]] = {}
 """``id`` of a 4D mask tensor -> (a weak reference to it, the window it was found to carry): a batch
@@ -135,63 +131,3 @@ def _check_masks(mask: Any, windows: Any, docs: list[list[int]], dtype: Any) -> 
             raise ValueError(f"the batch's 4D mask ({name}) is not the block-causal mask with {what} that this "
                              f"model needs; {_FIX}")  # fmt: skip
         _remember(m, window)
-
-
-def fitted_name(model: Any) -> str:
-    """What a collator fitted to ``model`` records (``fitted_to``): the class it wraps (adapters read
-    through) and its attention backend."""
-    inner = base_model_of(model)
-    return f"{type(inner).__name__} ({inner.config._attn_implementation})"
-
-
-def check_collator(model: Any, collator: _Collator, *, device: Any = None, dtype: Any = None) -> _Collator:
-    """The collator, fitted to ``model``, if the batches ``collator`` (a :class:`padless.PackingCollator`,
-    :class:`padless.PreferenceCollator` or :class:`padless.RolloutCollator`, built with or without the
-    model) makes are exact on it; raise ``ValueError`` otherwise. It checks what :func:`check_batch`
-    checks per batch, read once from the collator's settings (layout, attention inputs, sliding
-    windows, mask dtype, row length). A collator built without the model refuses to collate until it
-    is fitted: ``collator = padless.check_collator(model, collator)`` returns a copy that records the
-    model (``fitted_to``; the running totals stay shared). ``device`` / ``dtype``: where training runs
-    (default: the model's parameters)."""
-    import dataclasses
-
-    _check_settings(model, collator, device, dtype)
-    return dataclasses.replace(collator, fitted_to=fitted_name(model))
-
-
-def _check_settings(model: Any, collator: Any, device: Any, dtype: Any) -> None:
-    import torch
-
-    from padless.attention.select import check_exact, compute_target, mask_windows, model_inputs
-
-    inner = base_model_of(model)
-    backend = inner.config._attn_implementation
-    device, dtype = compute_target(inner, device, dtype)
-    max_length = getattr(collator, "max_length", None)
-    check_exact(model, backend, device=device, dtype=dtype, max_length=max_length,
-                layout=getattr(collator, "layout", "documents"))  # fmt: skip
-    needed, carried = model_inputs(model, backend), getattr(collator, "attention", None)
-    if carried == "position_ids" and needed == "mask4d":
-        from padless.attention.rules import attention_rules
-
-        if attention_rules(model).masks_from_position_ids:
-            return  # transformers builds per-document masks, windows included, from the restarted positions
-    if carried != needed:
-        raise ValueError(f"the collator sends attention={carried!r}, but attn_implementation={backend!r} isolates "
-                         f"documents only with {needed!r}; {_FIX}")  # fmt: skip
-    if needed != "mask4d":
-        return
-    wanted, sent = mask_windows(model, max_length), getattr(collator, "windows", None)
-    if _normal(wanted) != _normal(sent):
-        raise ValueError(f"the collator's 4D masks carry sliding windows {sent!r}, the model needs {wanted!r}; {_FIX}")
-    mask_dtype = getattr(collator, "mask_dtype", None) or torch.float32
-    if mask_dtype != inner.dtype:  # the mask follows the weights (autocast casts the scores, not the mask)
-        raise ValueError(f"the collator's 4D mask is {mask_dtype}, the model's weights are {inner.dtype}; {_FIX}")
-
-
-def _normal(windows: Any) -> Any:
-    """Windows as a comparable value: a dict whose layer types share one window is that window."""
-    if isinstance(windows, Mapping):
-        values = set(windows.values())
-        return next(iter(values)) if len(values) == 1 else dict(windows)
-    return windows

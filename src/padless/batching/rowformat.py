@@ -11,6 +11,9 @@ and what shape the packed rows take (:class:`RowFormat`).
   :meth:`RowFormat.for_model` is the one sequence that fits a format to a model: the exactness rule
   (:func:`padless.attention.select.check_exact`) -> the backend's inputs -> the mask dtype and windows
   -> the vocabulary.
+- :func:`check_collator`: the check that a format built without the model fits it (the same rule,
+  read from the format's settings); it returns the format fitted (:class:`Fit`). A format collates
+  only fitted, by one or the other, or made ``model_free=True`` (:meth:`RowFormat.check_fitted`).
 - :func:`round_up`: the one row-width rounding (``pad_to_multiple_of``).
 """
 
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from padless.attention.adapters import base_model_of
 from padless.attention.rules import MaskWindows
 from padless.attention.select import ATTENTION_INPUTS, AttentionInputs, Layout
 from padless.batching.batch import device_of
@@ -104,6 +108,16 @@ class FeatureSpec:
         return Sequences(all_ids, all_labels)
 
 
+@dataclass(frozen=True)
+class Fit:
+    """What a row format was fitted to (:attr:`RowFormat.fitted_to`)."""
+
+    model: str
+    """The model's class (the one an adapter wraps) and attention backend: ``"LlamaForCausalLM (sdpa)"``."""
+    settings: dict[str, Any]
+    """The format's :meth:`RowFormat.exactness_settings` when it was fitted."""
+
+
 def round_up(n: int, multiple: int | None) -> int:
     """``n`` rounded up to a multiple of ``multiple`` (``None`` or 0: ``n``): the one row-width rounding."""
     return n if not multiple else -(-n // multiple) * multiple
@@ -142,10 +156,10 @@ class RowFormat:
     features: FeatureSpec = field(default_factory=FeatureSpec)
     """Token validation (vocabulary), the separator appended to every sequence (EOS) and per-token
     loss weights; shared with :class:`padless.PaddingCollator`."""
-    fitted_to: str | None = None
-    """The model this format was fitted to (its class and attention backend): set by :meth:`for_model`
-    and by :func:`padless.check_collator`, which return formats whose batches the one rule accepted for
-    that model. ``None``: built without a model, and such a format refuses to collate
+    fitted_to: Fit | None = None
+    """The model this format was fitted to and the settings the one rule accepted for it: set by
+    :meth:`for_model` and :func:`check_collator`. ``None``: built without a model; such a format, or
+    one whose settings changed since it was fitted (``dataclasses.replace``), refuses to collate
     (:meth:`check_fitted`) unless :attr:`model_free` says so."""
     model_free: bool = False
     """``True`` states that this format collates without knowing the model and that its batches are
@@ -177,9 +191,18 @@ class RowFormat:
         """Raise ``ValueError`` unless this format may collate: fitted to a model (:attr:`fitted_to`) or
         explicitly :attr:`model_free`. Every collator calls it before it builds a batch, so no batch
         that some model would run contaminated leaves a collator that never saw the model."""
-        if self.fitted_to is not None or self.model_free:
+        if self.model_free:
             return
         name = type(self).__name__
+        if self.fitted_to is not None:
+            now = self.exactness_settings()
+            if now == self.fitted_to.settings:
+                return
+            changed = ", ".join(f"{k} {self.fitted_to.settings[k]!r} -> {v!r}" for k, v in now.items()
+                                if self.fitted_to.settings.get(k) != v)  # fmt: skip
+            raise ValueError(f"this {name} was fitted to {self.fitted_to.model}, and since then its settings changed "
+                             f"({changed}), which that model was not checked for; fit it again: "
+                             f"{name}.for_model(model, ...) or padless.check_collator(model, collator)")  # fmt: skip
         raise ValueError(
             f"this {name} was built without a model, so its batches cannot carry the model's sliding windows, "
             f"chunked attention, position scheme or hybrid layers, and would run contaminated on such models; "
@@ -187,6 +210,14 @@ class RowFormat:
             f"collator = padless.check_collator(model, collator); model_free=True collates anyway and leaves "
             f"each batch to you (padless.check_batch(model, batch) before model(**batch))"
         )  # fmt: skip
+
+    def exactness_settings(self) -> dict[str, Any]:
+        """The settings a model's exactness depends on (what :class:`Fit` records): the row length
+        (windows and refusals depend on the longest document), the attention inputs, the mask's
+        windows and dtype, the layout. Padding, planner and validation settings do not matter."""
+        windows = tuple(sorted(self.windows.items())) if isinstance(self.windows, dict) else self.windows
+        return {"max_length": self.max_length, "attention": self.attention, "windows": windows,
+                "mask_dtype": self.mask_dtype, "layout": self.layout}  # fmt: skip
 
     @property
     def layout(self) -> Layout:
@@ -220,7 +251,6 @@ class RowFormat:
         raises ``ValueError`` naming a backend that is exact when this one is not) -> the inputs the
         backend needs (a different ``attention`` given is refused) -> the mask's dtype and, for a 4D
         mask, the model's sliding windows -> the vocabulary size for token validation."""
-        from padless.attention.accept import fitted_name
         from padless.attention.mixers import enable_per_document_mixers, mixer_layers
         from padless.attention.select import check_exact, mask_windows, model_inputs
 
@@ -245,8 +275,15 @@ class RowFormat:
         if vocab_size and features.vocab_size is None:
             features = dataclasses.replace(features, vocab_size=vocab_size)
         options["features"] = features
-        options.setdefault("fitted_to", fitted_name(model))
-        return cls(**options)
+        return cls(**options).fitted(model)
+
+    def fitted(self: _Format, model: Any) -> _Format:
+        """A copy that records ``model`` and these settings (:attr:`fitted_to`); the running totals stay
+        shared. Only for formats the rule has accepted for ``model``: :meth:`for_model` and
+        :func:`check_collator` call it after the checks."""
+        inner = base_model_of(model)
+        fit = Fit(f"{type(inner).__name__} ({inner.config._attn_implementation})", self.exactness_settings())
+        return dataclasses.replace(self, fitted_to=fit)
 
     def row_width(self, used: int) -> int:
         """Tokens per row of a batch whose longest row holds ``used``: ``max_length`` with
@@ -287,3 +324,48 @@ class RowFormat:
             cu = torch.from_numpy(cu_seqlens_from_lengths(docs)).to(torch.int32)
             batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(docs.max()), max_length_k=int(docs.max()))
         return batch
+
+
+_FIX = "build the collator with its for_model(model, ...)"
+
+
+def check_collator(model: Any, collator: _Format, *, device: Any = None, dtype: Any = None) -> _Format:
+    """The collator fitted to ``model`` (a copy recording it, :attr:`RowFormat.fitted_to`; the running
+    totals stay shared), if the batches ``collator`` (a :class:`padless.PackingCollator`,
+    :class:`padless.PreferenceCollator` or :class:`padless.RolloutCollator`, built with or without the
+    model) makes are exact on it; raise ``ValueError`` naming why otherwise. It checks, once from the
+    collator's settings, what :func:`padless.check_batch` checks per batch: the one rule for this
+    model, layout and row length, then the attention inputs, sliding windows and mask dtype.
+    ``device`` / ``dtype``: where training runs (default: the model's parameters)."""
+    import torch
+
+    from padless.attention.rules import attention_rules
+    from padless.attention.select import check_exact, compute_target, mask_windows, model_inputs
+
+    inner = base_model_of(model)
+    backend = inner.config._attn_implementation
+    device, dtype = compute_target(inner, device, dtype)
+    check_exact(model, backend, device=device, dtype=dtype, max_length=collator.max_length, layout=collator.layout)
+    needed, carried = model_inputs(model, backend), collator.attention
+    if carried == "position_ids" and needed == "mask4d" and attention_rules(model).masks_from_position_ids:
+        return collator.fitted(model)  # transformers builds per-document masks, windows included, from the positions
+    if carried != needed:
+        raise ValueError(f"the collator sends attention={carried!r}, but attn_implementation={backend!r} isolates "
+                         f"documents only with {needed!r}; {_FIX}")  # fmt: skip
+    if needed == "mask4d":
+        wanted = mask_windows(model, collator.max_length)
+        if _normal(wanted) != _normal(collator.windows):
+            raise ValueError(f"the collator's 4D masks carry sliding windows {collator.windows!r}, the model needs "
+                             f"{wanted!r}; {_FIX}")  # fmt: skip
+        mask_dtype = collator.mask_dtype or torch.float32
+        if mask_dtype != inner.dtype:  # the mask follows the weights (autocast casts the scores, not the mask)
+            raise ValueError(f"the collator's 4D mask is {mask_dtype}, the model's weights are {inner.dtype}; {_FIX}")
+    return collator.fitted(model)
+
+
+def _normal(windows: MaskWindows) -> Any:
+    """Windows as a comparable value: a dict whose layer types share one window is that window."""
+    if isinstance(windows, Mapping):
+        values = set(windows.values())
+        return next(iter(values)) if len(values) == 1 else dict(windows)
+    return windows

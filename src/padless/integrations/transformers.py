@@ -270,7 +270,7 @@ class PackedTrainer(Trainer):
         self.plan_options = dict(strategy=strategy, overlong=overlong, remainder=remainder)
         self.pad_token_id = pad_token_id_for(model, processing_class) if pad_token_id is None else pad_token_id
         if data_collator is not None:  # the user's collator may not know the model: its batches must fit it
-            from padless.attention.accept import check_collator
+            from padless.batching.rowformat import check_collator
 
             data_collator = check_collator(model, data_collator, device=self.args.device, dtype=training_dtype(self.args))
         self.data_collator = data_collator or exact_collator(
