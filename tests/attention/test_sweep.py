@@ -105,6 +105,34 @@ def test_the_sweep_counts_a_wrong_batch_as_contaminated():
     assert torch.isfinite(torch.tensor(diff))
 
 
+def test_the_readme_leads_with_the_tables_counts():
+    """The README's sweep figures are the committed table's (docs/integrations/exactness.md), not typed
+    from memory: regenerating the table and forgetting the README fails here."""
+    doc = DOC.read_text()
+    lead = re.search(
+        r"transformers [\d.]+: (\d+) causal-LM types, (\d+) built.*?\*\*(\d+) exact on at least one backend\*\* with "
+        r"`for_model`, \*\*(\d+) refused\*\*.*?\*\*(\d+) contaminated\*\*.*?for (\d+) architectures.*?"
+        r"contaminated on (\d+) architectures \((\d+) with the 4D block mask, (\d+) with position ids alone\)", doc)  # fmt: skip
+    assert lead, "the table's summary line changed shape"
+    types, built, exact, refused, contaminated, fitted, raw, raw_mask, raw_positions = lead.groups()
+    rows = [line.split("|") for line in doc.splitlines() if line.startswith("| `") and line.count("|") == 6]
+    on = {b: sum(b in [x.strip() for x in r[2].split(",")] for r in rows) for b in S.BACKENDS}
+    readme = " ".join((DOC.parents[2] / "README.md").read_text().split())
+    for needle in (
+        f"of {types} causal-LM types, {built} build",
+        f"**{exact} are exact on at least one of sdpa / eager / padless**",
+        f"**{refused} are refused with the reason**",
+        f"**{contaminated} contaminated**",
+        f"exact for {fitted} architectures",
+        f"contaminated on {raw}:",
+        f"contaminated on {raw} of the {built} architectures the sweep builds ({raw_mask} with the 4D mask, "
+        f"{raw_positions} with position ids alone)",
+        f"exact for {on['sdpa']} architectures on sdpa, {on['eager']} on eager and {on['padless']} on padless attention",
+        f"CI runs {len(QUICK)} representative architectures",
+    ):  # fmt: skip
+        assert needle in readme, needle
+
+
 def _write_doc(section: str) -> None:
     text = DOC.read_text()
     block = f"<!-- sweep:begin -->\n{section.rstrip()}\n<!-- sweep:end -->"
