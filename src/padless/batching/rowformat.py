@@ -275,9 +275,9 @@ class RowFormat:
         if vocab_size and features.vocab_size is None:
             features = dataclasses.replace(features, vocab_size=vocab_size)
         options["features"] = features
-        return cls(**options).fitted(model)
+        return cls(**options)._fit_to(model)
 
-    def fitted(self: _Format, model: Any) -> _Format:
+    def _fit_to(self: _Format, model: Any) -> _Format:
         """A copy that records ``model`` and these settings (:attr:`fitted_to`); the running totals stay
         shared. Only for formats the rule has accepted for ``model``: :meth:`for_model` and
         :func:`check_collator` call it after the checks."""
@@ -348,7 +348,7 @@ def check_collator(model: Any, collator: _Format, *, device: Any = None, dtype: 
     check_exact(model, backend, device=device, dtype=dtype, max_length=collator.max_length, layout=collator.layout)
     needed, carried = model_inputs(model, backend), collator.attention
     if carried == "position_ids" and needed == "mask4d" and attention_rules(model).masks_from_position_ids:
-        return collator.fitted(model)  # transformers builds per-document masks, windows included, from the positions
+        return collator._fit_to(model)  # transformers builds per-document masks, windows included, from the positions
     if carried != needed:
         raise ValueError(f"the collator sends attention={carried!r}, but attn_implementation={backend!r} isolates "
                          f"documents only with {needed!r}; {_FIX}")  # fmt: skip
@@ -360,7 +360,7 @@ def check_collator(model: Any, collator: _Format, *, device: Any = None, dtype: 
         mask_dtype = collator.mask_dtype or torch.float32
         if mask_dtype != inner.dtype:  # the mask follows the weights (autocast casts the scores, not the mask)
             raise ValueError(f"the collator's 4D mask is {mask_dtype}, the model's weights are {inner.dtype}; {_FIX}")
-    return collator.fitted(model)
+    return collator._fit_to(model)
 
 
 def _normal(windows: MaskWindows) -> Any:
