@@ -132,17 +132,28 @@ def test_check_collator_reads_the_collators_settings():
 
 def test_a_collator_built_without_the_model_refuses_to_collate_until_fitted():
     from padless.batching.preference import PreferenceCollator, RolloutCollator
+    from padless.objectives.logprobs import sequence_logprobs
 
     feats = _feats()
     plain = PackingCollator(max_length=ROW)
-    pair = {"prompt_ids": [1, 2], "chosen_ids": [3], "rejected_ids": [4, 5]}
-    group = {"prompt_ids": [1, 2], "completion_ids": [[3], [4, 5]]}
-    for collator, features in ((plain, feats), (PreferenceCollator(max_length=ROW), [pair]),
+    with pytest.raises(ValueError, match="this PackingCollator was built without a model.*for_model.*check_collator"):
+        plain(feats)
+    with pytest.raises(ValueError, match="empty"):  # bad input is still named first
+        plain([{"input_ids": []}])
+    assert dataclasses.replace(plain, model_free=True)(feats)["input_ids"].numel() > 0
+    # preference / rollout batches go to sequence_logprobs, which checks every (model, batch) pair
+    pair = {"prompt_ids": [1, 2, 3], "chosen_ids": list(range(4, 16)), "rejected_ids": list(range(20, 31))}
+    group = {"prompt_ids": [1, 2, 3], "completion_ids": [list(range(4, 16)), list(range(20, 31))]}
+    mistral = _model("mistral")
+    for collator, features in ((PreferenceCollator(max_length=ROW, share_prompt=False), [pair]),
                                (RolloutCollator(max_length=ROW, share_prompt=False), [group])):  # fmt: skip
-        name = type(collator).__name__
-        with pytest.raises(ValueError, match=f"this {name} was built without a model.*{name}.for_model.*check_collator"):
-            collator(features)
-        assert dataclasses.replace(collator, model_free=True)(features)["input_ids"].numel() > 0
+        batch = collator(features)
+        with pytest.raises(ValueError, match="sliding window of 8 tokens"):
+            sequence_logprobs(mistral, batch)
+        fitted = type(collator).for_model(mistral, max_length=ROW, share_prompt=False)
+        sequence_logprobs(mistral, fitted(features))
+        with pytest.raises(ValueError, match="settings changed"):
+            dataclasses.replace(fitted, windows=None)(features)
     llama = _model("llama")
     fitted = check_collator(llama, plain)
     assert fitted.fitted_to.model == "LlamaForCausalLM (sdpa)" and plain.fitted_to is None

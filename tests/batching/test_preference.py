@@ -165,8 +165,8 @@ def test_pairs_equal_each_sequence_alone(family, backend, shared):
 
 def test_shared_prompt_saves_the_repeated_prompts():
     feats = _pairs(6)
-    shared = PreferenceCollator(model_free=True, share_prompt=True)(feats)
-    independent = PreferenceCollator(model_free=True, share_prompt=False)(feats)
+    shared = PreferenceCollator(share_prompt=True)(feats)
+    independent = PreferenceCollator(share_prompt=False)(feats)
     prompts = sum(len(f["prompt_ids"]) for f in feats)
     assert independent["input_ids"].numel() - shared["input_ids"].numel() == prompts
 
@@ -218,7 +218,7 @@ def test_dpo_gradients_packed_equal_unpacked(backend):
 
 
 def test_batch_to_keeps_the_pair_batch():
-    batch = PreferenceCollator(model_free=True)(_pairs(2))
+    batch = PreferenceCollator()(_pairs(2))
     moved = batch_to(batch, "cpu")
     assert isinstance(moved, PairedBatch) and moved.pairs and moved.placements is batch.placements
 
@@ -226,7 +226,7 @@ def test_batch_to_keeps_the_pair_batch():
 def test_placements_cover_every_completion_once():
     feats = _pairs(9, seed=4)
     for shared in (True, False):
-        batch = PreferenceCollator(model_free=True, max_length=28, share_prompt=shared)(feats)
+        batch = PreferenceCollator(max_length=28, share_prompt=shared)(feats)
         pl = batch.placements
         assert sorted(pl.feature.tolist()) == list(range(18))
         for f, r, o, n in zip(pl.feature, pl.row, pl.offset, pl.length):
@@ -237,7 +237,7 @@ def test_placements_cover_every_completion_once():
 
 
 def test_separator_is_appended_to_every_completion_and_trained():
-    batch = PreferenceCollator(model_free=True, features=FeatureSpec(separator_id=5))([{"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3, 5]}])
+    batch = PreferenceCollator(features=FeatureSpec(separator_id=5))([{"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3, 5]}])
     assert batch["input_ids"][0].tolist() == [1, 2, 5, 3, 5]
     assert batch["labels"][0].tolist() == [-100, 2, 5, 3, 5]
 
@@ -249,13 +249,13 @@ def test_overlong_policies_are_counted():
     feats = [{"prompt_ids": list(range(10)), "chosen_ids": [1] * 6, "rejected_ids": [2] * 3},
              {"prompt_ids": [3, 4], "chosen_ids": [5], "rejected_ids": [6]}]  # fmt: skip
     with pytest.raises(ValueError, match="group 0 needs 19 tokens .* choose overlong"):
-        PreferenceCollator(model_free=True, max_length=12)(feats)
-    drop = PreferenceCollator(model_free=True, max_length=12, overlong="drop")
+        PreferenceCollator(max_length=12)(feats)
+    drop = PreferenceCollator(max_length=12, overlong="drop")
     batch = drop(feats)
     assert batch.kept.tolist() == [1] and batch.placements.num_features == 2
     assert drop.totals["dropped_groups"] == 1 and drop.totals["dropped_tokens"] == 19
     for shared in (True, False):
-        trunc = PreferenceCollator(model_free=True, max_length=12, overlong="truncate", share_prompt=shared)
+        trunc = PreferenceCollator(max_length=12, overlong="truncate", share_prompt=shared)
         batch = trunc(feats)
         assert batch["input_ids"].shape[1] <= 12 and trunc.totals["truncated_groups"] == 1
         assert trunc.totals["truncated_tokens"] == 19 - (batch.placements.length[:2].sum() + (12 - batch.placements.length[:2].sum()) // (1 if shared else 2))  # noqa: E501
@@ -318,14 +318,14 @@ def test_padless_attention_refuses_a_tree_that_disagrees_with_the_positions():
 )  # fmt: skip
 def test_bad_input(features, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        PreferenceCollator(model_free=True, **kwargs)(features)
+        PreferenceCollator(**kwargs)(features)
 
 
 def test_bad_rollout_input():
     with pytest.raises(ValueError, match="completion_ids must be a non-empty list"):
-        RolloutCollator(model_free=True)([{"prompt_ids": [1], "completion_ids": []}])
+        RolloutCollator()([{"prompt_ids": [1], "completion_ids": []}])
     with pytest.raises(ValueError, match="feature 0 has no 'completion_ids'"):
-        RolloutCollator(model_free=True)([{"prompt_ids": [1]}])
+        RolloutCollator()([{"prompt_ids": [1]}])
 
 
 # ---------------------------------------------------------------------------------------- DPO
@@ -428,7 +428,7 @@ def test_a_batch_built_for_another_backend_is_refused():
     del for_sdpa["attention_mask"]
     with pytest.raises(ValueError, match="neither a tree mask nor tree kwargs"):
         check_batch_for_model(sdpa, for_sdpa)
-    independent = PreferenceCollator(model_free=True, share_prompt=False, attention="position_ids")(_pairs(2))
+    independent = PreferenceCollator(share_prompt=False, attention="position_ids")(_pairs(2))
     check_batch_for_model(sdpa, independent)  # plain packing: transformers reads documents from position_ids
 
 

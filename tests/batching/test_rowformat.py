@@ -156,7 +156,7 @@ def test_collators_pickle_and_count():
     back = pickle.loads(pickle.dumps(c))
     assert back == c and back.totals == c.totals
     assert back(feats)["input_ids"].tolist() == c(feats)["input_ids"].tolist() == [[5, 6, 7, 8, -9, -9, -9, -9]]
-    group = PreferenceCollator(model_free=True, max_length=16, share_prompt=False)
+    group = PreferenceCollator(max_length=16, share_prompt=False)
     assert pickle.loads(pickle.dumps(group)) == group
 
 

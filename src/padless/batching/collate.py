@@ -96,6 +96,8 @@ class PackingCollator(RowFormat):
     def pack(self, features: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, list[list[int]], Placements]:
         """Plan and place tokens: ``input_ids`` and ``labels`` ``[R, L]``, each row's document lengths
         (the trailing pad, if any, is the last document of its row) and the :class:`Placements`.
+        Refuses once the features are validated if this collator was never fitted to a model
+        (:meth:`check_fitted`).
 
         Features that carry ``seq_lengths`` are rows packed beforehand (:class:`padless.PackedRows`,
         ``padless pack``): each becomes one row with those documents, without re-planning.
@@ -105,10 +107,13 @@ class PackingCollator(RowFormat):
             raise ValueError("the batch mixes pre-packed rows (with 'seq_lengths') and single sequences")
         if prepacked and all(prepacked):
             seqs = FeatureSpec(vocab_size=self.features.vocab_size).prepare(features)
-            return self._place(seqs, self._prepacked(features, seqs.lengths))
+            placements = self._prepacked(features, seqs.lengths)
+            self.check_fitted()
+            return self._place(seqs, placements)
         seqs = self.features.prepare(features)
         lengths = seqs.lengths
         if self.max_length is None:  # one row of every sequence, in order
+            self.check_fitted()
             self._count(None, lengths)
             whole = np.zeros(lengths.size, dtype=np.int64)
             return self._place(seqs, Placements.from_plan(index=np.arange(lengths.size), start=whole, length=lengths,
@@ -116,6 +121,7 @@ class PackingCollator(RowFormat):
         from padless.planning.plan import plan_packs
 
         plan = plan_packs(lengths, self.max_length, strategy=self.strategy, overlong=self.overlong)
+        self.check_fitted()  # after the input's own errors, before anything is counted
         self._count(plan.stats, lengths)
         if plan.num_rows == 0:
             raise ValueError("every sequence of the batch was dropped by the overlong policy; nothing to train on")
@@ -159,7 +165,6 @@ class PackingCollator(RowFormat):
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> PackedBatch:
         import torch
 
-        self.check_fitted()
         input_ids, labels, row_docs, placements = self.pack(features)
         position_ids = np.stack([position_ids_from_lengths(docs) for docs in row_docs])
         batch = self.row_inputs(input_ids, labels, position_ids, row_docs)

@@ -130,6 +130,7 @@ class _GroupCollator(RowFormat):
     """Running counts over every batch collated so far (``tokens``: as given, one prompt per group)."""
 
     _batch_type = PackedBatch
+    needs_model = False  # sequence_logprobs checks each (model, batch) pair before the forward
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -209,10 +210,11 @@ class _GroupCollator(RowFormat):
 
         from padless.attention.tree import additive_tree_mask
 
-        self.check_fitted()
         if len(features) == 0:
             raise ValueError("the batch is empty: a collator needs at least one feature")
-        groups, kept = self._fitted(self._read(features))
+        groups = self._read(features)
+        self.check_fitted()  # a fitted collator whose settings changed since is refused
+        groups, kept = self._fitted(groups)
         first_feature = np.concatenate([[0], np.cumsum([len(g.completions) for g in groups])])
         rows = self._rows(groups)
         lay = share_prompt if self.share_prompt else _independent

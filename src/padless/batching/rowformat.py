@@ -12,8 +12,10 @@ and what shape the packed rows take (:class:`RowFormat`).
   (:func:`padless.attention.select.check_exact`) -> the backend's inputs -> the mask dtype and windows
   -> the vocabulary.
 - :func:`check_collator`: the check that a format built without the model fits it (the same rule,
-  read from the format's settings); it returns the format fitted (:class:`Fit`). A format collates
-  only fitted, by one or the other, or made ``model_free=True`` (:meth:`RowFormat.check_fitted`).
+  read from the format's settings); it returns the format fitted (:class:`Fit`). A packing collator
+  collates only fitted, by one or the other, or made ``model_free=True``
+  (:meth:`RowFormat.check_fitted`); preference and rollout batches are checked where
+  ``sequence_logprobs`` reads them.
 - :func:`round_up`: the one row-width rounding (``pad_to_multiple_of``).
 """
 
@@ -158,9 +160,10 @@ class RowFormat:
     loss weights; shared with :class:`padless.PaddingCollator`."""
     fitted_to: Fit | None = None
     """The model this format was fitted to and the settings the one rule accepted for it: set by
-    :meth:`for_model` and :func:`check_collator`. ``None``: built without a model; such a format, or
-    one whose settings changed since it was fitted (``dataclasses.replace``), refuses to collate
-    (:meth:`check_fitted`) unless :attr:`model_free` says so."""
+    :meth:`for_model` and :func:`check_collator`. ``None``: built without a model, and such a
+    :class:`padless.PackingCollator` refuses to collate (:attr:`needs_model`); any format whose
+    settings changed since it was fitted (``dataclasses.replace``) refuses too (:meth:`check_fitted`),
+    unless :attr:`model_free` says so."""
     model_free: bool = False
     """``True`` states that this format collates without knowing the model and that its batches are
     yours to check: a model-free batch cannot carry the model's sliding windows, chunked attention,
@@ -187,10 +190,18 @@ class RowFormat:
                 f"windows apply to the 4D mask only; attention={self.attention!r} takes the model's own windows"
             )
 
+    needs_model = True  # a class attribute, not a field
+    """Whether a format built without a model refuses to collate. ``True`` for
+    :class:`padless.PackingCollator`, whose batches go straight to ``model(**batch)``; the preference
+    and rollout collators set ``False``: their batches are read by ``sequence_logprobs``, which checks
+    every (model, batch) pair (:func:`padless.check_batch`) before the forward."""
+
     def check_fitted(self) -> None:
-        """Raise ``ValueError`` unless this format may collate: fitted to a model (:attr:`fitted_to`) or
-        explicitly :attr:`model_free`. Every collator calls it before it builds a batch, so no batch
-        that some model would run contaminated leaves a collator that never saw the model."""
+        """Raise ``ValueError`` unless this format may collate: fitted to a model (:attr:`fitted_to`)
+        with the settings it has now, explicitly :attr:`model_free`, or of a kind that does not need the
+        model (:attr:`needs_model`). Collators call it once the features are validated, before they
+        build a batch, so no batch that some model would run contaminated leaves a collator that never
+        saw the model, and bad input is still reported by name."""
         if self.model_free:
             return
         name = type(self).__name__
@@ -203,6 +214,8 @@ class RowFormat:
             raise ValueError(f"this {name} was fitted to {self.fitted_to.model}, and since then its settings changed "
                              f"({changed}), which that model was not checked for; fit it again: "
                              f"{name}.for_model(model, ...) or padless.check_collator(model, collator)")  # fmt: skip
+        if not self.needs_model:
+            return
         raise ValueError(
             f"this {name} was built without a model, so its batches cannot carry the model's sliding windows, "
             f"chunked attention, position scheme or hybrid layers, and would run contaminated on such models; "
