@@ -39,6 +39,31 @@ def make_features(lengths, vocab_size=512, seed=0, with_labels=False):
     return feats
 
 
+def alone_logits(model, ids):
+    """``[n, V]`` logits of one sequence run alone (no cache)."""
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+
+
+def max_diff_to_alone(model, feats, batch):
+    """Largest |logit| difference between each packed document of ``batch`` (read from its placements)
+    and the same feature run alone."""
+    import torch
+
+    from padless.batching.batch import forward_inputs
+
+    with torch.no_grad():
+        logits = model(**forward_inputs(batch)).logits
+    pl, worst = batch.placements, 0.0
+    for j in range(pl.feature.size):
+        r, o, n = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])
+        alone = alone_logits(model, feats[int(pl.feature[j])]["input_ids"])
+        worst = max(worst, (logits[r, o : o + n] - alone).abs().max().item())
+    return worst
+
+
 def row_documents(rows):
     """The documents of packed rows (dicts with ``input_ids`` and ``seq_lengths``), in row order."""
     docs = []

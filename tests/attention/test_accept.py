@@ -9,10 +9,9 @@ import pickle
 import pytest
 import torch
 
-from conftest import make_features
+from conftest import make_features, max_diff_to_alone
 from padless.attention.accept import carried_inputs, check_batch, row_documents
 from padless.attention.backend import register_padless_attention
-from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator, PaddingCollator
 from padless.batching.rowformat import check_collator
 
@@ -42,34 +41,22 @@ def _feats():
     return make_features(LENGTHS, vocab_size=VOCAB, seed=4)
 
 
-def _max_diff(model, feats, batch):
-    with torch.no_grad():
-        logits = model(**forward_inputs(batch)).logits
-    pl, worst = batch.placements, 0.0
-    for j in range(pl.feature.size):
-        r, o, n = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])
-        with torch.no_grad():
-            alone = model(input_ids=torch.tensor([feats[int(pl.feature[j])]["input_ids"]])).logits[0]
-        worst = max(worst, (logits[r, o : o + n] - alone).abs().max().item())
-    return worst
-
-
 def test_a_model_free_batch_that_is_exact_passes():
     model, feats = _model("llama"), _feats()
     batch = PackingCollator(model_free=True, max_length=ROW)(feats)
     check_batch(model, batch)
-    assert _max_diff(model, feats, batch) < 1e-5
+    assert max_diff_to_alone(model, feats, batch) < 1e-5
 
 
 def test_a_model_free_batch_without_the_models_window_is_refused():
     model, feats = _model("mistral"), _feats()
     plain = PackingCollator(model_free=True, max_length=ROW)(feats)
-    assert _max_diff(model, feats, plain) > 1e-2  # what the check prevents: the mask lost the window
+    assert max_diff_to_alone(model, feats, plain) > 1e-2  # what the check prevents: the mask lost the window
     with pytest.raises(ValueError, match="sliding window of 8 tokens.*PackingCollator.for_model"):
         check_batch(model, plain)
     fitted = PackingCollator.for_model(model, max_length=ROW)(feats)
     check_batch(model, fitted)
-    assert _max_diff(model, feats, fitted) < 1e-5
+    assert max_diff_to_alone(model, feats, fitted) < 1e-5
 
 
 def test_per_layer_type_masks_are_checked_by_layer_type():
@@ -161,7 +148,7 @@ def test_a_collator_built_without_the_model_refuses_to_collate_until_fitted():
     before = plain.totals["sequences"]
     batch = fitted(feats)
     check_batch(llama, batch)
-    assert _max_diff(llama, feats, batch) < 1e-5
+    assert max_diff_to_alone(llama, feats, batch) < 1e-5
     assert plain.totals["sequences"] == before + len(feats)
     with pytest.raises(ValueError, match="built without a model"):
         plain(feats)  # the original stays unfitted
@@ -178,7 +165,7 @@ def test_a_fitted_collator_whose_settings_changed_must_be_fitted_again():
     longer = dataclasses.replace(short, max_length=ROW)  # now documents do, and the mask still has no window
     with pytest.raises(ValueError, match=f"fitted to MistralForCausalLM \\(sdpa\\).*max_length {WINDOW} -> {ROW}"):
         longer(feats)
-    assert _max_diff(mistral, feats, dataclasses.replace(longer, model_free=True)(feats)) > 1e-2  # what it prevents
+    assert max_diff_to_alone(mistral, feats, dataclasses.replace(longer, model_free=True)(feats)) > 1e-2  # what it prevents
     with pytest.raises(ValueError, match="sliding windows None, the model needs 8"):
         check_collator(mistral, longer)
     dataclasses.replace(short, pad_to_multiple_of=4)(make_features([3, 5], vocab_size=VOCAB))  # padding: still fitted
@@ -192,7 +179,7 @@ def test_fitting_refuses_where_the_batches_would_be_contaminated_and_keeps_what_
     fitted = check_collator(mistral, PackingCollator(max_length=ROW, attention="position_ids"))
     batch = fitted(feats)
     assert "attention_mask" not in batch
-    assert _max_diff(mistral, feats, batch) < 1e-5
+    assert max_diff_to_alone(mistral, feats, batch) < 1e-5
     with pytest.raises(ValueError, match="padding_idx \\+ 1"):
         check_collator(_model("roberta"), PackingCollator(max_length=ROW, attention="position_ids"))
 
@@ -218,7 +205,7 @@ def test_packed_trainer_fits_a_model_free_collator_or_refuses_it(tmp_path):
     llama = _model("llama")
     trainer = PackedTrainer(llama, args, data_collator=PackingCollator(max_length=ROW), max_length=ROW)
     assert trainer.data_collator.fitted_to.model == "LlamaForCausalLM (sdpa)"  # the fitted copy collates
-    assert _max_diff(llama, _feats(), trainer.data_collator(_feats())) < 1e-5
+    assert max_diff_to_alone(llama, _feats(), trainer.data_collator(_feats())) < 1e-5
 
 
 def test_a_mask_is_compared_once_per_window():

@@ -13,11 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_features
+from conftest import alone_logits, make_features, max_diff_to_alone
 from padless.attention.adapters import adapter_refusal, base_model_of, is_adapter
 from padless.attention.backend import register_padless_attention
 from padless.attention.select import check_exact
-from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator, PaddingCollator
 from padless.models.factory import build_model
 from padless.objectives.logprobs import sequence_logprobs
@@ -53,22 +52,6 @@ def _adapted(family, backend, adapter):
     return _wrap(build_model(f"tiny-{family}", attn_implementation=backend, seed=0), adapter)
 
 
-def _alone(model, ids):
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
-
-
-def _max_diff_to_alone(model, feats, batch):
-    with torch.no_grad():
-        logits = model(**forward_inputs(batch)).logits
-    pl, worst = batch.placements, 0.0
-    for j in range(pl.feature.size):
-        r, o, n = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])
-        alone = _alone(model, feats[int(pl.feature[j])]["input_ids"])
-        worst = max(worst, (logits[r, o : o + n] - alone).abs().max().item())
-    return worst
-
-
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("backend", ["sdpa", "padless"])
 @pytest.mark.parametrize("adapter", ADAPTERS)
@@ -77,14 +60,14 @@ def test_packed_logits_equal_each_sequence_alone(family, backend, adapter):
     feats = make_features(LENGTHS, seed=1)
     batch = PackingCollator.for_model(model, max_length=ROW)(feats)  # refused before this change
     assert batch["input_ids"].shape[0] > 1
-    assert _max_diff_to_alone(model, feats, batch) < ATOL
+    assert max_diff_to_alone(model, feats, batch) < ATOL
     # the adapter is live: the same sequence differs with it off (a test that dropped it would fail)
     ids = feats[2]["input_ids"]
     if adapter == "lora-merged":
         model.unmerge_adapter()
     with model.disable_adapter():
-        off = _alone(model, ids)
-    assert (off - _alone(model, ids)).abs().max().item() > 1e-3
+        off = alone_logits(model, ids)
+    assert (off - alone_logits(model, ids)).abs().max().item() > 1e-3
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -117,7 +100,7 @@ def test_sequence_logprobs_with_the_adapter_on_and_off(family, backend):
     def alone_sums():
         out = []
         for f in feats:
-            lp = _alone(model, f["input_ids"]).float().log_softmax(-1)
+            lp = alone_logits(model, f["input_ids"]).float().log_softmax(-1)
             labels = torch.tensor(f["labels"])
             t = torch.nonzero(labels[1:] != -100).squeeze(1) + 1
             out.append(lp[t - 1, labels[t]].sum())

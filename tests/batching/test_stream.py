@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import row_documents
 from padless.batching import stream as stream_mod
 from padless.planning.buffered import StreamOptions, StreamPlanner, compare_stream_to_offline, stream_plan
 from padless.batching.collate import PackingCollator
@@ -29,16 +30,13 @@ def indexed_features(lengths, with_labels=True):
 
 
 def documents(rows):
-    """Every document of every row as (source index, start token count, length), in yield order."""
-    out = []
+    """Every document of every row as (source index, length), in yield order."""
     for row in rows:
-        at = 0
-        for n in row["seq_lengths"].tolist():
-            doc = row["input_ids"][at : at + n]
-            assert (doc == doc[0]).all()  # a document never mixes sequences
-            out.append((int(doc[0]), n))
-            at += n
-        assert at == row["input_ids"].size == row["labels"].size
+        assert int(row["seq_lengths"].sum()) == row["input_ids"].size == row["labels"].size
+    out = []
+    for doc in row_documents(rows):
+        assert (doc == doc[0]).all()  # a document never mixes sequences
+        out.append((int(doc[0]), int(doc.size)))
     return out
 
 
