@@ -141,41 +141,48 @@ def mixers(out: str, device_name: str, documents: int = 8) -> int:
     from padless.attention.mixers import enable_per_document_mixers, kernels_available, mixer_layers
     from padless.batching.batch import batch_to, forward_inputs
     from padless.batching.collate import PackingCollator
+    from padless.isolation.compare import Document, alone_logits, document_diff
 
     device = torch.device(device_name)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     feats = hybrid.features(hybrid.lengths(0, n=documents), seed=1)
     rows, failed = [], False
+
+    def record(row: dict[str, Any]) -> None:
+        rows.append(row)
+        print(json.dumps(row, default=str))
+
     for family, make in hybrid.CONFIGS.items():
-        torch.manual_seed(0)
-        model = T.AutoModelForCausalLM.from_config(make(), attn_implementation="sdpa").eval().to(device)
-        with torch.no_grad():
-            alone = [model(input_ids=torch.tensor([f["input_ids"]], device=device), use_cache=False).logits[0]
-                     for f in feats]  # fmt: skip
+        try:  # the model, each document alone (unpatched: one document needs no splitting) and the packed batch
+            torch.manual_seed(0)
+            model = T.AutoModelForCausalLM.from_config(make(), attn_implementation="sdpa").eval().to(device)
+            with torch.no_grad():
+                alone = [alone_logits(model, f["input_ids"]) for f in feats]
+            batch = batch_to(PackingCollator.for_model(model, max_length=hybrid.ROW)(feats), device)
+        except Exception as exc:  # noqa: BLE001 (recorded: the next family still runs)
+            record({"family": family, "status": "error", "detail": f"{type(exc).__name__}: {str(exc)[:400]}"})
+            failed = True
+            continue
+        pl = batch.placements
+        docs = [Document(int(pl.feature[j]), tuple(feats[int(pl.feature[j])]["input_ids"]), int(pl.row[j]),
+                         tuple(range(int(pl.offset[j]), int(pl.offset[j]) + int(pl.length[j]))))
+                for j in range(pl.feature.size)]  # fmt: skip
         for path in ("per_document", "kernels"):
             row: dict[str, Any] = {"family": family, "path": path}
             try:
-                collate = PackingCollator.for_model(model, max_length=hybrid.ROW)
                 if path == "kernels":
                     kinds = sorted({m.kind for m in mixer_layers(model)})
                     missing = [k for k in kinds if not kernels_available(k)]
                     if missing or device.type != "cuda":
-                        row.update(status="skipped", detail=f"no CUDA kernels for {', '.join(missing) or kinds} here")
-                        rows.append(row)
-                        print(json.dumps(row))
+                        record({**row, "status": "skipped", "detail": f"no CUDA kernels for {', '.join(missing) or kinds} here"})
                         continue
                     enable_per_document_mixers(model, kernels=True)
                 row["how"] = sorted({m.how for m in mixer_layers(model)})
-                batch = batch_to(collate(feats), device)
                 with torch.no_grad():
                     logits = model(**forward_inputs(batch)).logits
-                pl, worst, scale = batch.placements, 0.0, 0.0
-                for j in range(pl.feature.size):
-                    r, o, n = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])
-                    ref = alone[int(pl.feature[j])]
-                    worst = max(worst, (logits[r, o : o + n] - ref).abs().max().item())
-                    scale = max(scale, ref.abs().max().item())
+                diffs = [document_diff(d, alone[d.index], logits) for d in docs]
+                worst, scale = max(d.max_diff for d in diffs), max(d.scale for d in diffs)
                 tol = 1e-4 + 1e-4 * scale
                 row.update(status="pass" if worst <= tol else "fail", max_logit_diff=worst, tolerance=tol)
                 failed |= worst > tol
@@ -183,9 +190,8 @@ def mixers(out: str, device_name: str, documents: int = 8) -> int:
                 row.update(status="error", detail=f"{type(exc).__name__}: {str(exc)[:400]}")
                 failed = True
             finally:
-                enable_per_document_mixers(model)  # back to the torch path for the next family's checks
-            rows.append(row)
-            print(json.dumps(row, default=str))
+                enable_per_document_mixers(model)  # back to the torch path
+            record(row)
     _write(out, {"device": str(device), "documents": documents, "rows": rows})
     return 1 if failed else 0
 
