@@ -155,14 +155,19 @@ def _mixer_state(model_or_config: Any) -> str | None:
     return reason
 
 
-_PADLESS_NO_BOUNDARIES = ("granitemoehybrid", "zamba", "recurrent_gemma")
-"""Models (transformers 5.24) whose decoder layers call attention without the ``position_ids`` /
-``cu_seq_lens`` padless attention separates documents by, although the class declares
-``_supports_attention_backend`` (found running tests/attention/test_mixers.py)."""
-_PADLESS_OWN_MASK = ("doge",)
-"""Models (transformers 5.24) whose attention layers add a 4D mask of their own making to the scores
-(Doge's dynamic mask), which padless attention, computing per document without a mask, would drop
-(found by the sweep, tests/attention/test_sweep.py)."""
+_NO_BOUNDARIES = "decoder layers pass its attention no position_ids or document boundaries"
+_PADLESS_REFUSED: dict[str, str] = {
+    "granitemoehybrid": _NO_BOUNDARIES,
+    "zamba": _NO_BOUNDARIES,
+    "recurrent_gemma": _NO_BOUNDARIES,
+    "doge": "attention layers add a 4D mask of their own (a dynamic mask) that padless attention would drop",
+}
+"""Model types (transformers 5.24) padless attention refuses although their class declares
+``_supports_attention_backend``, with why: decoder layers that call attention without the
+``position_ids`` / ``cu_seq_lens`` padless attention separates documents by (found running
+tests/attention/test_mixers.py), and attention layers that add a 4D mask of their own making to the
+scores (Doge's dynamic mask), which padless attention, computing per document without a mask, would
+drop (found by the sweep, tests/attention/test_sweep.py)."""
 
 
 def _head_sizes(config: Any) -> tuple[int | None, int | None]:
@@ -185,10 +190,8 @@ def _refuse_padless(t: _Target) -> str | None:
     if _lacks(t, "_supports_attention_backend"):
         return f"{t.model_class.__name__} does not pass position_ids and attention kwargs to its attention layers"
     model_type = getattr(t.config.get_text_config() if hasattr(t.config, "get_text_config") else t.config, "model_type", None)
-    if model_type in _PADLESS_NO_BOUNDARIES:
-        return f"{model_type} decoder layers pass its attention no position_ids or document boundaries"
-    if model_type in _PADLESS_OWN_MASK:
-        return f"{model_type} attention layers add a 4D mask of their own (a dynamic mask) that padless attention would drop"
+    if model_type in _PADLESS_REFUSED:
+        return f"{model_type} {_PADLESS_REFUSED[model_type]}"
     qk, v = _head_sizes(t.config)
     if qk is not None and v is not None and qk != v:
         return (f"padless attention needs value heads as large as query/key heads, and this model's are {v} and {qk} "
