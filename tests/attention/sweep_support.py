@@ -271,22 +271,23 @@ def check(model: Any, model_type: str, collator: str, backend: str) -> Outcome:
         return Outcome(model_type, collator, backend, "unsupported", "the model cannot switch attention implementation")
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", VOCAB) or VOCAB)
     feats = features(min(vocab, VOCAB))
-    raw = None
+    plain = None
     try:
         if collator == "for_model":
             batch = PackingCollator.for_model(model, max_length=ROW)(feats)
         else:
             plain = PackingCollator(max_length=ROW, attention="position_ids" if collator == "plain_position_ids" else "mask4d",
                                     features=FeatureSpec())  # fmt: skip
-            # what the refusal prevents: the same batch fed raw (model_free=True, no check)
-            raw = _judge(model, feats, dataclasses.replace(plain, model_free=True)(feats))[0]
             # what a user of a model-free collator does: fit it to the model; padless' consumers check each batch
             batch = padless.check_collator(model, plain)(feats)
             padless.check_batch(model, batch)
     except ValueError as error:
+        # what the refusal prevents: the same batch fed raw (model_free=True, no check)
+        raw = None if plain is None else _judge(model, feats, dataclasses.replace(plain, model_free=True)(feats))[0]
         return Outcome(model_type, collator, backend, "refused", str(error), raw=raw)
     status, detail, diff = _judge(model, feats, batch)
-    return Outcome(model_type, collator, backend, status, detail, diff, raw=raw)
+    # an accepted model-free batch is the raw batch itself: judged once
+    return Outcome(model_type, collator, backend, status, detail, diff, raw=None if plain is None else status)
 
 
 def _judge(model: Any, feats: list[dict], batch: Any) -> tuple[str, str, float | None]:
