@@ -1,5 +1,6 @@
-"""The README's benchmark figures come from the committed runs in docs/bench, not from memory: each
-headline ratio and each table row is recomputed here from that run's results.json."""
+"""The benchmark figures of docs/results.md and the README's headline come from the committed runs in
+docs/bench, not from memory: each headline ratio and each table row is recomputed here from that run's
+results.json."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from padless.bench.results import load_results
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()
+RESULTS = (ROOT / "docs" / "results.md").read_text()
 
-# run folder -> the README's sentence for its headline, with the figures left as fields
+# run folder -> the results page's sentence for its headline, with the figures left as fields
 HEADLINES = {
     "docs/bench": "**padless packing: {over_strongest}x the real tokens/s of {strongest}, the strongest baseline; "
                   "{over_padding}x padding.**",
@@ -32,13 +34,22 @@ def test_headline_ratios_are_the_runs_own(folder):
         over_strongest=f"{s.speedup_over_strongest:.2f}", strongest=s.strongest_baseline,
         over_padding=f"{s.speedup['packing']:.2f}",
     )  # fmt: skip
+    assert " ".join(sentence.split()) in " ".join(RESULTS.split())
+
+
+def test_the_readme_headline_is_the_smollm2_runs():
+    s = _results("docs/bench/smollm2-cpu").summary()
+    sentence = HEADLINES["docs/bench/smollm2-cpu"].format(
+        over_strongest=f"{s.speedup_over_strongest:.2f}", strongest=s.strongest_baseline,
+        over_padding=f"{s.speedup['packing']:.2f}",
+    )  # fmt: skip
     assert " ".join(sentence.split()) in " ".join(README.split())
 
 
 def test_smollm2_table_rows_are_the_runs_own():
     results = _results("docs/bench/smollm2-cpu")
     figs, s = results.figures(), results.summary()
-    rows = [line for line in README.splitlines() if line.startswith("| ") and "| 3.192 -> 1.160 |" in line]
+    rows = [line for line in RESULTS.splitlines() if line.startswith("| ") and "| 3.192 -> 1.160 |" in line]
     assert len(rows) == 4
     for name in ("padding", "bucketing", "packing", "flattening"):
         row = next(r for r in rows if name in r.split("|")[1].lower())
