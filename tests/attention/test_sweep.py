@@ -105,9 +105,9 @@ def test_the_sweep_counts_a_wrong_batch_as_contaminated():
     assert torch.isfinite(torch.tensor(diff))
 
 
-def test_the_readme_leads_with_the_tables_counts():
-    """The README's sweep figures are the committed table's (docs/integrations/exactness.md), not typed
-    from memory: regenerating the table and forgetting the README fails here."""
+def test_the_docs_lead_with_the_tables_counts():
+    """The sweep figures of docs/exactness.md and docs/limits.md are the committed table's (docs/integrations/exactness.md),
+    not typed from memory: regenerating the table and forgetting that page fails here."""
     doc = DOC.read_text()
     lead = re.search(
         r"transformers [\d.]+: (\d+) causal-LM types, (\d+) built.*?\*\*(\d+) exact on at least one backend\*\* with "
@@ -117,7 +117,7 @@ def test_the_readme_leads_with_the_tables_counts():
     types, built, exact, refused, contaminated, fitted, raw, raw_mask, raw_positions = lead.groups()
     rows = [line.split("|") for line in doc.splitlines() if line.startswith("| `") and line.count("|") == 6]
     on = {b: sum(b in [x.strip() for x in r[2].split(",")] for r in rows) for b in S.BACKENDS}
-    readme = " ".join((DOC.parents[2] / "README.md").read_text().split())
+    readme = " ".join(" ".join((DOC.parents[1] / page).read_text() for page in ("exactness.md", "limits.md")).split())
     for needle in (
         f"of {types} causal-LM types, {built} build",
         f"**{exact} are exact on at least one of sdpa / eager / padless**",
