@@ -198,6 +198,9 @@ def test_flops_of_a_tiny_llama_match_a_hand_count():
     attention = lambda n: 2 * 4 * 64 * n * (n + 1) // 2  # noqa: E731  2 layers x 2 products x 2 FLOPs x Hq*D
     head = 2 * 64 * 512
     assert needed_step_flops(shape, [3, 5], trained_tokens=4) == 3 * (8 * body + attention(3) + attention(5) + 4 * head)
+    # LoRA (base weights frozen): no weight gradients, so the weight matmuls cost 2x; attention still 3x
+    assert needed_step_flops(shape, [3, 5], trained_tokens=4, frozen_weights=True) == (
+        2 * (8 * body + 4 * head) + 3 * (attention(3) + attention(5)))
     import torch
 
     padded = {"input_ids": torch.zeros(2, 5, dtype=torch.long)}  # two rows of 5: 2 tokens of padding

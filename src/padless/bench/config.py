@@ -37,7 +37,8 @@ class RunConfig:
     max_length: int = 1024
     """Examples are truncated to this many tokens (packing puts a micro-batch into one row)."""
     warmup_steps: int = 5
-    """Leading steps excluded from timing (and the learning-rate warm-up)."""
+    """Leading steps excluded from timing (and the learning-rate warm-up); a speedup needs at least 5
+    timed steps after them, fewer are reported with a warning."""
     lr: float = 2e-3
     """Peak learning rate of AdamW (linear warm-up, then linear decay to 10%)."""
     eval_examples: int = 32
@@ -63,7 +64,8 @@ class RunConfig:
     """auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16. A 16-bit dtype trains
     fp32 master weights under autocast."""
     tokenizer: str | None = None
-    """Tokenizer name or path; default: the model's."""
+    """Tokenizer name or path; default: the model's (padless.models.factory.tokenizer_name_for: gpt2
+    for the GPT-2 sizes, the packaged one for smollm2-135m); results.json records the one used."""
     full_logits: bool = False
     """Compute logits at every position, as Trainer does (default: only for trained tokens, for every
     strategy; the loss is the same)."""

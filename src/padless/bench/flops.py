@@ -1,7 +1,10 @@
 """Model FLOPs of a training step, counted from a model's config (no torch): what MFU is measured in.
 
 Only matrix multiplies count (2 FLOPs per multiply-add); a training step costs 3x its forward (the
-backward computes two products per forward product). Per layer and token, the body's projections
+backward computes two products per forward product: the gradient of each input). With frozen weights
+(``--lora``: the base model frozen) a weight matmul's backward computes the activation's gradient
+only, so the projections, MLP and head cost 2x their forward; attention's products (activations on
+both sides) still cost 3x. The adapters' own rank-r products are left out (r / d of a projection). Per layer and token, the body's projections
 cost ``2 * (d * (Hq + 2 Hk) * D + Hq * D * d)`` and the MLP ``2 * m * d * I`` (``m`` = 3 matrices
 for a gated MLP such as Llama's, 2 for GPT-2's); causal attention over a block of ``l`` tokens costs
 ``4 * Hq * D * l (l + 1) / 2`` (scores and values, over the pairs a causal mask keeps); the LM head
@@ -71,22 +74,27 @@ class ModelShape:
         return 2 * self.hidden * self.vocab
 
 
-def training_flops(shape: ModelShape, tokens: int, blocks: Iterable[int], head_rows: int) -> float:
-    """FLOPs of forward + backward (3x forward) for ``tokens`` through the body, causal attention
-    over ``blocks`` (their lengths) and ``head_rows`` rows of logits."""
-    forward = tokens * shape.body_per_token() + sum(shape.attention_per_block(int(n)) for n in blocks)
-    return 3.0 * (forward + head_rows * shape.head_per_row())
+def training_flops(shape: ModelShape, tokens: int, blocks: Iterable[int], head_rows: int, *,
+                   frozen_weights: bool = False) -> float:
+    """FLOPs of forward + backward for ``tokens`` through the body, causal attention over ``blocks``
+    (their lengths) and ``head_rows`` rows of logits: 3x forward, or with ``frozen_weights`` 2x for
+    the weight matmuls (no weight gradients) and 3x for attention."""
+    weights = tokens * shape.body_per_token() + head_rows * shape.head_per_row()
+    attention = sum(shape.attention_per_block(int(n)) for n in blocks)
+    return (2.0 if frozen_weights else 3.0) * weights + 3.0 * attention
 
 
-def needed_step_flops(shape: ModelShape, lengths: Iterable[int], trained_tokens: int) -> float:
+def needed_step_flops(shape: ModelShape, lengths: Iterable[int], trained_tokens: int, *,
+                      frozen_weights: bool = False) -> float:
     """Model FLOPs a step needs: its examples (``lengths``) each attending within itself, logits
     only for its ``trained_tokens``."""
     lengths = [int(n) for n in lengths]
-    return training_flops(shape, sum(lengths), lengths, trained_tokens)
+    return training_flops(shape, sum(lengths), lengths, trained_tokens, frozen_weights=frozen_weights)
 
 
 def executed_step_flops(
-    shape: ModelShape, micro_batches: Iterable[Mapping[str, Any]], trained_tokens: int, full_logits: bool
+    shape: ModelShape, micro_batches: Iterable[Mapping[str, Any]], trained_tokens: int, full_logits: bool, *,
+    frozen_weights: bool = False,
 ) -> float:
     """FLOPs of a step as its micro-batches were fed: padding included; a batch that carries
     ``cu_seq_lens_q`` is attended per document (padless varlen), any other row as one causal block."""
@@ -102,4 +110,5 @@ def executed_step_flops(
             blocks += [b - a for a, b in zip(bounds, bounds[1:])]
         else:
             blocks += [width] * rows
-    return training_flops(shape, tokens, blocks, tokens if full_logits else trained_tokens)
+    return training_flops(shape, tokens, blocks, tokens if full_logits else trained_tokens,
+                          frozen_weights=frozen_weights)

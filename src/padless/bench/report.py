@@ -4,7 +4,7 @@ table, and the ``padless report RESULTS.json [--out DIR]`` command that redraws 
 Plots (matplotlib, drawn on ``Figure`` objects with the Agg canvas, so no pyplot state and no
 display are involved):
 
-    throughput.png     real tokens/s per strategy, speedup over padding, the ideal speedup marked
+    throughput.png     real tokens/s per strategy with its spread, speedup over padding, the ideal marked
     loss_vs_step.png   training loss per optimiser step, all strategies
     loss_vs_tokens.png training loss against real tokens trained so far, all strategies
     loss_vs_time.png   training loss against training wall-clock time: the same curve, reached sooner
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from padless._optional import require
-from padless.bench.figures import SYS_TIME_WARNING, StrategyFigures
+from padless.bench.figures import MIN_TIMED_STEPS, OVER_100, SYS_TIME_WARNING, StrategyFigures
 from padless.bench.results import BenchResults, load_results
 
 if TYPE_CHECKING:
@@ -79,13 +79,15 @@ def _note_missing(ax: Axes, x: float) -> None:
 
 
 def plot_throughput(results: BenchResults, path: Path) -> Path:
-    """Real and padded tokens/s per strategy; bar labels give the speedup over padding; a dashed
+    """Real and padded tokens/s per strategy (medians of per-step rates), the interquartile range of
+    the per-step real tokens/s as an error bar; bar labels give the speedup over padding; a dashed
     line marks padding's real tokens/s times the ideal speedup (no compute spent on padding)."""
     figs, summary = results.figures(), results.summary()
     names = list(results.strategies)
     colors = _colors(names)
     fig, ax = _figure(f"Throughput by strategy ({results.config.model}, {results.environment.device})")
     ax.grid(axis="x", visible=False)
+    hatched = spread = False  # each legend entry once
     for i, name in enumerate(names):
         real, padded = figs[name].real_tokens_per_s, figs[name].padded_tokens_per_s
         if real is None or padded is None:
@@ -94,21 +96,30 @@ def plot_throughput(results: BenchResults, path: Path) -> Path:
         # stacked: real tokens/s solid, the padding fed on top of it hatched (their sum: tokens fed/s)
         ax.bar(i, real, width=0.6, color=colors[name])
         ax.bar(i, padded - real, bottom=real, width=0.6, color="none", edgecolor=colors[name], hatch="//",
-               linewidth=1, label="padding tokens fed / s" if not ax.get_legend_handles_labels()[0] else None)
+               linewidth=1, label="padding tokens fed / s" if padded > real and not hatched else None)
+        hatched = hatched or padded > real
+        lo, hi = figs[name].real_tokens_per_s_p25, figs[name].real_tokens_per_s_p75
+        if lo is not None and hi is not None:
+            ax.errorbar(i, real, yerr=[[max(0.0, real - lo)], [max(0.0, hi - real)]], fmt="none", ecolor="k",
+                        capsize=4, linewidth=1, label=None if spread else "IQR of per-step real tokens/s")
+            spread = True
         speed = summary.speedup.get(name)
         label = f"{_si(real)} real/s" + (f"\n×{speed:.2f}" if speed is not None else "")
-        ax.annotate(label, (i, padded), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
-                    bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85))
+        ax.annotate(label, (i, max(padded, hi or 0.0)), xytext=(0, 3), textcoords="offset points", ha="center",
+                    va="bottom", bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85))
     base = figs.get(summary.baseline)
     if summary.ideal_speedup is not None and base is not None and base.real_tokens_per_s is not None:
         ideal = base.real_tokens_per_s * summary.ideal_speedup
         ax.axhline(ideal, color="k", linestyle="--", linewidth=1,
-                   label=f"ideal: {summary.baseline} × {summary.ideal_speedup:.2f} (padded / real tokens)")
+                   label=f"ideal: {summary.baseline} × {summary.ideal_speedup:.2f} (its tokens fed / real tokens)")
+    if summary.warnings:
+        ax.text(0.99, 0.98, f"{len(summary.warnings)} warning(s): see report.html", transform=ax.transAxes,
+                ha="right", va="top", color="#a00")
     ax.set_xticks(range(len(names)), names)
     ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_xlabel("strategy (solid: real tokens/s, label: speedup over padding)")
     ax.set_ylabel("tokens per second")
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.45)  # headroom for the legend above the labels
     ax.yaxis.set_major_formatter(lambda v, _: _si(v))
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", fontsize="small")
@@ -229,7 +240,7 @@ def _bytes(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
-SUMMARY_COLUMNS = ("strategy", "steps", "median step", "p90 step", "real tok/s", "padded tok/s", "padding",
+SUMMARY_COLUMNS = ("strategy", "steps", "timed", "median step (IQR)", "real tok/s (IQR)", "padded tok/s", "padding",
                    "seq/s", "MFU", "sys/CPU", "peak memory", "eval loss start -> end", "speedup", "of ideal")
 
 
@@ -259,20 +270,33 @@ def summary_rows(results: BenchResults) -> list[tuple[str, ...]]:
         rows.append((
             name,
             steps,
-            _num(f.step_time_median_s, "{:.3f} s"),
-            _num(f.step_time_p90_s, "{:.3f} s"),
-            _num(f.real_tokens_per_s, "{:,.0f}"),
+            str(f.measured_steps) + (" !" if f.measured_steps < MIN_TIMED_STEPS else ""),
+            _num(f.step_time_median_s, "{:.3f} s") + _spread(f.step_time_p25_s, f.step_time_p75_s, "{:.3f}"),
+            _num(f.real_tokens_per_s, "{:,.0f}") + _spread(f.real_tokens_per_s_p25, f.real_tokens_per_s_p75, "{:,.0f}"),
             _num(f.padded_tokens_per_s, "{:,.0f}"),
             _pct(f.padding_fraction),
             _num(f.sequences_per_s, "{:.2f}"),
-            _pct(f.mfu) if f.mfu is None or f.mfu >= 0.001 else f"{100 * f.mfu:.2f}%",
+            _fraction(f.mfu, "peak"),
             _pct(f.cpu_sys_fraction) + (" !" if (f.cpu_sys_fraction or 0) > SYS_TIME_WARNING else ""),
             _bytes(run.peak_memory_bytes),
             evals,
             _num(summary.speedup.get(name), "×{:.2f}"),
-            _pct(summary.fraction_of_ideal.get(name)),
+            _fraction(summary.fraction_of_ideal.get(name), "ideal"),
         ) + (_compile_cells(f, run) if extra else ()))
     return rows
+
+
+def _spread(lo: float | None, hi: float | None, fmt: str) -> str:
+    """`` (lo-hi)``, the interquartile range beside a median; nothing when unmeasured."""
+    return "" if lo is None or hi is None else f" ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
+def _fraction(x: float | None, what: str) -> str:
+    """A fraction that cannot exceed 1 (MFU, of ideal) as a percentage; above 1 a measurement is
+    wrong, so it is shown as :data:`OVER_100`, never as a figure."""
+    if x is not None and x > 1.0:
+        return OVER_100.format(what=what)
+    return _pct(x) if x is None or x >= 0.001 else f"{100 * x:.2f}%"
 
 
 def _compile_cells(f: StrategyFigures, run: Any) -> tuple[str, str]:
@@ -293,44 +317,73 @@ MEMORY_METHOD_NOTES = {
 
 
 def headline(results: BenchResults) -> str | None:
-    """``packing: ×1.85 real tokens/s over bucketing, the strongest baseline`` (``None`` without
-    packing or any other strategy measured)."""
-    summary = results.summary()
-    if summary.speedup_over_strongest is None:
+    """``packing: ×1.08 real tokens/s over bucketing, the fastest of 3 baselines run (padding, bucketing,
+    flattening); ×1.41 over padding. Same examples per step, ...``: the strongest baseline that ran,
+    by the same median measure (``None`` without packing or any other strategy measured)."""
+    s = results.summary()
+    if s.speedup_over_strongest is None or s.strongest_baseline is None:
         return None
+    strongest = s.strongest_baseline
+    if len(s.baselines_run) == 1:
+        who = f"{strongest} (the only baseline run)"
+    else:
+        who = f"{strongest}, the fastest of {len(s.baselines_run)} baselines run ({', '.join(s.baselines_run)})"
+    over_base = s.speedup.get("packing")
+    also = f"; ×{over_base:.2f} over {s.baseline}" if strongest != s.baseline and over_base is not None else ""
+    same = "same examples per step" if results.config.mode == "same-examples" else "same token budget per step"
     isolated = all(run.allocator for run in results.strategies.values())
-    return (f"packing: ×{summary.speedup_over_strongest:.2f} real tokens/s over {summary.strongest_baseline}, "
-            f"the strongest baseline (same examples, same LM-head work"
-            f"{', each strategy in its own process' if isolated else ''})")
+    return (f"packing: ×{s.speedup_over_strongest:.2f} real tokens/s over {who}{also}. {same.capitalize()}"
+            f"{', same LM-head work' if not results.config.full_logits else ''}"
+            f"{', each strategy in its own process' if isolated else ''}.")
+
+
+def paired_line(results: BenchResults) -> str | None:
+    """Packing against the strongest baseline step by step (same-examples mode), or ``None``."""
+    s = results.summary()
+    p = s.paired_over_strongest
+    if p is None:
+        return None
+    return (f"packing's step was faster than {s.strongest_baseline}'s in {p.faster} of {p.steps} timed steps "
+            f"(the same examples in both; per-step speedup ×{p.ratio_p25:.2f}-×{p.ratio_p75:.2f}, IQR)")
+
+
+def warning_lines(results: BenchResults) -> list[str]:
+    """``WARNING: ...`` for every warning of the summary, and for an interrupted run."""
+    status = results.status
+    lines = [f"WARNING: {w}" for w in results.summary().warnings]
+    if status.state != "complete":
+        lines.insert(0, f"INTERRUPTED during {status.interrupted_strategy!s} after {status.interrupted_at_step} "
+                        f"step(s); strategies finished: {', '.join(status.strategies_done) or 'none'}")
+    return lines
 
 
 def _notes(results: BenchResults) -> list[str]:
-    """Lines under the table: speedups, MFU's peak, CPU time, memory method, allocator, interruption."""
-    summary, status, figs = results.summary(), results.status, results.figures()
-    notes = [line for line in [headline(results)] if line]
-    notes.append(f"speedup: real tokens/s over {summary.baseline}; ideal speedup (padded / real tokens of "
-                 f"{summary.baseline}): {_num(summary.ideal_speedup, '×{:.2f}')}; from FLOPs (executed / needed): "
-                 f"{_num(summary.ideal_speedup_flops, '×{:.2f}')}, 'of ideal' is each speedup over it")
+    """Lines under the table: what each figure is (stated once), MFU's peak, the processes, memory."""
+    summary, cfg = results.summary(), results.config
+    ideal = summary.ideal_speedup
+    notes = [
+        f"real tok/s: the median over the timed steps ({cfg.warmup_steps} warm-up step(s) left out) of each step's "
+        "real (non-padding) tokens / its time, so one slow step cannot move it; (IQR): the 25th-75th percentile "
+        "of the same per-step values; padded tok/s, seq/s and MFU are medians the same way",
+        f"speedup: real tok/s over {summary.baseline}'s; ideal "
+        + (f"×{ideal:.2f}: {summary.baseline}'s tokens fed / its real tokens, the speedup if padding cost nothing "
+           "and every cost scaled with the tokens fed (a bound: the LM head runs on trained tokens only); "
+           "of ideal: speedup / ideal" if ideal is not None else f"n/a ({summary.baseline} not run)"),
+    ]
     if results.peak_flops_per_s:
         notes.append(f"MFU: model FLOPs/s (padless/bench/flops.py) over the measured peak "
                      f"{_si(results.peak_flops_per_s)}FLOP/s (GEMM {results.peak_gemm})")
-    heavy = [n for n, f in figs.items() if (f.cpu_sys_fraction or 0) > SYS_TIME_WARNING]
-    if heavy:
-        notes.append(f"WARNING: kernel (sys) time above {SYS_TIME_WARNING:.0%} of CPU time for {', '.join(heavy)}: "
-                     "the run spent its time in page faults or the allocator, not in training")
     if _compiled(results):
-        notes.append("compiled: decoder layers under torch.compile (padless.compile_layers); 'real tok/s' includes "
-                     "the steps after the warm-up that compiled, 'steady tok/s' leaves out every step that compiled; "
-                     "'compiled' gives dynamo frames compiled (of them recompiles) and seconds spent compiling")
+        notes.append("compiled: decoder layers under torch.compile (padless.compile_layers); 'real tok/s' is the "
+                     "median over every timed step, those that compiled included; 'steady tok/s' leaves out every "
+                     "step that compiled; 'compiled' gives dynamo frames compiled (of them recompiles) and seconds "
+                     "spent compiling")
     allocators = sorted({run.allocator for run in results.strategies.values() if run.allocator})
     if allocators:
         notes.append("each strategy in its own process; allocator: " + ", ".join(allocators))
     methods = sorted({run.memory_method for run in results.strategies.values()})
     if methods:
         notes.append("peak memory: " + "; ".join(MEMORY_METHOD_NOTES.get(m, m) for m in methods))
-    if status.state != "complete":
-        notes.append(f"INTERRUPTED during {status.interrupted_strategy!s} after {status.interrupted_at_step} "
-                     f"step(s); strategies finished: {', '.join(status.strategies_done) or 'none'}")
     return notes
 
 
@@ -345,11 +398,11 @@ def text_table(rows: Sequence[Sequence[str]], left_columns: int = 1) -> list[str
 
 
 def format_summary_table(results: BenchResults) -> str:
-    """The summary as a plain-text table (for the terminal), followed by the notes."""
+    """The summary for the terminal: the headline (and packing's step-by-step comparison), the
+    warnings, the table, then what the figures are."""
     lines = text_table([summary_columns(results), *summary_rows(results)])
-    head = headline(results)
-    notes = [n for n in _notes(results) if n != head]
-    return "\n".join([*([head, ""] if head else []), *lines, "", *notes])
+    top = [line for line in (headline(results), paired_line(results)) if line] + warning_lines(results)
+    return "\n".join([*top, *([""] if top else []), *lines, "", *_notes(results)])
 
 
 # --- html ---------------------------------------------------------------------------------------
@@ -382,12 +435,11 @@ def render_html(results: BenchResults, images: dict[str, bytes]) -> str:
     esc = html.escape
     columns = "".join(f"<th>{esc(c)}</th>" for c in summary_columns(results))
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in summary_rows(results))
-    notes = _notes(results)
-    head = headline(results)
-    alarm = ("INTERRUPTED", "WARNING")
-    banner = "".join(f'<p class="banner">{esc(n)}</p>' for n in notes if n.startswith(alarm))
-    banner += f'<p class="headline">{esc(head)}</p>' if head else ""
-    other = ". ".join(esc(n) for n in notes if not n.startswith(alarm) and n != head)
+    head, paired = headline(results), paired_line(results)
+    banner = f'<p class="headline">{esc(head)}</p>' if head else ""
+    banner += f"<p>{esc(paired)}.</p>" if paired else ""
+    banner += "".join(f'<p class="banner">{esc(n)}</p>' for n in warning_lines(results))
+    other = ". ".join(esc(n) for n in _notes(results))
     imgs = "".join(
         f'<img alt="{esc(name)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
         for name, png in images.items()
@@ -401,8 +453,8 @@ def render_html(results: BenchResults, images: dict[str, bytes]) -> str:
 {banner}
 <h2>Summary</h2>
 <table class="summary"><thead><tr>{columns}</tr></thead><tbody>{body}</tbody></table>
-<p class="note">{other}. Timing figures leave out {cfg.warmup_steps} warm-up step(s); padding is the
-fraction of fed tokens that were padding. Measured side by side in one run on the machine below.</p>
+<p class="note">{other}. Padding is the fraction of fed tokens that were padding. Measured side by
+side in one run on the machine below.</p>
 <h2>Plots</h2>
 {imgs}
 <h2>Configuration</h2>

@@ -2,8 +2,8 @@
 
 A results file holds what was measured, step by step, for every strategy (step time, loss, real and
 padded tokens, sequences), plus the run's configuration, the machine it ran on and the corpus
-lengths. Everything else (median and p90 step time, tokens per second, padding fraction, speedups)
-is *derived* here from the per-step arrays, never passed in, so a figure in the report can always be
+lengths. Everything else (step-time and tokens/s medians with their spread, padding fraction,
+speedups, warnings) is *derived* (:mod:`padless.bench.figures`) from the per-step arrays, never passed in, so a figure in the report can always be
 recomputed from the raw data. The derived sections are written into the json for readers, and
 recomputed (not trusted) when a file is loaded.
 
@@ -12,7 +12,7 @@ recomputed (not trusted) when a file is loaded.
       environment     Environment      where it ran
       strategies      {name: StrategyRun + "figures": StrategyFigures}
       lengths         [int]            corpus token lengths, for the histogram
-      summary         Summary          speedups over padding, ideal speedup, eval-loss deltas
+      summary         Summary          speedups, the ideal speedup, eval-loss deltas, warnings
       status          RunStatus        "complete", or "interrupted" and how far it got
       padless_version str
       schema_version  int
@@ -182,8 +182,9 @@ class BenchResults:
                 for n, r in self.strategies.items()}  # fmt: skip
 
     def summary(self) -> Summary:
-        """Speedups and eval-loss comparisons, derived from the per-step data."""
-        return summarize(self.strategies, self.config.warmup_steps)
+        """Speedups, eval-loss comparisons and warnings, derived from the per-step data."""
+        return summarize(self.strategies, self.config.warmup_steps, peak_flops_per_s=self.peak_flops_per_s,
+                         same_examples=self.config.mode == "same-examples")
 
     def to_dict(self) -> dict[str, Any]:
         """A json-ready dict: the measured data plus the derived ``figures`` and ``summary``."""

@@ -42,6 +42,17 @@ def _gemm_shapes(cfg: RunConfig) -> list[tuple[int, int, int]]:
     return gemm_shapes(ModelShape.from_config(model_config(cfg.model)), min(2048, cfg.batch_size * cfg.max_length))
 
 
+def _tokenizer_name(cfg: RunConfig) -> str | None:
+    """The tokenizer the run reads its data with (what results.json records): ``cfg.tokenizer``, else
+    the model's; ``None`` for a model without one (the tiny test models, fed token ids)."""
+    from padless.models.factory import tokenizer_name_for
+
+    try:
+        return cfg.tokenizer or tokenizer_name_for(cfg.model)
+    except ValueError:
+        return None
+
+
 def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True) -> Path:
     """Run every strategy of ``cfg``, write ``results.json`` and the report into ``out_dir`` (rank 0
     writes for every rank) and return the results path.
@@ -88,6 +99,7 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
             break
         done.append(name)
     resolved = dataclasses.replace(cfg, device=str(device), dtype=dtype_name(dtype), world_size=world_size,
+                                   tokenizer=_tokenizer_name(cfg),
                                    token_budget=(cfg.token_budget or cfg.batch_size * cfg.max_length)
                                    if cfg.mode == "token-budget" else None)  # fmt: skip
     results = BenchResults(

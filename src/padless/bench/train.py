@@ -134,6 +134,7 @@ def train_strategy(
     model.train()
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if half else contextlib.nullcontext
     shape = ModelShape.from_config(model.config)
+    frozen = cfg.lora is not None  # LoRA: no weight gradients for the base model (padless/bench/flops.py)
     opts = BatchingOptions(
         batch_size=cfg.batch_size,
         max_length=None,  # a micro-batch's examples packed into one padding-free row
@@ -190,8 +191,8 @@ def train_strategy(
         # fed and executed includes its fillers (the price of uneven micro-batch counts across ranks)
         counts = [timer.times_s[-1], step_loss / world_size, sum(lengths),
                   sum(int(b["input_ids"].numel()) for b in fed), len(feats), mine,
-                  needed_step_flops(shape, lengths, mine),
-                  executed_step_flops(shape, fed, mine + extra_items, cfg.full_logits)]  # fmt: skip
+                  needed_step_flops(shape, lengths, mine, frozen_weights=frozen),
+                  executed_step_flops(shape, fed, mine + extra_items, cfg.full_logits, frozen_weights=frozen)]  # fmt: skip
         if world_size > 1:  # the step of the slowest rank; tokens, FLOPs and loss summed over ranks
             counts = all_reduce_step(counts, device)
         recorder.record_step(step_time_s=counts[0], loss=counts[1], real_tokens=int(counts[2]),

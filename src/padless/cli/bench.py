@@ -1,10 +1,12 @@
 """``padless bench``: one flag per field of :class:`padless.bench.config.RunConfig` (generated, with
-the field's docstring as help), then :func:`padless.bench.run.run_benchmark`."""
+the field's docstring and its default as help), then :func:`padless.bench.run.run_benchmark`. Before the
+run it prints what will run and the tokenizer; after it, the summary table with its warnings."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import types
 import typing
 
@@ -31,16 +33,39 @@ def _flag_kwargs(tp: typing.Any) -> dict[str, typing.Any]:
     return {"type": tp}
 
 
+def _shown(value: typing.Any) -> str:
+    """A field's value as its flag takes it: ``padding,packing``, ``on``/``off``, ``unset``."""
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "unset" if value is None else str(value)
+
+
+def _preset_help() -> str:
+    """Each preset as the flags it changes from the ``default`` preset."""
+    base = PRESETS["default"]
+    parts = []
+    for name, cfg in sorted(PRESETS.items()):
+        changed = [f"--{f.name.replace('_', '-')} {_shown(getattr(cfg, f.name))}" for f in dataclasses.fields(cfg)
+                   if getattr(cfg, f.name) != getattr(base, f.name)]  # fmt: skip
+        parts.append(f"{name}" + (f" ({', '.join(changed)})" if changed else " (the defaults below)"))
+    return "a named configuration; the flags below override it (default: default). Presets: " + "; ".join(parts)
+
+
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="default", choices=sorted(PRESETS),
-                        help="a named configuration; the flags below override it")  # fmt: skip
+    parser.add_argument("--preset", default="default", choices=sorted(PRESETS), help=_preset_help())
     docs, hints = field_docs(RunConfig), typing.get_type_hints(RunConfig)
+    defaults = PRESETS["default"]
     for f in dataclasses.fields(RunConfig):
         if f.name not in RESULT_ONLY_FIELDS:  # default None: "not given", the preset's value stands
-            parser.add_argument("--" + f.name.replace("_", "-"), default=None, help=plain(docs.get(f.name)),
-                                **_flag_kwargs(hints[f.name]))  # fmt: skip
-    parser.add_argument("--out", default="runs/bench", help="output folder for results.json, the plots and report.html")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+            doc, value = plain(docs.get(f.name)) or "", getattr(defaults, f.name)
+            if value is not None or "default" not in doc:  # an unset field's doc says what unset means
+                doc += f" (default: {_shown(value)})"
+            parser.add_argument("--" + f.name.replace("_", "-"), default=None, help=doc, **_flag_kwargs(hints[f.name]))
+    parser.add_argument("--out", default="runs/bench",
+                        help="output folder for results.json, the plots and report.html (default: runs/bench)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (default: off)")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -48,6 +73,27 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
              if f.name not in RESULT_ONLY_FIELDS and getattr(args, f.name) is not None}  # fmt: skip
     return dataclasses.replace(PRESETS[args.preset], **given)
+
+
+def _before_the_run(cfg: RunConfig) -> list[str]:
+    """What is about to run, the tokenizer (``tokenizer: NAME (vocab N)``) and, when the run would time
+    too few steps for a speedup, a warning now rather than after the run."""
+    from padless.bench.figures import MIN_TIMED_STEPS
+    from padless.data import load_tokenizer
+    from padless.models.factory import tokenizer_name_for
+
+    name = cfg.tokenizer or tokenizer_name_for(cfg.model)
+    source = "--tokenizer" if cfg.tokenizer else f"the model's, {cfg.model}"
+    lines = [f"bench: {cfg.model} on {cfg.data}, {', '.join(cfg.strategies)}; {cfg.steps} steps each "
+             f"({cfg.warmup_steps} warm-up, not timed), {cfg.batch_size} examples x {cfg.grad_accumulation} "
+             f"micro-batch(es) a step, max length {cfg.max_length}, {cfg.mode}",
+             f"tokenizer: {name} (vocab {len(load_tokenizer(name)):,}; {source})"]  # fmt: skip
+    timed = cfg.steps - cfg.warmup_steps
+    if timed < MIN_TIMED_STEPS:
+        lines.append(f"WARNING: {timed} timed step(s) per strategy (--steps {cfg.steps}, --warmup-steps "
+                     f"{cfg.warmup_steps}): a speedup needs at least {MIN_TIMED_STEPS}; try --steps "
+                     f"{cfg.warmup_steps + 2 * MIN_TIMED_STEPS}")  # fmt: skip
+    return lines
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -61,6 +107,8 @@ def run_bench(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except ValueError as exc:  # the config names its fields; say them as flags
         raise ValueError(as_flags(str(exc), [f.name for f in dataclasses.fields(RunConfig)])) from None
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for every rank
+        print("\n".join(_before_the_run(config)), flush=True)
     try:
         path = run_benchmark(config, args.out, progress=not args.no_progress)
         if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
