@@ -51,7 +51,7 @@ def trained_text(name: str, train_on: str, messages: list[dict[str, Any]] = CHAT
 
 
 def test_default_template_pieces_for_assistant_labels() -> None:
-    pieces = chat_pieces(check_messages(CHAT, 0), tok(), "assistant")
+    pieces = chat_pieces(check_messages(CHAT, "record 1"), tok(), "assistant")
     assert pieces == [
         ("<|im_start|>system\nBe brief.<|im_end|>\n", False),
         ("<|im_start|>user\nHi<|im_end|>\n", False),
@@ -66,24 +66,28 @@ def test_default_template_pieces_for_assistant_labels() -> None:
     ]
 
 
+# How a chat ends: GPT-2's DEFAULT_CHAT_TEMPLATE writes <|im_end|> as plain text, so EOS follows its
+# newline; SmolLM2's <|im_end|> is its EOS, so the chat ends there (the newline after it is left out).
+END = {"gpt2": "<|im_end|>\n<|endoftext|>", "smollm2": "<|im_end|>"}
+
+
 @pytest.mark.parametrize("name", ["gpt2", "smollm2"])
 @pytest.mark.parametrize(
     ("train_on", "expected"),
     [
-        # every assistant body (text, tool call, end marker) and the final EOS; nothing else
-        ("assistant", ["Hello!<|im_end|>\n", f"{CALL}<|im_end|>\n", "Sunny.<|im_end|>\n<EOS>"]),
+        # every assistant body (text, tool call, end marker) and the one end of the document; nothing else
+        ("assistant", ["Hello!<|im_end|>\n", f"{CALL}<|im_end|>\n", "Sunny.<END>"]),
         # only the reply to the last user turn: its tool call and its answer, not the tool result
-        ("completion", [f"{CALL}<|im_end|>\n", "Sunny.<|im_end|>\n<EOS>"]),
+        ("completion", [f"{CALL}<|im_end|>\n", "Sunny.<END>"]),
     ],
 )
 def test_label_masks(name: str, train_on: str, expected: list[str]) -> None:
-    eos = tok(name).eos_token
-    assert trained_text(name, train_on) == [e.replace("<EOS>", eos) for e in expected]
+    assert trained_text(name, train_on) == [e.replace("<END>", END[name]) for e in expected]
 
 
 def test_smollm2_template_adds_its_default_system_turn_masked() -> None:
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
-    pieces = chat_pieces(check_messages(chat, 0), tok("smollm2"), "assistant")
+    pieces = chat_pieces(check_messages(chat, "record 1"), tok("smollm2"), "assistant")
     assert pieces[0] == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
                          "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n", False)
     assert pieces[1:] == [("<|im_start|>assistant\n", False), ("Yo<|im_end|>\n", True)]
@@ -105,15 +109,15 @@ def test_eos_is_masked_after_a_masked_turn() -> None:
     chat = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}, {"role": "user", "content": "B"}]
     _, labels, _ = encode_records([{"messages": chat}], tok(), EncodeOptions(train_on="assistant"))
     assert labels[0][-1] == IGNORE_INDEX
-    with pytest.raises(RecordError, match="record 0: train_on='completion' needs an assistant turn after"):
+    with pytest.raises(RecordError, match="record 1: train_on='completion' needs an assistant turn after"):
         encode_records([{"messages": chat}], tok(), EncodeOptions(train_on="completion"))
 
 
 def test_tool_calls_in_openai_and_flat_forms() -> None:
     flat = [{"name": "f", "arguments": {"x": 1}}]
     wire = [{"type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
-    a = check_messages([{"role": "assistant", "content": "", "tool_calls": flat}], 0)
-    b = check_messages([{"role": "assistant", "content": "", "tool_calls": wire}], 0)
+    a = check_messages([{"role": "assistant", "content": "", "tool_calls": flat}], "record 1")
+    b = check_messages([{"role": "assistant", "content": "", "tool_calls": wire}], "record 1")
     assert a == b
     assert tool_call_text(a[0]["tool_calls"][0]) == '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
 
@@ -121,7 +125,7 @@ def test_tool_calls_in_openai_and_flat_forms() -> None:
 def test_text_beside_tool_calls_comes_first() -> None:
     chat = [{"role": "user", "content": "Q"},
             {"role": "assistant", "content": "Let me look.", "tool_calls": [{"name": "f", "arguments": {}}]}]
-    pieces = chat_pieces(check_messages(chat, 0), tok(), "assistant")
+    pieces = chat_pieces(check_messages(chat, "record 1"), tok(), "assistant")
     assert pieces[-1] == ('Let me look.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>\n', True)
 
 
@@ -131,44 +135,19 @@ def test_template_that_renders_tool_calls_gets_them_structured() -> None:
                 "{% endfor %}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
     chat = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "", "tool_calls": [
         {"name": "f", "arguments": {"x": 7}}]}]
-    pieces = chat_pieces(check_messages(chat, 0), tok(), "assistant", chat_template=template)
+    pieces = chat_pieces(check_messages(chat, "record 1"), tok(), "assistant", chat_template=template)
     # (HF's Jinja environment trims the newline after a block tag)
     assert pieces == [("[user]Q", False), ("[assistant]", False), ("CALL f(7)", True)]
 
 
 def test_content_parts_are_joined() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    msgs = check_messages([{"role": "user", "content": parts}], 0)
+    msgs = check_messages([{"role": "user", "content": parts}], "record 1")
     assert msgs[0]["content"] == "ab"
 
 
-@pytest.mark.parametrize(
-    ("messages", "reason", "match"),
-    [
-        ([{"role": "robot", "content": "x"}], "unknown_role", "record 3, message 0: unknown role 'robot'"),
-        ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "  "}], "empty",
-         "record 3, message 1: empty assistant message"),
-        ([{"role": "user", "content": 5}], "bad_content", "content is a int"),
-        ([{"role": "user", "content": [{"type": "image"}]}], "bad_content", "only text parts"),
-        ([{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}], "bad_tool_call", "only assistant"),
-        ([{"role": "assistant", "content": "", "tool_calls": [{"arguments": {}}]}], "bad_tool_call", "function name"),
-        ([{"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": "{oops"}]}], "bad_tool_call",
-         "not valid JSON"),
-        ([{"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": [1]}]}], "bad_tool_call",
-         "not an object"),
-        ([], "bad_messages", "non-empty list"),
-        ("hello", "bad_messages", "non-empty list"),
-        (["hello"], "bad_messages", "must be an object"),
-    ],
-)
-def test_bad_chats_name_the_problem(messages: Any, reason: str, match: str) -> None:
-    with pytest.raises(RecordError, match=match) as err:
-        check_messages(messages, 3)
-    assert err.value.reason == reason
-
-
 def test_chat_without_assistant_turn_has_nothing_to_train() -> None:
-    msgs = check_messages([{"role": "user", "content": "x"}], 0)
+    msgs = check_messages([{"role": "user", "content": "x"}], "record 1")
     with pytest.raises(RecordError, match="needs an assistant turn") as err:
         chat_pieces(msgs, tok(), "assistant")
     assert err.value.reason == "no_assistant_turn"
@@ -176,7 +155,7 @@ def test_chat_without_assistant_turn_has_nothing_to_train() -> None:
 
 
 def test_assistant_first_chat_cannot_be_masked() -> None:
-    msgs = check_messages([{"role": "assistant", "content": "x"}], 0)
+    msgs = check_messages([{"role": "assistant", "content": "x"}], "record 1")
     with pytest.raises(RecordError, match="opens with an assistant turn") as err:
         chat_pieces(msgs, tok(), "assistant")
     assert err.value.reason == "assistant_first"
@@ -185,14 +164,14 @@ def test_assistant_first_chat_cannot_be_masked() -> None:
 def test_template_that_is_not_prefix_stable_is_refused() -> None:
     # the message count up front changes every earlier rendering: prefixes do not extend each other
     template = "{{ messages | length }}{% for m in messages %}|{{ m.content }}{% endfor %}"
-    msgs = check_messages([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], 0)
+    msgs = check_messages([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "record 1")
     with pytest.raises(ValueError, match="not prefix-stable at message 1"):
         chat_pieces(msgs, tok(), "assistant", chat_template=template)
 
 
 def test_bad_train_on_is_named() -> None:
     with pytest.raises(ValueError, match="train_on='prompt' is not one of all, assistant, completion"):
-        chat_pieces(check_messages([{"role": "user", "content": "x"}], 0), tok(), "prompt")
+        chat_pieces(check_messages([{"role": "user", "content": "x"}], "record 1"), tok(), "prompt")
 
 
 def test_default_template_is_chatml() -> None:
@@ -212,7 +191,7 @@ ROLE = st.sampled_from(["user", "assistant", "tool", "system"])
 def test_targets_are_exactly_the_assistant_bodies(turns: list[tuple[str, str]], name: str) -> None:
     messages = [{"role": "user", "content": "start"}] + [{"role": r, "content": c} for r, c in turns]
     t = tok(name)
-    pieces = chat_pieces(check_messages(messages, 0), t, "assistant") if any(
+    pieces = chat_pieces(check_messages(messages, "record 1"), t, "assistant") if any(
         r == "assistant" for r, _ in turns) else None
     if pieces is None:
         return
@@ -223,7 +202,9 @@ def test_targets_are_exactly_the_assistant_bodies(turns: list[tuple[str, str]], 
     ids, labels, counts = encode_records([{"messages": messages}], t, EncodeOptions(train_on="assistant"))
     # ChatML boundaries sit at newlines and markers: piece-wise tokens equal whole-text tokens
     assert counts.boundary_mismatches == 0
-    assert ids[0][:-1] == t(full, add_special_tokens=False)["input_ids"]
+    whole = t(full, add_special_tokens=False)["input_ids"]
+    # GPT-2: EOS appended after ChatML's last "\n"; SmolLM2: the chat ends at its <|im_end|> (= EOS)
+    assert ids[0] == (whole + [t.eos_token_id] if name == "gpt2" else whole[:-1])
+    ending = 1 if name == "gpt2" else -1  # the EOS added, or the "\n" left out
     assert sum(lab != IGNORE_INDEX for lab in labels[0]) == sum(len(t(b, add_special_tokens=False)["input_ids"])
-                                                               for b in bodies) + (turns[-1][0] == "assistant")
-    # (+ the EOS, a target only after an assistant turn)
+                                                               for b in bodies) + ending * (turns[-1][0] == "assistant")

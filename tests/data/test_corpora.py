@@ -76,8 +76,8 @@ def test_tweets_are_clean_text() -> None:
 
 @pytest.mark.parametrize("name", ["dialogues", "toolcalls", "agentic-rag:300"])
 def test_chat_recipes_give_valid_chats_that_end_with_a_reply(name: str) -> None:
-    for i, record in enumerate(build(name)):
-        messages = check_messages(record["messages"], i)
+    for i, record in enumerate(build(name), start=1):
+        messages = check_messages(record["messages"], f"record {i}")
         assert messages[-1]["role"] == "assistant"
 
 

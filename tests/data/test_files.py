@@ -107,17 +107,17 @@ def test_field_chooses_between_present_fields(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("rows", "reason", "match"),
     [
-        ([{"text": "ok"}, {"body": "x"}], "missing_field", "record 1 has none of the fields input_ids, messages, text"),
-        ([{"text": "ok"}, {"text": "   "}], "empty", "record 1: 'text' is empty"),
-        ([{"text": "ok"}, {"text": 3}], "bad_type", "record 1: 'text' is a int"),
+        ([{"text": "ok"}, {"body": "x"}], "missing_field", r"line 2: no 'text', 'messages' or 'input_ids' field \(fields: 'body'\)"),
+        ([{"text": "ok"}, {"text": "   "}], "empty", "line 2: 'text' is empty"),
+        ([{"text": "ok"}, {"text": 3}], "bad_type", "line 2: 'text' is a int"),
         ([{"text": "ok"}, {"messages": [{"role": "bot", "content": "x"}]}], "unknown_role",
-         "record 1, message 0: unknown role 'bot'"),
+         "line 2: message 0: unknown role 'bot'"),
         ([{"text": "ok"}, {"input_ids": [1, 2], "labels": [1]}], "length_mismatch",
-         "record 1: labels has 1 tokens but input_ids has 2"),
-        ([{"text": "ok"}, {"input_ids": [1, 99999]}], "bad_token", r"record 1: token id 99999 is outside the vocabulary \[0, \d+\) \(input_ids\[1\]\)"),
-        ([{"text": "ok"}, {"input_ids": []}], "empty", "record 1 is an empty sequence"),
+         "line 2: labels has 1 tokens but input_ids has 2"),
+        ([{"text": "ok"}, {"input_ids": [1, 99999]}], "bad_token", r"line 2: token id 99999 is outside the vocabulary \[0, \d+\) \(input_ids\[1\]\)"),
+        ([{"text": "ok"}, {"input_ids": []}], "empty", "line 2 is an empty sequence"),
         ([{"text": "ok"}, {"input_ids": [1.5]}], "bad_type", "must be integer token ids"),
-        ([{"text": "ok"}, [1, 2]], "not_a_record", "record 1 is a list"),
+        ([{"text": "ok"}, [1, 2]], "not_a_record", "line 2 is a list"),
     ],
 )
 def test_bad_records_raise_or_are_counted(tmp_path: Path, rows: list[Any], reason: str, match: str) -> None:
@@ -141,7 +141,7 @@ def test_bad_json_line_names_the_line(tmp_path: Path) -> None:
 
 def test_csv_cell_that_is_not_json(tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_text("messages\n[not json\n")
-    with pytest.raises(RecordError, match="record 0: field 'messages' is a string that is not JSON"):
+    with pytest.raises(RecordError, match="line 2: field 'messages' is a string that is not JSON"):
         load_corpus(tmp_path / "d.csv", gpt2())
 
 
@@ -169,7 +169,7 @@ def test_missing_file_is_not_sent_to_the_hub(tmp_path: Path) -> None:
 
 def test_overlong_policies(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3, 4, 5, 6]}, {"input_ids": [7, 8]}])
-    with pytest.raises(ValueError, match=r"record 0 has length 6, longer than max_length 4; "
+    with pytest.raises(ValueError, match=r"line 1 has length 6, longer than max_length 4; "
                                          r"choose overlong='truncate', 'split' or 'drop'"):
         load_corpus(path, gpt2(), max_length=4)
     dropped = load_corpus(path, gpt2(), max_length=4, overlong="drop")
@@ -195,7 +195,7 @@ def test_overlong_policies(tmp_path: Path) -> None:
         ({"limit": 0}, "limit must be an integer >= 1, got 0"),
         ({"tool_schema": "half"}, "tool_schema='half' applies to the built-in corpora only"),
         ({"field": "body"}, "field='body' is not one of"),
-        ({"train_on": "assistant"}, "record 0 is plain text; train_on='assistant' needs chats"),
+        ({"train_on": "assistant"}, "line 1 is plain text; train_on='assistant' needs chats"),
     ],
 )
 def test_bad_options_are_named(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:

@@ -60,7 +60,7 @@ def test_an_input_mixing_kinds_of_record_names_the_first_row_of_the_other_kind(t
     else:
         path = tmp_path / "d.json"
         path.write_text(json.dumps(recs))
-        where = "record 5"
+        where = "record 6"
     kind = next(iter(other))
     src = open_input(str(path), shard_rows=3)
     with pytest.raises(ValueError, match=f"{where} has '{kind}', but the input's first record has '{next(iter(first))}'"):
@@ -75,18 +75,18 @@ def test_an_empty_sequence_is_refused_naming_its_row(tmp_path):
     with pytest.raises(ValueError, match="line 2 is an empty sequence"):
         pack_to_parquet(open_input(str(path), vocab_size=10), tmp_path / "o", 8, progress=False)
     pq.write_table(pa.table({"input_ids": [[1], [2, 3], []]}), tmp_path / "d.parquet")
-    with pytest.raises(ValueError, match="record 2 is an empty sequence"):
+    with pytest.raises(ValueError, match="record 3 is an empty sequence"):
         pack_to_parquet(open_input(str(tmp_path / "d.parquet"), vocab_size=10), tmp_path / "o", 8, progress=False)
 
 
 def test_parquet_token_columns_are_checked_like_the_token_validator(tmp_path):
     pq.write_table(pa.table({"input_ids": [[1, 2], [3, 4]], "labels": [[-100, 2], [3, -7]]}), tmp_path / "d.parquet")
     src = open_input(str(tmp_path / "d.parquet"), vocab_size=10)
-    with pytest.raises(ValueError, match="record 1: label -7 is neither -100"):
+    with pytest.raises(ValueError, match="record 2: label -7 is neither -100"):
         src.read(src.shards(10)[0])
     pq.write_table(pa.table({"input_ids": [[1, 2], [3, 40]]}), tmp_path / "e.parquet")
     src = open_input(str(tmp_path / "e.parquet"), vocab_size=10)
-    with pytest.raises(ValueError, match="record 1: token id 40 is outside the vocabulary"):
+    with pytest.raises(ValueError, match="record 2: token id 40 is outside the vocabulary"):
         src.read(src.shards(1)[1])
 
 

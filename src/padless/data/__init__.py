@@ -33,8 +33,10 @@ _EXPORTS: dict[str, str] = {
     "CorpusReport": "padless.data.load",
     "RecordError": "padless.data.records",
     "TRAIN_ON": "padless.data.chat",
+    "SYSTEM_PROMPT": "padless.data.chat",
     "DEFAULT_CHAT_TEMPLATE": "padless.data.chat",
     "chat_pieces": "padless.data.chat",
+    "render_chat": "padless.data.chat",
     "check_messages": "padless.data.chat",
     "agentic_traces": "padless.data.agentic",
     "cache_root": "padless.data.assets",
@@ -59,7 +61,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.data.agentic import agentic_traces
     from padless.data.assets import cache_root
-    from padless.data.chat import DEFAULT_CHAT_TEMPLATE, TRAIN_ON, chat_pieces, check_messages
+    from padless.data.chat import (
+        DEFAULT_CHAT_TEMPLATE, SYSTEM_PROMPT, TRAIN_ON, chat_pieces, check_messages, render_chat,
+    )  # fmt: skip
     from padless.data.corpora import CORPORA, CorpusRecipe
     from padless.data.load import CorpusReport, TokenizedCorpus, corpus_lengths, load_corpus
     from padless.data.records import RecordError

@@ -1,8 +1,8 @@
-"""Records -> token ids and labels: tokenize, mark targets, end with EOS, apply the length limit.
+"""Records -> token ids and labels: tokenize, mark targets, end each document once, apply the length limit.
 
 - ``text`` records: tokenized with the tokenizer's special tokens (a BOS where it adds one); every
   token is a target.
-- ``messages`` records: rendered into pieces by :func:`padless.data.chat.chat_pieces`; each piece is
+- ``messages`` records: rendered into pieces by :func:`padless.data.chat.render_chat`; each piece is
   tokenized on its own (no special tokens added: the template writes its own), so a target never
   straddles a turn boundary. Whether that equals tokenizing the whole rendering at once is checked
   for every chat and the differing ones are counted (``boundary_mismatches`` in the report): with
@@ -13,28 +13,36 @@
   ids are used as given everywhere (``load_corpus`` and ``padless pack`` alike, whatever the file type).
 
 ``labels`` are aligned with ``input_ids`` (the model shifts them), ``IGNORE_INDEX`` where not trained.
-Text and chat examples get EOS appended unless the ids already end with it, by the one separator rule
+Every text and chat example ends with exactly one end-of-document token (with ``add_eos``, the
+default). A text whose tokens end with EOS, or a chat whose rendering ends with EOS or with the
+template's end-of-turn token (the special token it writes last: ``<|im_end|>`` in SmolLM2's ChatML,
+which is also its EOS; ``<|eot_id|>`` in Llama 3's), ends there: whitespace after that token (ChatML's
+closing ``"\\n"``) is left out and nothing is appended; the token keeps the label of the turn it
+closes. Any other example gets EOS appended by the one separator rule
 (:func:`padless.layout.append_separator`): it is a target exactly when the token before it is one (the
-end of a trained reply is learned; the end of a masked tool result is not).
+end of a trained reply is learned; the end of a masked tool result is not). With GPT-2 and
+:data:`padless.data.chat.DEFAULT_CHAT_TEMPLATE`, ``<|im_end|>`` is plain text, so a chat ends
+``<|im_end|>\\n<|endoftext|>``.
 
-An example longer than ``max_length`` (EOS included) follows ``overlong``, the planners' vocabulary
-(:data:`padless.OVERLONG_POLICIES`): ``error`` raises; ``truncate`` keeps the first tokens and ends
-with EOS again; ``split`` cuts it into consecutive examples of at most ``max_length`` tokens (only the
-last ends with EOS); ``drop`` leaves it out. Every one but ``error`` is counted.
+An example longer than ``max_length`` (its end token included) follows ``overlong``, the planners'
+vocabulary (:data:`padless.OVERLONG_POLICIES`): ``error`` raises; ``truncate`` keeps the first tokens
+and ends the document again by the rule above; ``split`` cuts it into consecutive examples of at most
+``max_length`` tokens (only the last keeps the end token); ``drop`` leaves it out. Every one but
+``error`` is counted.
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from padless.data.chat import TRAIN_ON, TrainOn, chat_pieces, check_messages
-from padless.data.records import RecordError, check_text, check_tokens, record_kind
+from padless.data.chat import SYSTEM_PROMPT, TRAIN_ON, SystemPrompt, TrainOn, check_messages, render_chat
+from padless.data.records import RecordError, Unit, check_text, check_tokens, record_kind, where
 from padless.layout import IGNORE_INDEX, append_separator
 from padless.planning.checks import check_choice, check_int, overlong_error
 from padless.planning.plan import OVERLONG_POLICIES, OverlongPolicy
@@ -46,6 +54,8 @@ Overlong = OverlongPolicy  # one vocabulary with the planners: error | truncate 
 OnError = Literal["raise", "skip"]
 ON_ERROR: tuple[str, ...] = ("raise", "skip")
 _CHUNK = 512  # records per batched tokenizer call
+Closer = Callable[[list[int], list[int]], tuple[list[int], list[int]]]
+"""``(ids, labels) -> (ids, labels)`` ending with exactly one end-of-document token."""
 
 
 @dataclass
@@ -64,6 +74,8 @@ class EncodeCounts:
     """Examples cut into several (``overlong="split"``); each piece is an example of the output."""
     boundary_mismatches: int = 0
     """Chats whose piece-wise tokenization differs from tokenizing the whole rendering."""
+    system_prompt_added: int = 0
+    """Chats that carry a system prompt the chat template added (0 with ``system_prompt="none"``)."""
 
 
 @dataclass(frozen=True)
@@ -73,19 +85,23 @@ class EncodeOptions:
     train_on: TrainOn = "all"
     """``all`` | ``assistant`` | ``completion`` (see :mod:`padless.data.chat`)."""
     add_eos: bool = True
-    """End every text and chat example with EOS so packed rows are EOS-separated (pre-tokenized ids are
-    taken as given)."""
+    """End every text and chat example with one end-of-document token: its own EOS or end-of-turn
+    token where it ends with one, else EOS appended (pre-tokenized ids are taken as given)."""
     max_length: int | None = None
     """Longest example allowed (tokens, EOS included); ``None`` for no limit."""
     overlong: Overlong = "error"
-    """What a longer example does: ``error`` | ``truncate`` (first tokens + EOS) | ``split`` (consecutive
-    examples, EOS at the end of the last) | ``drop`` (left out); all but ``error`` are counted."""
+    """What a longer example does: ``error`` | ``truncate`` (the first tokens, ended again) | ``split``
+    (consecutive examples, the end token in the last) | ``drop`` (left out); all but ``error`` are counted."""
     on_error: OnError = "raise"
     """What a bad record does: ``raise`` a ``ValueError`` or ``skip`` it (counted by reason)."""
     field: str | None = None
     """Force the record field to read (``text`` | ``messages`` | ``input_ids``); default: the first present."""
     chat_template: str | None = None
     """A Jinja chat template overriding the tokenizer's own."""
+    system_prompt: SystemPrompt = "template"
+    """Text the chat template adds before the first message (SmolLM2's default system prompt, added to
+    every chat without a system message): ``template`` keeps it (counted in ``system_prompt_added``),
+    ``none`` leaves it out (see :mod:`padless.data.chat`)."""
 
     def __post_init__(self) -> None:
         if self.train_on not in TRAIN_ON:
@@ -93,22 +109,24 @@ class EncodeOptions:
         check_choice(self.overlong, OVERLONG_POLICIES, "overlong policy")
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error={self.on_error!r} is not one of {', '.join(ON_ERROR)}")
+        if self.system_prompt not in SYSTEM_PROMPT:
+            raise ValueError(f"system_prompt={self.system_prompt!r} is not one of {', '.join(SYSTEM_PROMPT)}")
         if self.max_length is not None:  # 2: a truncated example keeps a token before its EOS
             check_int(self.max_length, "max_length", 2)
 
 
-def _plan(record: Any, index: int, tokenizer: PreTrainedTokenizerBase, opts: EncodeOptions) -> tuple[str, Any]:
-    """``("text", str)``, ``("chat", pieces)`` or ``("tokens", (ids, labels or None))``."""
-    kind = record_kind(record, index, opts.field)
+def _plan(record: Any, at: str, tokenizer: PreTrainedTokenizerBase, opts: EncodeOptions) -> tuple[str, Any]:
+    """``("text", str)``, ``("chat", (pieces, system prompt added))`` or ``("tokens", (ids, labels or None))``."""
+    kind = record_kind(record, at, opts.field)
     if kind == "tokens":
-        return "tokens", check_tokens(record, index, len(tokenizer))
+        return "tokens", check_tokens(record, at, len(tokenizer))
     if kind == "text":
         if opts.train_on != "all":  # a configuration error, never a skip
-            raise ValueError(f"record {index} is plain text; train_on={opts.train_on!r} needs chats "
+            raise ValueError(f"{at} is plain text; train_on={opts.train_on!r} needs chats "
                              f"('messages'); use train_on='all'")
-        return "text", check_text(record, index)
-    messages = check_messages(record["messages"], index)
-    return "chat", chat_pieces(messages, tokenizer, opts.train_on, opts.chat_template, index)
+        return "text", check_text(record, at)
+    messages = check_messages(record["messages"], at)
+    return "chat", render_chat(messages, tokenizer, opts.train_on, opts.chat_template, at, opts.system_prompt)
 
 
 def _tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], specials: bool) -> list[list[int]]:
@@ -119,30 +137,32 @@ def _tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], specials: bo
 
 def _encode_chunk(planned: list[tuple[int, str, Any]], tokenizer: PreTrainedTokenizerBase,
                   counts: EncodeCounts) -> list[tuple[int, str, list[int], list[int]]]:
-    """Batched tokenization of one chunk of planned records, in order: ``(index, kind, ids, labels)``."""
+    """Batched tokenization of one chunk of planned records, in order: ``(number, kind, ids, labels)``."""
     texts = [p for _, kind, p in planned if kind == "text"]
-    chats = [p for _, kind, p in planned if kind == "chat"]
+    chats = [p[0] for _, kind, p in planned if kind == "chat"]
     text_ids = iter(_tokenize(tokenizer, texts, True))  # plain text gets the tokenizer's BOS, if any
     piece_ids = iter(_tokenize(tokenizer, [t for pieces in chats for t, _ in pieces], False))
     multi = [pieces for pieces in chats if len(pieces) > 1]
     whole_ids = iter(_tokenize(tokenizer, ["".join(t for t, _ in pieces) for pieces in multi], False))
     out = []
-    for idx, kind, payload in planned:
+    for number, kind, payload in planned:
         if kind == "text":
             ids = next(text_ids)
             labels = list(ids)
         elif kind == "chat":
+            pieces, added = payload
             ids, labels = [], []
-            for _, trained in payload:
+            for _, trained in pieces:
                 toks = next(piece_ids)
                 ids += toks
                 labels += toks if trained else [IGNORE_INDEX] * len(toks)
-            if len(payload) > 1 and next(whole_ids) != ids:
+            if len(pieces) > 1 and next(whole_ids) != ids:
                 counts.boundary_mismatches += 1
+            counts.system_prompt_added += added
         else:
             ids, given = payload
             labels = list(ids) if given is None else given
-        out.append((idx, kind, ids, labels))
+        out.append((number, kind, ids, labels))
     return out
 
 
@@ -151,17 +171,21 @@ def encode_records(
     tokenizer: PreTrainedTokenizerBase,
     opts: EncodeOptions,
     *,
-    indices: Sequence[int] | None = None,
+    numbers: Sequence[int] | None = None,
+    unit: Unit = "record",
     progress: bool | None = None,
     desc: str = "tokenizing",
 ) -> tuple[list[list[int]], list[list[int]], EncodeCounts]:
-    """Encode ``records`` (``indices`` are their numbers in the source, for messages)."""
+    """Encode ``records``; ``numbers`` (default 1, 2, ...) and ``unit`` (``record`` | ``line``) name
+    them in errors, as :func:`padless.data.records.where` does."""
     from tqdm.auto import tqdm
 
-    indices = list(range(len(records))) if indices is None else list(indices)
-    eos = tokenizer.eos_token_id
-    if opts.add_eos and eos is None:
+    numbers = range(1, len(records) + 1) if numbers is None else numbers
+    if len(numbers) != len(records):
+        raise ValueError(f"{len(numbers)} record numbers for {len(records)} records")
+    if opts.add_eos and tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no EOS token; pass add_eos=False")
+    ender = _DocumentEnd(tokenizer) if opts.add_eos else None
     counts = EncodeCounts(read=len(records))
     out_ids: list[list[int]] = []
     out_labels: list[list[int]] = []
@@ -169,52 +193,89 @@ def encode_records(
     with tqdm(total=len(records), desc=desc, unit="rec", disable=not show) as bar:
         for start in range(0, len(records), _CHUNK):
             planned: list[tuple[int, str, Any]] = []
-            for rec, idx in zip(records[start:start + _CHUNK], indices[start:start + _CHUNK]):
+            for rec, number in zip(records[start:start + _CHUNK], numbers[start:start + _CHUNK]):
                 try:
-                    planned.append((idx, *_plan(rec, idx, tokenizer, opts)))
+                    planned.append((number, *_plan(rec, where(number, unit), tokenizer, opts)))
                 except RecordError as err:
                     if opts.on_error == "raise":
                         raise
                     counts.skipped[err.reason] += 1
-            for idx, kind, ids, labels in _encode_chunk(planned, tokenizer, counts):
-                add_eos = opts.add_eos and kind != "tokens"  # pre-tokenized ids are taken as given
-                for example_ids, example_labels in _finish(ids, labels, idx, eos if add_eos else None, opts, counts):
+            for number, kind, ids, labels in _encode_chunk(planned, tokenizer, counts):
+                close = None if ender is None or kind == "tokens" else ender.closer(ids, chat=kind == "chat")
+                for example_ids, example_labels in _finish(ids, labels, number, unit, close, opts, counts):
                     out_ids.append(example_ids)
                     out_labels.append(example_labels)
             bar.update(min(_CHUNK, len(records) - start))
     return out_ids, out_labels, counts
 
 
-def _with_eos(ids: list[int], labels: list[int], eos: int) -> tuple[list[int], list[int]]:
-    """``ids`` ending with EOS by the one separator rule (:func:`padless.layout.append_separator`)."""
-    new_ids, new_labels = append_separator(np.asarray(ids, dtype=np.int64), np.asarray(labels, dtype=np.int64), eos)
-    return new_ids.tolist(), new_labels.tolist()
+class _DocumentEnd:
+    """The end-of-document rule for one tokenizer (see the module docstring)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.eos: int = tokenizer.eos_token_id
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        self.special = set(tokenizer.all_special_ids) | {i for i, t in added.items() if t.special}
+        self._blank: dict[int, bool] = {}
+
+    def blank(self, token: int) -> bool:
+        """Whether ``token`` is whitespace only."""
+        if token not in self._blank:
+            self._blank[token] = token not in self.special and not self.tokenizer.decode([token]).strip()
+        return self._blank[token]
+
+    def closer(self, ids: list[int], *, chat: bool) -> Closer:
+        """:meth:`close` for this document, whose end tokens are EOS and, for a chat, the special token
+        its rendering ends with before any whitespace (the template's end of turn)."""
+        k = len(ids)
+        while chat and k and self.blank(ids[k - 1]):
+            k -= 1
+        last = ids[k - 1] if chat and k else self.eos
+        end = frozenset({self.eos, last} if last in self.special else {self.eos})
+        return lambda ids, labels: self.close(ids, labels, end)
+
+    def close(self, ids: list[int], labels: list[int], end: frozenset[int]) -> tuple[list[int], list[int]]:
+        """``ids`` ending with exactly one token of ``end``: cut after it where only whitespace follows,
+        else EOS appended by the one separator rule (:func:`padless.layout.append_separator`)."""
+        k = len(ids)
+        while k and ids[k - 1] not in end and self.blank(ids[k - 1]):
+            k -= 1
+        if k and ids[k - 1] in end:
+            # The whitespace a template writes after its end-of-turn token (ChatML's "\n") only separates
+            # turns: a model ends its reply with the end-of-turn token and never produces what follows,
+            # and a document ends with its end token (rows are cut there), so that whitespace is left out.
+            return ids[:k], labels[:k]
+        new_ids, new_labels = append_separator(np.asarray(ids, dtype=np.int64), np.asarray(labels, dtype=np.int64),
+                                               self.eos)  # fmt: skip
+        return new_ids.tolist(), new_labels.tolist()
 
 
-def _finish(ids: list[int], labels: list[int], index: int, eos: int | None, opts: EncodeOptions,
+def _finish(ids: list[int], labels: list[int], number: int, unit: Unit, close: Closer | None, opts: EncodeOptions,
             counts: EncodeCounts) -> list[tuple[list[int], list[int]]]:
-    """Append EOS (``eos=None``: none), then apply ``max_length``: the examples this record becomes (none if left out)."""
+    """End the document (``close=None``: as it is), then apply ``max_length``: the examples this record
+    becomes (none if left out)."""
     if not ids:
         if opts.on_error == "raise":
-            raise RecordError("empty", f"record {index} tokenizes to nothing")
+            raise RecordError("empty", f"{where(number, unit)} tokenizes to nothing")
         counts.skipped["empty"] += 1
         return []
-    if eos is not None:  # None: no EOS for this example
-        ids, labels = _with_eos(ids, labels, eos)
+    if close is not None:
+        ids, labels = close(ids, labels)
     limit = opts.max_length
     if limit is None or len(ids) <= limit:
         return [(ids, labels)]
     if opts.overlong == "error":
-        raise overlong_error(index, len(ids), limit, what="record")
+        raise overlong_error(number, len(ids), limit, what=unit)
     if opts.overlong == "drop":
         counts.skipped["overlong"] += 1
         return []
-    if opts.overlong == "split":  # consecutive pieces; only the last keeps the EOS
+    if opts.overlong == "split":  # consecutive pieces; only the last keeps its end token
         counts.split_examples += 1
         return [(ids[s : s + limit], labels[s : s + limit]) for s in range(0, len(ids), limit)]
-    # truncate; with EOS, end with it again so packed rows stay EOS-separated
-    if eos is not None:
-        kept = _with_eos(ids[: limit - 1], labels[: limit - 1], eos)
+    # truncate; an ended document ends again, so packed rows stay separated
+    if close is not None:
+        kept = close(ids[: limit - 1], labels[: limit - 1])
     else:
         kept = ids[:limit], labels[:limit]
     counts.truncated_examples += 1

@@ -12,7 +12,9 @@ Each row needs a ``text``, ``messages`` or ``input_ids`` field (see :mod:`padles
   ``datasets.load_dataset(name, split=split)`` (which may need the network for hub names).
 
 A file whose content is not what its extension says raises ``ValueError`` naming the file; a bad row
-raises :class:`~padless.data.records.RecordError` (or is counted, with ``on_error="skip"``).
+raises :class:`~padless.data.records.RecordError` (or is counted, with ``on_error="skip"``). Rows of
+JSON lines and CSV files are named by the line they start on, all others by their position
+(:func:`padless.data.records.where`), counting from 1.
 """
 
 from __future__ import annotations
@@ -21,28 +23,61 @@ import hashlib
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from padless.data.records import RecordError
 from padless._optional import require
+from padless.data.records import RecordError, Unit, numbered, where
 
 JSON_FIELDS = ("messages", "input_ids", "labels")
 """Fields that a CSV cell (or any string value) may carry as JSON."""
 SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 
 
-def _decode_json_cells(row: dict[str, Any], index: int) -> dict[str, Any]:
+class Records(NamedTuple):
+    """What :func:`read_records` read."""
+
+    rows: list[tuple[int, Any]]
+    """``(number, row)``: the number names the row in messages, with :attr:`unit`."""
+    unit: Unit
+    """``line`` (JSON lines, CSV: the line a row starts on) or ``record`` (its position), from 1."""
+    skipped: Counter[str]
+    """Rows skipped while reading, by reason (a bad JSON line with ``on_error="skip"``)."""
+    fingerprint: Any
+    """What identifies the source's content (see :func:`file_fingerprint`)."""
+
+
+def _decode_json_cells(row: dict[str, Any], at: str) -> dict[str, Any]:
     for name in JSON_FIELDS:
         value = row.get(name)
         if isinstance(value, str):
             try:
                 row[name] = json.loads(value)
-            except json.JSONDecodeError:
-                raise RecordError("bad_json", f"record {index}: field {name!r} is a string that is not JSON") from None
+            except json.JSONDecodeError as err:
+                raise RecordError("bad_json",
+                                  f"{at}: field {name!r} is a string that is not JSON ({err.msg})") from None
     return row
 
 
-def _read_json_lines(path: Path, on_error: str, skipped: Counter[str]) -> list[Any]:
+def _csv_lines(path: Path, delimiter: str, count: int) -> list[int] | None:
+    """The line each of the ``count`` data rows of a CSV file starts on (a quoted cell may span
+    lines; empty lines are skipped, as pyarrow skips them), or None where Python's reader disagrees
+    with pyarrow's or refuses a cell (over its field size limit): the rows are then counted as records."""
+    import csv
+
+    starts, end = [], 0
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f, delimiter=delimiter)
+            for row in reader:
+                if row:
+                    starts.append(end + 1)
+                end = reader.line_num
+    except (csv.Error, UnicodeDecodeError):
+        return None
+    return starts[1:] if len(starts) == count + 1 else None  # the first row is the header
+
+
+def _read_json_lines(path: Path, on_error: str, skipped: Counter[str]) -> tuple[list[tuple[int, Any]], Unit]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -53,26 +88,27 @@ def _read_json_lines(path: Path, on_error: str, skipped: Counter[str]) -> list[A
             rows = json.loads(text)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path} is not valid JSON: {err}") from None
-        return list(rows)
+        return numbered(rows), "record"
     rows = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append((lineno, json.loads(line)))
         except json.JSONDecodeError as err:
-            problem = RecordError("bad_json", f"{path}, line {lineno}: not valid JSON ({err.msg})")
+            problem = RecordError("bad_json", f"{path}, {where(lineno, 'line')}: not valid JSON ({err.msg})")
             if on_error == "raise":
                 raise problem from None
             skipped[problem.reason] += 1
     if not rows and not skipped:
         raise ValueError(f"{path} holds no records")
-    return rows
+    return rows, "line"
 
 
-def _read_arrow(path: Path) -> list[dict[str, Any]]:
+def _read_arrow(path: Path) -> tuple[list[tuple[int, Any]], Unit]:
     pa = require("pyarrow", "reading Parquet and CSV files")
 
+    delimiter = "\t" if path.suffix == ".tsv" else ","
     try:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
@@ -81,13 +117,15 @@ def _read_arrow(path: Path) -> list[dict[str, Any]]:
         else:
             import pyarrow.csv as pcsv
 
-            parse = pcsv.ParseOptions(delimiter="\t" if path.suffix == ".tsv" else ",")
+            parse = pcsv.ParseOptions(delimiter=delimiter)
             convert = pcsv.ConvertOptions(strings_can_be_null=True)  # an empty cell is a missing field
             table = pcsv.read_csv(path, parse_options=parse, convert_options=convert)
-        return table.to_pylist()
+        rows = table.to_pylist()
     except (pa.ArrowException, UnicodeDecodeError) as err:
         kind = "Parquet" if path.suffix == ".parquet" else "CSV"
         raise ValueError(f"{path} is not a readable {kind} file: {err}") from None
+    lines = None if path.suffix == ".parquet" else _csv_lines(path, delimiter, len(rows))
+    return (numbered(rows), "record") if lines is None else (list(zip(lines, rows)), "line")
 
 
 def _read_datasets(name: str, split: str) -> tuple[list[dict[str, Any]], str]:
@@ -158,28 +196,31 @@ def file_fingerprint(path: Path, chunk: int = 1 << 20) -> dict[str, Any]:
     return {"blake2b": h.hexdigest(), "size": size, "suffix": path.suffix.lower()}
 
 
-def read_records(name: str, *, split: str = "train",
-                 on_error: str = "raise") -> tuple[list[tuple[int, Any]], Counter[str], Any]:
-    """``([(record number, row)], rows skipped while reading by reason, source fingerprint)`` of a file,
-    folder or dataset. Record numbers count the rows read (a skipped bad JSON line has none)."""
+def read_records(name: str, *, split: str = "train", on_error: str = "raise") -> Records:
+    """The rows of a file, folder or dataset, each with the number that names it (see :class:`Records`)."""
     path = Path(name).expanduser()
     skipped: Counter[str] = Counter()
+    unit: Unit = "record"
     if path.is_file():
         if path.suffix not in SUFFIXES:
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(SUFFIXES)}")
-        rows = _read_json_lines(path, on_error, skipped) if path.suffix in (".jsonl", ".json") else _read_arrow(path)
+        if path.suffix in (".jsonl", ".json"):
+            rows, unit = _read_json_lines(path, on_error, skipped)
+        else:
+            rows, unit = _read_arrow(path)
         fingerprint: Any = file_fingerprint(path)
     elif path.suffix in SUFFIXES:  # looks like a data file, so do not send it to the hub as a dataset name
         raise ValueError(f"{path}: no such file")
     else:
-        rows, fingerprint = _read_datasets(name, split)
+        records, fingerprint = _read_datasets(name, split)
+        rows = numbered(records)
         fingerprint = {"dataset": name, "split": split, "fingerprint": fingerprint}
     out = []
-    for i, row in enumerate(rows):
+    for number, row in rows:
         try:
-            out.append((i, _decode_json_cells(dict(row), i) if isinstance(row, dict) else row))
+            out.append((number, _decode_json_cells(dict(row), where(number, unit)) if isinstance(row, dict) else row))
         except RecordError as err:
             if on_error == "raise":
                 raise
             skipped[err.reason] += 1
-    return out, skipped, fingerprint
+    return Records(out, unit, skipped, fingerprint)

@@ -18,8 +18,9 @@ runs where the shard is read.
 Every input holds one kind of record (``input_ids``, ``messages`` or ``text``, the first field of
 those present in its first record): a record of another kind is an error naming its row. Pre-tokenized
 ids are taken as given (nothing appended) and checked against ``vocab_size`` by
-:func:`padless.layout.check_tokens`; text and chats end with the tokenizer's EOS (:mod:`padless.data.encode`).
-An empty sequence is an error naming its row.
+:func:`padless.layout.check_tokens`; text and chats end with one end-of-document token (:mod:`padless.data.encode`).
+An empty sequence is an error naming its row: ``line N`` in JSON lines and CSV files, ``record N``
+elsewhere, from 1 (:func:`padless.data.records.where`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from typing import Any, Literal
 import numpy as np
 
 from padless._optional import require
+from padless.data.chat import SYSTEM_PROMPT
+from padless.data.records import RECORD_FIELDS, Unit, fields_hint, where
 from padless.layout import IGNORE_INDEX, TokenError, check_tokens
 from padless.planning.lengths import LENGTH_PARAMETERS, draw_lengths
 
 _BLOCK = 4096  # synthetic sequences drawn per random block
-KIND_FIELDS = ("input_ids", "messages", "text")
+KIND_FIELDS = RECORD_FIELDS
 """The field that makes a record of each kind, in the order they are looked for."""
 
 
@@ -121,7 +124,7 @@ class InputShard:
     end: int
     """One past the last record (JSON lines: byte offset after the last line)."""
     first_row: int
-    """The input's number of the shard's first record (JSON lines: its 1-based line number)."""
+    """The number naming the shard's first record, from 1 (JSON lines and CSV: its line)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,10 @@ class ShardTokens:
     offsets: np.ndarray
     """``[n + 1]`` int64 token offsets."""
     rows: np.ndarray
-    """``[n]`` int64: the input's row number of each sequence (for messages)."""
+    """``[n]`` int64: the number naming each sequence's record (:meth:`PackInput.where`)."""
+    system_prompt_added: int = 0
+    """Chats of the shard that carry a system prompt their chat template added (see
+    :class:`padless.data.encode.EncodeCounts`)."""
 
     @property
     def lengths(self) -> np.ndarray:
@@ -160,12 +166,18 @@ class PackInput:
     """Tokenizer of text and chats."""
     train_on: str = "all"
     """Labels of chats: ``all`` | ``assistant`` | ``completion``."""
+    system_prompt: str = "template"
+    """A system prompt the chat template adds: ``template`` keeps it, ``none`` leaves it out."""
     total: int | None = None
     """Records in the input if known."""
     seed: int = 0
     """Seed of a synthetic input."""
     records: list[Any] | None = field(default=None, repr=False)
     """The records of an input read whole on the driver."""
+    numbers: list[int] | None = field(default=None, repr=False)
+    """The number naming each of :attr:`records` (CSV: its line); None: 1, 2, ..."""
+    unit: Unit = "record"
+    """How records are named in messages: ``line`` (JSON lines, CSV) or ``record``."""
     line_starts: tuple[int, ...] = ()
     """JSON lines: byte offset of every ``rows_hint``-th line start, and the file size."""
     rows_hint: int = 0
@@ -185,7 +197,12 @@ class PackInput:
         if self.form == "synthetic":
             rows = -(-rows // _BLOCK) * _BLOCK
         n = int(self.total or 0)
-        return [InputShard(i, b, min(b + rows, n), b) for i, b in enumerate(range(0, n, rows))]
+        starts = range(0, n, rows)
+        return [InputShard(i, b, min(b + rows, n), self._numbers(b, b + 1)[0]) for i, b in enumerate(starts)]
+
+    def _numbers(self, begin: int, end: int) -> list[int]:
+        """The numbers naming records ``begin .. end - 1`` (positions from 0) of a non-JSON-lines input."""
+        return self.numbers[begin:end] if self.numbers is not None else list(range(begin + 1, end + 1))
 
     def read(self, shard: InputShard) -> ShardTokens:
         """The shard's sequences, tokenized and checked (a bad record raises ``ValueError`` naming its row)."""
@@ -195,7 +212,8 @@ class PackInput:
             first = shard.begin % _BLOCK  # blocks start on a multiple of 4096
             offsets = offsets[first : first + shard.end - shard.begin + 1]
             ids = ids[offsets[0] : offsets[-1]]
-            return ShardTokens(ids, None, offsets - offsets[0], np.arange(shard.begin, shard.end, dtype=np.int64))
+            rows = np.arange(shard.begin + 1, shard.end + 1, dtype=np.int64)
+            return ShardTokens(ids, None, offsets - offsets[0], rows)
         if self.form == "parquet" and self.kind == "input_ids":
             return self._parquet_tokens(shard)
         if self.form == "jsonl":
@@ -203,23 +221,21 @@ class PackInput:
         elif self.form == "parquet":
             pq = require("pyarrow.parquet", "reading Parquet")
             table = pq.ParquetFile(self.name).read().slice(shard.begin, shard.end - shard.begin)
-            rows, records = list(range(shard.begin, shard.end)), table.to_pylist()
+            rows, records = self._numbers(shard.begin, shard.end), table.to_pylist()
         else:
             assert self.records is not None
-            rows, records = list(range(shard.begin, shard.end)), self.records[shard.begin : shard.end]
+            rows, records = self._numbers(shard.begin, shard.end), self.records[shard.begin : shard.end]
         return self._encode(rows, records)
 
-    def _where(self, row: int) -> str:
-        return f"{self.name}, line {row}" if self.form == "jsonl" else f"{self.name}, record {row}"
+    def where(self, row: int) -> str:
+        """``"d.jsonl, line 3"``: how the record numbered ``row`` (:attr:`ShardTokens.rows`) is named."""
+        return f"{self.name}, {where(row, self.unit)}"
 
     def _check_kind(self, rows: list[int], records: list[Any]) -> None:
         for row, record in zip(rows, records):
-            if not isinstance(record, dict):
-                raise ValueError(f"{self._where(row)} is a {type(record).__name__}, not an object with fields")
-            kind = next((k for k in KIND_FIELDS if k in record), None)
+            kind = _first_kind(record, self.where(row))
             if kind != self.kind:
-                has = f"has {kind!r}" if kind else f"has none of the fields {', '.join(KIND_FIELDS)}"
-                raise ValueError(f"{self._where(row)} {has}, but the input's first record has {self.kind!r}: an "
+                raise ValueError(f"{self.where(row)} has {kind!r}, but the input's first record has {self.kind!r}: an "
                                  "input holds one kind of record (write each kind to its own file)")  # fmt: skip
 
     def _encode(self, rows: list[int], records: list[Any]) -> ShardTokens:
@@ -227,11 +243,12 @@ class PackInput:
         ids: list[np.ndarray] = []
         labels: list[np.ndarray] = []
         out_rows: list[int] = []
+        added = 0
         if self.kind == "input_ids":
             for row, record in zip(rows, records):
                 try:
                     x, y = check_tokens(record["input_ids"], record.get("labels"), vocab_size=self.vocab_size,
-                                        where=self._where(row))  # fmt: skip
+                                        where=self.where(row))  # fmt: skip
                 except TokenError as err:
                     raise ValueError(str(err)) from None
                 ids.append(x)
@@ -242,20 +259,21 @@ class PackInput:
             from padless.data.records import RecordError
 
             tok = _tokenizer(self.tokenizer)
-            opts = EncodeOptions(train_on=self.train_on)  # type: ignore[arg-type]
+            opts = EncodeOptions(train_on=self.train_on, system_prompt=self.system_prompt)  # type: ignore[arg-type]
             try:
-                x_all, y_all, _ = encode_records(records, tok, opts, indices=rows, progress=False)
+                x_all, y_all, counts = encode_records(records, tok, opts, numbers=rows, unit=self.unit, progress=False)
             except RecordError as err:
-                raise ValueError(f"{self.name}: {err}" + (" (record = line)" if self.form == "jsonl" else "")) from None
+                raise ValueError(f"{self.name}, {err}") from None
             ids = [np.asarray(x, dtype=np.int64) for x in x_all]
             labels = [np.asarray(y, dtype=np.int64) for y in y_all]
             out_rows = list(rows)  # one example per record (no max_length here: the packer cuts)
+            added = counts.system_prompt_added
         lengths = np.fromiter((x.size for x in ids), dtype=np.int64, count=len(ids))
         offsets = np.concatenate(([0], np.cumsum(lengths)))
         flat = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, dtype=np.int32)
         flat_labels = np.concatenate(labels).astype(np.int32) if labels else np.zeros(0, dtype=np.int32)
         same = np.array_equal(flat, flat_labels)
-        return ShardTokens(flat, None if same else flat_labels, offsets, np.asarray(out_rows, dtype=np.int64))
+        return ShardTokens(flat, None if same else flat_labels, offsets, np.asarray(out_rows, dtype=np.int64), added)
 
     def _parquet_tokens(self, shard: InputShard) -> ShardTokens:
         pq = require("pyarrow.parquet", "reading Parquet")
@@ -263,29 +281,29 @@ class PackInput:
         names = f.schema_arrow.names
         columns = [c for c in ("input_ids", "labels") if c in names]
         table = f.read(columns=columns).slice(shard.begin, shard.end - shard.begin)
+        rows = np.arange(shard.begin + 1, shard.end + 1, dtype=np.int64)
         cols = {}
         for name in columns:
             arr = table.column(name).combine_chunks()
             if arr.null_count:
-                bad = shard.begin + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-                raise ValueError(f"{self.name}: column {name!r} has a null list at row {bad}")
+                bad = int(rows[np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0]])
+                raise ValueError(f"{self.where(bad)}: column {name!r} holds a null list, not token ids")
             offsets = np.asarray(arr.offsets, dtype=np.int64)
             values = arr.values.to_numpy(zero_copy_only=False).astype(np.int64)[offsets[0] : offsets[-1]]
             cols[name] = (values, offsets - offsets[0])
         ids, offsets = cols["input_ids"]
         lengths = np.diff(offsets)
-        rows = np.arange(shard.begin, shard.end, dtype=np.int64)
         if lengths.size and int(lengths.min()) == 0:
             row = int(rows[np.flatnonzero(lengths == 0)[0]])
-            raise ValueError(f"{self._where(row)} is an empty sequence; every sequence needs at least one token")
-        _check_range(ids, offsets, rows, self.vocab_size, "token id", self._where, labels=False)
+            raise ValueError(f"{self.where(row)} is an empty sequence; every sequence needs at least one token")
+        _check_range(ids, offsets, rows, self.vocab_size, "token id", self.where, labels=False)
         labels = None
         if "labels" in cols:
             labels, lab_offsets = cols["labels"]
             if not np.array_equal(lab_offsets, offsets):
                 row = int(rows[np.flatnonzero(np.diff(lab_offsets) != lengths)[0]])
-                raise ValueError(f"{self._where(row)}: labels and input_ids differ in length; they must match")
-            _check_range(labels, offsets, rows, self.vocab_size, "label", self._where, labels=True)
+                raise ValueError(f"{self.where(row)}: labels and input_ids differ in length; they must match")
+            _check_range(labels, offsets, rows, self.vocab_size, "label", self.where, labels=True)
         return ShardTokens(ids.astype(np.int32), None if labels is None else labels.astype(np.int32), offsets, rows)
 
 
@@ -315,7 +333,7 @@ def _jsonl_records(path: Path, shard: InputShard) -> tuple[list[int], list[Any]]
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {line_no} is not valid JSON ({err.msg})") from None
+                raise ValueError(f"{path}, {where(line_no, 'line')} is not valid JSON ({err.msg})") from None
             rows.append(line_no)
     return rows, records
 
@@ -345,13 +363,13 @@ def scan_lines(path: Path, every: int, chunk: int = 1 << 20) -> tuple[dict[str, 
     return {"blake2b": h.hexdigest(), "size": at, "suffix": path.suffix.lower()}, tuple(starts)
 
 
-def _first_kind(record: Any, where: str) -> str:
+def _first_kind(record: Any, at: str) -> str:
+    """The field that makes ``record`` (named ``at``), the first of :data:`KIND_FIELDS` present."""
     if not isinstance(record, dict):
-        raise ValueError(f"{where} is a {type(record).__name__}, not an object with fields")
+        raise ValueError(f"{at} is a {type(record).__name__}, not an object with fields")
     kind = next((k for k in KIND_FIELDS if k in record), None)
     if kind is None:
-        raise ValueError(f"{where} has none of the fields {', '.join(KIND_FIELDS)} (its fields: "
-                         f"{', '.join(map(repr, list(record)[:8])) or 'none'})")  # fmt: skip
+        raise ValueError(f"{at}: no 'text', 'messages' or 'input_ids' field ({fields_hint(record, KIND_FIELDS)})")
     return kind
 
 
@@ -362,7 +380,7 @@ def _first_jsonl_record(path: Path) -> tuple[int, Any]:
                 try:
                     return line_no, json.loads(line)
                 except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}: line {line_no} is not valid JSON ({err.msg})") from None
+                    raise ValueError(f"{path}, {where(line_no, 'line')} is not valid JSON ({err.msg})") from None
     raise ValueError(f"{path} holds no records")
 
 
@@ -386,6 +404,7 @@ def open_input(
     seed: int = 0,
     tokenizer: str = "gpt2",
     train_on: str = "all",
+    system_prompt: str = "template",
     shard_rows: int = 65536,
     progress: bool = True,
 ) -> PackInput:
@@ -394,7 +413,8 @@ def open_input(
     Pre-tokenized records (``input_ids``) are packed as given in every format: nothing is appended
     (the ids come from the user's tokenizer, whose EOS padless cannot know), and every id and label is
     checked against ``vocab_size``, by default the vocabulary of ``tokenizer``. Text and chat records
-    are tokenized by :mod:`padless.data.encode` (each ends with EOS). ``synthetic`` draws ids below
+    are tokenized by :mod:`padless.data.encode` (each ends with one end-of-document token; ``train_on``
+    and ``system_prompt`` as in :func:`padless.data.load_corpus`). ``synthetic`` draws ids below
     ``vocab_size`` (default 50,257, GPT-2's vocabulary). ``shard_rows``: records per logical shard
     (JSON lines are cut while the file is hashed).
     """
@@ -410,15 +430,17 @@ def open_input(
     if not input.strip():
         raise ValueError("input is empty: name a file, a folder or a built-in corpus")
     path = Path(input).expanduser()
-    text_key = {"tokenizer": tokenizer, "train_on": train_on}
+    if system_prompt not in SYSTEM_PROMPT:
+        raise ValueError(f"system_prompt={system_prompt!r} is not one of {', '.join(SYSTEM_PROMPT)}")
+    text_key = {"tokenizer": tokenizer, "train_on": train_on, "system_prompt": system_prompt}
     if path.is_file() and path.suffix == ".jsonl":
         first_line, first = _first_jsonl_record(path)
         kind = _first_kind(first, f"{path}, line {first_line}")
         key, starts = scan_lines(path, shard_rows)
         vocab = (vocab_size or _tokenizer_vocab(tokenizer)) if kind == "input_ids" else None
         key.update({"vocab_size": vocab} if vocab else text_key)
-        return PackInput("jsonl", str(path), key, kind, vocab, tokenizer, train_on, line_starts=starts,
-                         rows_hint=shard_rows)  # fmt: skip
+        return PackInput("jsonl", str(path), key, kind, vocab, tokenizer, train_on, system_prompt,
+                         line_starts=starts, rows_hint=shard_rows, unit="line")  # fmt: skip
     if path.is_file() and path.suffix == ".parquet":
         pq = require("pyarrow.parquet", "reading Parquet")
         from padless.data.files import file_fingerprint
@@ -434,20 +456,22 @@ def open_input(
         key = file_fingerprint(path)
         vocab = (vocab_size or _tokenizer_vocab(tokenizer)) if kind == "input_ids" else None
         key.update({"vocab_size": vocab} if vocab else text_key)
-        return PackInput("parquet", str(path), key, kind, vocab, tokenizer, train_on, total=meta.num_rows)
+        return PackInput("parquet", str(path), key, kind, vocab, tokenizer, train_on, system_prompt,
+                         total=meta.num_rows)
     if path.is_file() or path.is_dir():
         from padless.data.files import read_records
 
-        rows, _, fingerprint = read_records(str(path))
+        rows, unit, _, fingerprint = read_records(str(path))
         records = [r for _, r in rows]
+        numbers = [n for n, _ in rows]
         if not records:
             raise ValueError(f"{path} holds no records")
-        kind = _first_kind(records[0], f"{path}, record 0")
+        kind = _first_kind(records[0], f"{path}, {where(numbers[0], unit)}")
         vocab = (vocab_size or _tokenizer_vocab(tokenizer)) if kind == "input_ids" else None
         key = dict(fingerprint) if path.is_file() else {"input": str(path.resolve())}
         key.update({"vocab_size": vocab} if vocab else text_key)
-        return PackInput("records", str(path), key, kind, vocab, tokenizer, train_on, total=len(records),
-                         records=records)  # fmt: skip
+        return PackInput("records", str(path), key, kind, vocab, tokenizer, train_on, system_prompt,
+                         total=len(records), records=records, numbers=numbers, unit=unit)  # fmt: skip
     from padless.data.corpora import CORPORA, split_corpus_name
 
     if split_corpus_name(input) is None:
@@ -455,10 +479,11 @@ def open_input(
                          f"({', '.join(CORPORA)})")  # fmt: skip
     from padless.data.load import load_corpus
 
-    corpus = load_corpus(input, tokenizer, train_on=train_on, progress=progress)  # type: ignore[arg-type]
+    corpus = load_corpus(input, tokenizer, train_on=train_on, system_prompt=system_prompt,  # type: ignore[arg-type]
+                         progress=progress)
     records = [{"input_ids": x, "labels": y} for x, y in zip(corpus.input_ids, corpus.labels)]
     return PackInput("records", input, {"input": input, **text_key}, "input_ids", None, tokenizer, train_on,
-                     total=len(records), records=records)  # fmt: skip
+                     system_prompt, total=len(records), records=records)  # fmt: skip
 
 
 def iter_shards(source: PackInput, rows: int) -> Iterator[tuple[InputShard, ShardTokens]]:

@@ -22,9 +22,10 @@ import numpy as np
 
 from padless.data.assets import VADER_VERSION
 from padless.data.cache import cache_key, entry_path, load_entry, save_entry
-from padless.data.chat import TrainOn
+from padless.data.chat import SystemPrompt, TrainOn
 from padless.data.corpora import split_corpus_name
 from padless.data.raw import TOOL_SCHEMA
+from padless.data.records import Unit, numbered
 from padless.data.encode import EncodeCounts, EncodeOptions, OnError, Overlong, encode_records
 from padless.layout import IGNORE_INDEX
 from padless.planning.checks import check_int
@@ -60,12 +61,16 @@ class CorpusReport:
     """Tokens whose label is not ``IGNORE_INDEX``."""
     split_examples: int = 0
     """Examples cut into several consecutive ones (``overlong="split"``)."""
+    system_prompt_added: int = 0
+    """Chats that carry a system prompt the chat template added (``system_prompt="template"``)."""
 
     def __str__(self) -> str:
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
         split = f"split {self.split_examples} examples; " if self.split_examples else ""
+        system = (f"the chat template added a system prompt to {self.system_prompt_added} chats "
+                  "(system_prompt='none' leaves it out); " if self.system_prompt_added else "")
         return (f"read {self.read}, kept {self.kept} (selected {self.selected}); skipped: {skipped}; "
-                f"truncated {self.truncated_examples} examples / {self.truncated_tokens} tokens; {split}"
+                f"truncated {self.truncated_examples} examples / {self.truncated_tokens} tokens; {split}{system}"
                 f"{self.tokens} tokens, {self.trained_tokens} trained")
 
 
@@ -109,6 +114,7 @@ def _report(counts: EncodeCounts, read: int, selected: int, ids: list[list[int]]
         read=read, selected=selected, kept=len(ids), skipped=dict(counts.skipped),
         truncated_examples=counts.truncated_examples, truncated_tokens=counts.truncated_tokens,
         boundary_mismatches=counts.boundary_mismatches, tokens=sum(map(len, ids)), split_examples=counts.split_examples,
+        system_prompt_added=counts.system_prompt_added,
         trained_tokens=sum(sum(1 for t in y if t != IGNORE_INDEX) for y in labels),
     )
 
@@ -144,6 +150,7 @@ def load_corpus(
     field: str | None = None,
     tool_schema: str | None = None,
     chat_template: str | None = None,
+    system_prompt: SystemPrompt = "template",
     split: str = "train",
     cache: bool = True,
     progress: bool | None = None,
@@ -157,13 +164,16 @@ def load_corpus(
     drives the recipes' choices; ``tool_schema`` (``half`` | ``always`` | ``never``; default: the
     recipe's, ``half`` for toolcalls, ``never`` for agentic-rag) whether built-in tool-call examples
     show their schemas in a system turn; ``field`` forces the record field read from user data;
-    ``chat_template`` overrides the tokenizer's; ``split`` is the ``datasets`` split.
+    ``chat_template`` overrides the tokenizer's; ``system_prompt`` (``template`` | ``none``) keeps or
+    leaves out a system prompt the chat template adds (counted in the report); ``split`` is the
+    ``datasets`` split. Errors name a record by its line in JSON lines and CSV files, else by its
+    position, from 1 (:func:`padless.data.records.where`).
     """
     from padless.data.files import file_fingerprint, read_records
     from padless.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
     opts = EncodeOptions(train_on=train_on, add_eos=add_eos, max_length=max_length, overlong=overlong,
-                         on_error=on_error, field=field, chat_template=chat_template)
+                         on_error=on_error, field=field, chat_template=chat_template, system_prompt=system_prompt)
     if limit is not None:
         check_int(limit, "limit")
     if tool_schema is not None and tool_schema not in TOOL_SCHEMA:
@@ -175,6 +185,7 @@ def load_corpus(
         "tokenizer": tokenizer_fingerprint(tok), "options": asdict(opts), "limit": limit, "seed": seed,
     }
     rows: list[tuple[int, Any]] | None = None
+    unit: Unit = "record"
     if builtin is not None:
         recipe, selector = builtin
         tool_schema = tool_schema or recipe.tool_schema
@@ -189,7 +200,7 @@ def load_corpus(
     elif Path(name).expanduser().is_file():
         key_parts["source"] = file_fingerprint(Path(name).expanduser())
     else:  # a datasets folder or name: its fingerprint is known only once loaded
-        rows, pre, key_parts["source"] = read_records(name, split=split, on_error=on_error)
+        rows, unit, pre, key_parts["source"] = read_records(name, split=split, on_error=on_error)
         pre_skipped = dict(pre)
     path = entry_path(Path(name).name if builtin is None else name, cache_key(key_parts))
     if cache and (hit := load_entry(path)) is not None:
@@ -198,14 +209,14 @@ def load_corpus(
 
     if builtin is not None:
         recipe, selector = builtin
-        rows = list(enumerate(recipe.build(selector, seed, tool_schema or recipe.tool_schema)))
+        rows = numbered(recipe.build(selector, seed, tool_schema or recipe.tool_schema))
     elif rows is None:
-        rows, pre, _ = read_records(name, split=split, on_error=on_error)
+        rows, unit, pre, _ = read_records(name, split=split, on_error=on_error)
         pre_skipped = dict(pre)
     read = len(rows) + sum(pre_skipped.values())
     chosen = [rows[i] for i in _subsample(len(rows), limit, seed)]
-    ids, labels, counts = encode_records([r for _, r in chosen], tok, opts, indices=[i for i, _ in chosen],
-                                         progress=progress, desc=f"tokenizing {name}")
+    ids, labels, counts = encode_records([r for _, r in chosen], tok, opts, numbers=[i for i, _ in chosen],
+                                         unit=unit, progress=progress, desc=f"tokenizing {name}")
     counts.skipped.update(pre_skipped)
     report = _report(counts, read, len(chosen), ids, labels)
     if cache:

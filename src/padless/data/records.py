@@ -1,4 +1,5 @@
-"""The three kinds of training record every source is reduced to, and the error a bad record raises.
+"""The three kinds of training record every source is reduced to, how records are named in messages,
+and the error a bad record raises.
 
 A record is a dict with one of these fields (checked in this order):
 
@@ -6,19 +7,29 @@ A record is a dict with one of these fields (checked in this order):
 - ``messages``: a chat, a list of ``{"role", "content", "tool_calls"?}`` (see :mod:`padless.data.chat`);
 - ``text``: plain text, every token trained.
 
+Every message about a record starts with where it is (:func:`where`), counted from 1: ``line N``
+for a line of a JSON lines or CSV file (the line the record starts on), ``record N`` for the N-th
+record of anything else (a JSON array, a Parquet file, a ``datasets`` dataset, a built-in corpus, a
+list in memory). Messages inside a chat are counted from 0, as indices into ``messages``.
+
 A record that cannot be used raises :class:`RecordError`, whose ``reason`` is the key under which a
 skip is counted when the caller chose ``on_error="skip"``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 RecordKind = Literal["tokens", "messages", "text"]
 RECORD_FIELDS: tuple[str, ...] = ("input_ids", "messages", "text")
 """Fields that make a record, in the order they are looked for."""
 _KIND_OF_FIELD: dict[str, RecordKind] = {"input_ids": "tokens", "messages": "messages", "text": "text"}
+_ACCEPTED = "'text', 'messages' or 'input_ids'"
+
+Unit = Literal["line", "record"]
+"""How a source's records are counted: by the file line they start on, or by position."""
 
 
 class RecordError(ValueError):
@@ -30,35 +41,54 @@ class RecordError(ValueError):
         """Short key such as ``"empty"``, ``"unknown_role"``, ``"missing_field"``."""
 
 
-def record_kind(record: Any, index: int, field: str | None = None) -> RecordKind:
-    """Which kind ``record`` is: the forced ``field`` if given, else the first of :data:`RECORD_FIELDS`."""
+def where(number: int, unit: Unit = "record") -> str:
+    """``"line 3"`` or ``"record 3"``: the one way a record is named (``number`` counts from 1)."""
+    return f"{unit} {number}"
+
+
+def numbered(rows: Iterable[Any]) -> list[tuple[int, Any]]:
+    """``[(record number, row)]`` counted from 1, for sources counted by position."""
+    return list(enumerate(rows, start=1))
+
+
+def fields_hint(mapping: Mapping[str, Any], wanted: Iterable[str] = ()) -> str:
+    """``"fields: 'role', 'contnt'; did you mean 'content'?"``: what an object has, and the nearest
+    wanted name to one of its fields when one is close (a misspelling)."""
+    keys = [str(k) for k in mapping]
+    has = ", ".join(map(repr, keys[:8])) + (", ..." if len(keys) > 8 else "") if keys else "none"
+    close = [w for w in wanted if w not in mapping and difflib.get_close_matches(w, keys, n=1, cutoff=0.75)]
+    return f"fields: {has}" + (f"; did you mean {close[0]!r}?" if close else "")
+
+
+def record_kind(record: Any, at: str, field: str | None = None) -> RecordKind:
+    """Which kind ``record`` (named ``at``) is: the forced ``field`` if given, else the first of
+    :data:`RECORD_FIELDS`."""
     if not isinstance(record, Mapping):
-        raise RecordError("not_a_record", f"record {index} is a {type(record).__name__}, not an object with fields")
+        raise RecordError("not_a_record", f"{at} is a {type(record).__name__}, not an object with fields")
     if field is not None:
         if field not in _KIND_OF_FIELD:
             raise ValueError(f"field={field!r} is not one of {', '.join(RECORD_FIELDS)}")
         if record.get(field) is None:
-            raise RecordError("missing_field", f"record {index} has no {field!r} field (field={field!r} was asked for)")
+            raise RecordError("missing_field", f"{at}: no {field!r} field, which field={field!r} asks for "
+                              f"({fields_hint(record, [field])})")
         return _KIND_OF_FIELD[field]
     for name in RECORD_FIELDS:
         if record.get(name) is not None:
             return _KIND_OF_FIELD[name]
-    keys = ", ".join(map(repr, list(record)[:8])) or "none"
-    raise RecordError("missing_field",
-                      f"record {index} has none of the fields {', '.join(RECORD_FIELDS)} (its fields: {keys})")
+    raise RecordError("missing_field", f"{at}: no {_ACCEPTED} field ({fields_hint(record, RECORD_FIELDS)})")
 
 
-def check_text(record: Mapping[str, Any], index: int) -> str:
+def check_text(record: Mapping[str, Any], at: str) -> str:
     """The record's text; an empty or non-string text is an error."""
     text = record["text"]
     if not isinstance(text, str):
-        raise RecordError("bad_type", f"record {index}: 'text' is a {type(text).__name__}, not a string")
+        raise RecordError("bad_type", f"{at}: 'text' is a {type(text).__name__}, not a string")
     if not text.strip():
-        raise RecordError("empty", f"record {index}: 'text' is empty")
+        raise RecordError("empty", f"{at}: 'text' is empty")
     return text
 
 
-def check_tokens(record: Mapping[str, Any], index: int, vocab_size: int) -> tuple[list[int], list[int] | None]:
+def check_tokens(record: Mapping[str, Any], at: str, vocab_size: int) -> tuple[list[int], list[int] | None]:
     """Pre-tokenized ``(input_ids, labels or None)``, validated by :func:`padless.layout.check_tokens`
     (the one token validator): ids inside the vocabulary, labels of the same length, each -100 or an id."""
     from padless.layout import TokenError
@@ -66,7 +96,7 @@ def check_tokens(record: Mapping[str, Any], index: int, vocab_size: int) -> tupl
 
     labels = record.get("labels")
     try:
-        ids, checked = validate(record["input_ids"], labels, vocab_size=vocab_size, where=f"record {index}")
+        ids, checked = validate(record["input_ids"], labels, vocab_size=vocab_size, where=at)
     except TokenError as err:
         raise RecordError(err.reason, str(err)) from None
     return ids.tolist(), (None if labels is None else checked.tolist())
