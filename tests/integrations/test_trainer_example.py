@@ -150,3 +150,8 @@ def test_example_script_runs_offline(tmp_path):
     losses = [float(x) for x in re.findall(r"^step\s+\d+\s+loss (\S+)$", out.stdout, flags=re.M)]
     assert len(losses) == 2 and all(math.isfinite(x) and 0 < x < 20 for x in losses), out.stdout
     assert "packed: 2 optimiser steps" in out.stdout
+    # the start line reaches a user who set up no logging (stderr, as transformers' own warnings)
+    starts = re.findall(r"^padless: .*$", out.stderr, flags=re.M)
+    assert len(starts) == 1 and re.fullmatch(
+        r"padless: GPT2LMHeadModel, attention padless, layout varlen, exact \(padless rule\), 128-token rows, "
+        r"\d+\.\d documents per row \(planned rows\)", starts[0]), out.stderr[-3000:]  # fmt: skip

@@ -5,7 +5,9 @@ tests/integrations/test_ddp.py the two-process run."""
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -62,16 +64,27 @@ def test_refuses_what_it_cannot_train_exactly(tmp_path):
     torch.manual_seed(0)
     windowed = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     windowed.config._attn_implementation = "flex_attention"  # what the collator reads; no kernel is loaded
-    with pytest.raises(ValueError, match="flex_attention.*no backward on CPU.*use backend 'padless'"):
+    with pytest.raises(ValueError, match="flex_attention.*no backward on CPU.*use backend 'padless' "
+                                         r"\(attn_implementation='padless' when loading the model\)"):
         PackedTrainer(model=windowed, args=args, train_dataset=feats, max_length=32)
     model = support.model("sdpa", "tiny-gpt2")
-    with pytest.raises(ValueError, match="sequence 0 has length 19, longer than max_length 16"):
+    # the library's words (max_length, overlong=) said as PackedTrainer takes them
+    with pytest.raises(ValueError, match=re.escape("sequence 0 has length 19, longer than PackedTrainer(max_length=16)"
+                                                   "; choose PackedTrainer(overlong='truncate'), 'split' or 'drop'")):
         PackedTrainer(model=model, args=args, train_dataset=feats, max_length=16)
-    with pytest.raises(ValueError, match="must be a padless PackingCollator"):
+    not_padless = "PackedTrainer(data_collator=...) must be a padless PackingCollator (or None), got function"
+    with pytest.raises(ValueError, match=re.escape(not_padless)):
         PackedTrainer(model=model, args=args, train_dataset=feats, max_length=32, data_collator=lambda f: f)
     prepacked = [{"input_ids": list(range(1, 20)), "seq_lengths": [10, 9]}]
-    with pytest.raises(ValueError, match="packed row 0 holds 19 tokens, more than max_length=16"):
+    too_long = "packed row 0 holds 19 tokens, more than PackedTrainer(max_length=16)"
+    with pytest.raises(ValueError, match=re.escape(too_long)):
         PackedTrainer(model=model, args=args, train_dataset=prepacked, max_length=16)
+    for options, said in [({"max_length": 0}, "PackedTrainer(max_length=...) must be an integer >= 1, got 0"),
+                          ({"remainder": "pad"}, "unknown PackedTrainer(remainder='pad'); choose one of empty, "),
+                          ({"strategy": "bfs"}, "unknown PackedTrainer(strategy='bfs'); choose one of "),
+                          ({"overlong": "cut"}, "unknown PackedTrainer(overlong='cut'); choose one of ")]:  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(said)):
+            PackedTrainer(model=model, args=args, train_dataset=feats, **{"max_length": 32, **options})
     trainer = PackedTrainer(model=model, args=args, train_dataset=feats, max_length=32, overlong="truncate")
     assert trainer.batch_sampler.schedule().plan.stats.real_tokens == 27
 
@@ -103,3 +116,129 @@ def test_evaluation_keeps_the_documents_of_rows_packed_beforehand(tmp_path, as_d
     trainer.data_collator = record
     assert math.isfinite(trainer.evaluate()["eval_loss"])
     assert len(seen) == packed.num_rows and all(seen)
+
+
+TYPOS = {
+    "txt": ([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}, {"txt": "A sentence.", "id": 3}],
+            "train_dataset: record 3: no 'text', 'messages' or 'input_ids' field (fields: 'txt', 'id'; did you mean "
+            "'text'?)"),
+    "input_id": ([{"input_id": [5, 6, 7]}],
+                 "train_dataset: record 1: no 'text', 'messages' or 'input_ids' field (fields: 'input_id'; did you "
+                 "mean 'input_ids'?)"),
+    "text": ([{"input_ids": [5, 6, 7]}, {"text": "Not tokenized."}],
+             "train_dataset: record 2: a 'text' record without 'input_ids': PackedTrainer trains token ids; "
+             "tokenize it first"),
+    "mesages": ([{"mesages": [{"role": "user", "content": "Hi"}]}],
+                "train_dataset: record 1: no 'text', 'messages' or 'input_ids' field (fields: 'mesages'; did you mean "
+                "'messages'?)"),
+}  # fmt: skip
+"""A record PackedTrainer cannot train -> padless' error (the trainer argument, the record from 1, the fields it
+has), where it would otherwise fail on a raw KeyError while measuring lengths."""
+
+
+@pytest.mark.parametrize("container", ["list", "datasets"])
+@pytest.mark.parametrize("typo", list(TYPOS))
+def test_a_record_without_token_ids_is_named(tmp_path, typo, container):
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from padless.data.records import RecordError
+    from padless.integrations.transformers import PackedTrainer
+
+    rows, said = TYPOS[typo]
+    if container == "datasets":
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        rows = Dataset.from_dict({k: [r.get(k) for r in rows] for k in names})
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1)
+    with pytest.raises(RecordError) as refused:
+        PackedTrainer(model=support.model("sdpa", "tiny-gpt2"), args=args, train_dataset=rows, max_length=32)
+    assert str(refused.value).startswith(said), refused.value
+    evaluation = [{"input_ids": [5, 6]}, {"txt": "b"}]
+    with pytest.raises(RecordError, match=re.escape("eval_dataset: record 2: no 'text', 'messages' or 'input_ids'")):
+        PackedTrainer(model=support.model("sdpa", "tiny-gpt2"), args=args, train_dataset=[{"input_ids": [5, 6]}],
+                      eval_dataset=evaluation, max_length=32)  # fmt: skip
+
+
+@pytest.mark.parametrize(("attn", "name", "layout"), [
+    ("sdpa", "tiny-gpt2", "4d-mask"),
+    ("padless", "tiny-gpt2", "varlen"),
+    ("sdpa", "mistral-window", "4d-mask with sliding window 4"),  # the window travels in the mask
+])  # fmt: skip
+def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exact(tmp_path, caplog, attn, name,
+                                                                                  layout):  # fmt: skip
+    import torch
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    from padless.integrations.transformers import PackedTrainer
+    from padless.models.factory import tiny_config
+
+    if name == "mistral-window":
+        config = tiny_config("mistral")
+        config.sliding_window = 4
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    else:
+        model = support.model(attn, name)
+    feats = [{"input_ids": list(range(1, n + 1))} for n in (19, 8, 11, 5, 7)]
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1, disable_tqdm=True,
+                             save_strategy="no", per_device_train_batch_size=1)  # fmt: skip
+    trainer = PackedTrainer(model=model, args=args, train_dataset=feats, max_length=32)
+    plan = trainer.batch_sampler.schedule().plan
+    caplog.set_level(logging.INFO, logger="padless.integrations.transformers")
+    trainer.train()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "padless.integrations.transformers"]
+    line = (f"padless: {type(model).__name__}, attention {attn}, layout {layout}, exact (padless rule), 32-token rows, "
+            f"{5 / plan.num_rows:.1f} documents per row (planned rows)")  # fmt: skip
+    assert said == [(logging.INFO, line)]
+
+
+def test_the_start_line_counts_the_documents_of_rows_packed_beforehand(tmp_path):
+    from transformers import TrainingArguments
+
+    from padless.integrations.transformers import PackedTrainer
+
+    prepacked = [{"input_ids": list(range(1, 20)), "seq_lengths": [10, 9]},
+                 {"input_ids": list(range(1, 12)), "seq_lengths": [4, 4, 3]}]  # fmt: skip
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1)
+    trainer = PackedTrainer(model=support.model("sdpa", "tiny-gpt2"), args=args, train_dataset=prepacked, max_length=32)
+    assert trainer.start_line().endswith(", 32-token rows, 2.5 documents per row (planned rows)")
+
+
+def test_the_start_line_is_shown_where_the_application_set_up_no_logging(monkeypatch, capsys):
+    """No handler up to the root (no logging.basicConfig; pytest's own are removed here): the line reaches
+    stderr at INFO, where Python's default (WARNING, no handler) and transformers' verbosity would hide it."""
+    from padless.integrations.transformers import shown
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    log = logging.getLogger("padless.test_shown")
+    monkeypatch.setattr(log, "handlers", [])
+    monkeypatch.setattr(log, "level", logging.NOTSET)
+    shown(log).info("padless: the start line")
+    assert capsys.readouterr().err == "padless: the start line\n"
+    shown(log).info("again")  # one handler, not one per call
+    assert capsys.readouterr().err == "again\n"
+    configured = logging.getLogger("padless.test_configured")  # the application's own level is left alone
+    monkeypatch.setattr(logging.getLogger("padless"), "level", logging.WARNING)
+    shown(configured).info("hidden")
+    assert not configured.handlers and capsys.readouterr().err == ""
+
+
+def test_library_messages_in_trainer_words():
+    from padless.integrations.transformers import PACKED_TRAINER_WORDS, in_trainer_words
+
+    words = {**PACKED_TRAINER_WORDS, "seq_length": "SFTConfig.max_length", "strategy": "SFTConfig.packing_strategy"}
+    for message, said in [
+        ("sequence 3 has length 40, longer than max_length 32 (and 2 more); choose overlong='truncate', 'split' or "
+         "'drop'", "sequence 3 has length 40, longer than PackedTrainer(max_length=32) (and 2 more); choose "
+         "PackedTrainer(overlong='truncate'), 'split' or 'drop'"),
+        ("sequences longer than seq_length=16: 1", "sequences longer than SFTConfig(max_length=16): 1"),
+        ("unknown overlong policy 'x'; choose one of", "unknown PackedTrainer(overlong='x'); choose one of"),
+        ("strategy='wrapped' splits; use strategy='bfd'", "SFTConfig(packing_strategy='wrapped') splits; use "
+         "SFTConfig(packing_strategy='bfd')"),
+        ("every sequence was dropped by overlong", "every sequence was dropped by PackedTrainer(overlong=...)"),
+        ("rows_per_batch must be an integer >= 1", "PackedTrainer(rows_per_batch=...) must be an integer >= 1"),
+        ("max_length_q and a packing_strategy='bfd' stay", "max_length_q and a packing_strategy='bfd' stay"),
+        ("...; use backend 'padless'", "...; use backend 'padless' (attn_implementation='padless' when loading the "
+         "model)"),
+    ]:  # fmt: skip
+        assert in_trainer_words(message, words) == said

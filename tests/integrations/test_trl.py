@@ -5,6 +5,8 @@ the padded step under Trainer with the GPT-2 count fix is the reference."""
 
 from __future__ import annotations
 
+import logging
+import re
 import sys
 from pathlib import Path
 
@@ -96,14 +98,52 @@ def test_overlong_sequences_are_refused_unless_asked_for(tmp_path):
                          max_steps=1, bf16=False)  # fmt: skip
     kwargs = dict(model=support.model("sdpa"), train_dataset=support.dataset(feats),
                   processing_class=support.tokenizer())
-    with pytest.raises(ValueError, match=f"longer than max_length {short}; choose overlong="):
+    with pytest.raises(ValueError) as refused:
         SFTTrainer(args=args, **kwargs)
+    # the library's words (max_length, overlong=) said as SFTTrainer takes them
+    assert re.search(rf"longer than SFTConfig\(max_length={short}\)( \(and \d+ more\))?; "
+                     r"choose SFTTrainer\(overlong='truncate'\), 'split' or 'drop'$", str(refused.value)), refused.value
     trainer = SFTTrainer(args=args, overlong="truncate", **kwargs)
     stats = trainer.batch_sampler.schedule().plan.stats
     assert stats.truncated_sequences >= 1 and stats.truncated_tokens >= 1
     args.truncation_mode = "keep_end"
-    with pytest.raises(ValueError, match="truncation_mode='keep_end'"):
+    with pytest.raises(ValueError, match=re.escape("SFTTrainer(overlong='truncate') keeps the start of a sequence; "
+                                                   "SFTConfig(truncation_mode='keep_end') asks for its end")):
         SFTTrainer(args=args, overlong="truncate", **kwargs)
+
+
+@pytest.mark.parametrize(("config", "overlong", "said"), [
+    ({"packing_strategy": "bfd_split"}, "drop",
+     "SFTConfig(packing_strategy='bfd_split') splits overlong sequences; it cannot be combined with "
+     "SFTTrainer(overlong='drop') (use SFTConfig(packing_strategy='bfd') for that)"),
+    ({}, "cut", "unknown SFTTrainer(overlong='cut'); choose one of error, truncate, split, drop"),
+    ({"packing_strategy": "bfs"}, None, "unknown SFTConfig(packing_strategy='bfs'); choose one of bfd, "),
+])  # fmt: skip
+def test_errors_name_the_sft_trainer_argument(tmp_path, config, overlong, said):
+    import trl
+
+    from padless.integrations.trl import SFTTrainer
+
+    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
+                         use_cpu=True, bf16=False, **config)  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(said)):
+        SFTTrainer(model=support.model("sdpa"), args=args, train_dataset=support.dataset(support.examples()),
+                   processing_class=support.tokenizer(), overlong=overlong)  # fmt: skip
+
+
+def test_an_overlong_eval_sequence_names_the_sft_config_field(tmp_path):
+    import trl
+
+    from padless.integrations.trl import SFTTrainer
+
+    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
+                         use_cpu=True, bf16=False)  # fmt: skip
+    overlong = [{"input_ids": list(range(1, support.MAX_LENGTH + 40))}]
+    with pytest.raises(ValueError, match=re.escape(f"sequences longer than SFTConfig(max_length={support.MAX_LENGTH})"
+                                                   ": 1 (the first is row 0")) as refused:  # fmt: skip
+        SFTTrainer(model=support.model("sdpa"), args=args, train_dataset=support.examples(), eval_dataset=overlong,
+                   processing_class=support.tokenizer())  # fmt: skip
+    assert "Choose SFTTrainer(overlong='truncate')" in str(refused.value)
 
 
 def test_evaluation_packs_the_eval_dataset_once(tmp_path):
@@ -147,3 +187,116 @@ def test_sft_trainer_with_a_lora_peft_config_packs_for_the_wrapped_model(tmp_pat
     assert math.isfinite(trainer.train().training_loss)
     changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
     assert changed and all("lora_" in n for n in changed)
+
+
+CHAT = [{"role": "user", "content": "What is packing?"}, {"role": "assistant", "content": "Documents in rows."}]
+TYPOS = {
+    "mesages": ([{"messages": CHAT}, {"mesages": CHAT}],
+                "train_dataset: record 2: no 'text', 'messages' or 'input_ids' field (fields: 'mesages'"),
+    "contnt": ([{"messages": CHAT}, {"messages": CHAT}, {"messages": [{"role": "user", "contnt": "Hi"}, CHAT[1]]}],
+               "train_dataset: record 3: message 0 has no 'content' (fields: 'role', 'contnt'"),
+    "txt": ([{"text": "A sentence."}, {"txt": "Another one."}],
+            "train_dataset: record 2: no 'text', 'messages' or 'input_ids' field (fields: 'txt'"),
+}  # fmt: skip
+"""A misspelt field -> the start of padless' error: the trainer argument, the record (from 1), the field and
+the fields the record has."""
+
+
+def as_dataset(rows):
+    """``rows`` as a ``datasets.Dataset`` of every field any row has (``None`` where a row has none)."""
+    from datasets import Dataset
+
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    return Dataset.from_dict({k: [r.get(k) for r in rows] for k in names})
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return support.model("sdpa")
+
+
+@pytest.mark.parametrize("packing", [True, False])
+@pytest.mark.parametrize("container", ["list", "datasets"])
+@pytest.mark.parametrize("typo", list(TYPOS))
+def test_a_misspelt_field_is_named_before_trl_reads_the_dataset(tmp_path, gpt2, typo, container, packing):
+    """TRL would fail inside datasets.map (``KeyError: 'text'``) or render a message without content."""
+    import trl
+
+    from padless.data.records import RecordError
+    from padless.integrations.trl import SFTTrainer
+
+    rows, said = TYPOS[typo]
+    args = trl.SFTConfig(output_dir=str(tmp_path), packing=packing, max_length=support.MAX_LENGTH, report_to="none",
+                         use_cpu=True, bf16=False)  # fmt: skip
+    with pytest.raises(RecordError) as refused:
+        SFTTrainer(model=gpt2, args=args, train_dataset=rows if container == "list" else as_dataset(rows),
+                   processing_class=support.tokenizer())  # fmt: skip
+    assert str(refused.value).startswith(said), refused.value
+    assert f"did you mean '{'messages' if typo == 'mesages' else 'content' if typo == 'contnt' else 'text'}'" in str(
+        refused.value)  # fmt: skip
+
+
+@pytest.mark.parametrize(("rows", "config", "said"), [
+    ([{"prompt": "The sky is"}], {}, "train_dataset: record 1: 'prompt' without 'completion' (fields: 'prompt'"),
+    ([{"text": "A sentence."}, {"messages": CHAT}], {},
+     "train_dataset: record 2: a 'messages' record, and record 1 is a 'text' one; SFTTrainer trains one kind"),
+    ([{"text": "A sentence."}], {"dataset_text_field": "body"},
+     "train_dataset: record 1: no 'body' field, which SFTConfig(dataset_text_field='body') reads (fields: 'text'"),
+    ([{"body": "A sentence."}, {"body": "  "}], {"dataset_text_field": "body"},
+     "train_dataset: record 2: 'body' is empty"),
+    ([{"messages": [{"role": "usr", "content": "Hi"}]}], {}, "train_dataset: record 1: message 0: unknown role 'usr'"),
+])  # fmt: skip
+def test_records_trl_cannot_train_as_they_are_are_named(tmp_path, gpt2, rows, config, said):
+    import trl
+
+    from padless.data.records import RecordError
+    from padless.integrations.trl import SFTTrainer
+
+    args = trl.SFTConfig(output_dir=str(tmp_path), max_length=support.MAX_LENGTH, report_to="none", use_cpu=True,
+                         bf16=False, **config)  # fmt: skip
+    with pytest.raises(RecordError, match=re.escape(said)):
+        SFTTrainer(model=gpt2, args=args, train_dataset=rows, processing_class=support.tokenizer())
+
+
+def test_an_eval_dataset_is_checked_and_named_too(tmp_path, gpt2):
+    import trl
+
+    from padless.data.records import RecordError
+    from padless.integrations.trl import SFTTrainer
+
+    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
+                         use_cpu=True, bf16=False)  # fmt: skip
+    with pytest.raises(RecordError, match=re.escape("eval_dataset['chat']: record 1: no 'text', 'messages' or")):
+        SFTTrainer(model=gpt2, args=args, train_dataset=support.examples(), processing_class=support.tokenizer(),
+                   eval_dataset={"chat": as_dataset([{"mesages": CHAT}])})  # fmt: skip
+
+
+def test_a_list_of_records_is_taken_as_a_dataset(tmp_path):
+    import trl
+
+    from padless.integrations.trl import SFTTrainer
+
+    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
+                         use_cpu=True, bf16=False)  # fmt: skip
+    trainer = SFTTrainer(model=support.model("sdpa"), args=args, train_dataset=support.examples(),
+                         processing_class=support.tokenizer())  # fmt: skip
+    assert trainer.train_dataset.num_rows == support.NUM_EXAMPLES
+    assert trainer.batch_sampler.schedule().plan.num_rows == support.num_rows(support.examples())
+
+
+@pytest.mark.parametrize(("kind", "attn", "line"), [
+    ("sft-packed", "sdpa", "layout 4d-mask, exact (padless rule), 160-token rows, {docs:.1f} documents per row "
+                           "(planned rows)"),
+    ("sft-packed", "padless", "layout varlen, exact (padless rule), 160-token rows, {docs:.1f} documents per row "
+                              "(planned rows)"),
+    ("sft-padding-free", "padless", "layout varlen, exact (padless rule), one row per micro-batch, 8 documents per "
+                                    "row (per_device_train_batch_size)"),
+    ("sft-padded", "sdpa", "layout padded, exact (padded: nothing packed), TRL's padded batches, 1 document per row"),
+])  # fmt: skip
+def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exact(tmp_path, caplog, kind, attn, line):
+    docs = support.NUM_EXAMPLES / support.num_rows(support.examples())
+    caplog.set_level(logging.INFO, logger="padless.integrations.transformers")
+    support.first_step(kind, attn, str(tmp_path), rows_per_batch=2)
+    said = [r for r in caplog.records if r.name == "padless.integrations.transformers"]
+    assert [(r.levelno, r.getMessage()) for r in said] == [
+        (logging.INFO, f"padless: GPT2LMHeadModel, attention {attn}, " + line.format(docs=docs))]

@@ -31,11 +31,20 @@ padless to Trainer (transformers 5.24, read from its sources):
 
 Under FSDP2 nothing of this changes (FSDP2 averages gradients over ranks as DDP does); see
 :class:`PackedTrainer` for the two ways to shard.
+
+At the trainer boundary (shared with :mod:`padless.integrations.trl`): ``train`` first logs one line
+saying what trains and whether it is exact (:func:`start_line`, :func:`shown`); the records are checked
+before anything reads them (:func:`check_token_records`: a bad record is named with its number from 1
+and the fields it has); and padless' errors raised inside say their arguments as the trainer takes
+them (:func:`trainer_words`: ``max_length 16`` -> ``PackedTrainer(max_length=16)``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -50,9 +59,13 @@ from transformers import Trainer  # noqa: E402
 from padless.batching.collate import PackingCollator
 from padless.batching.samplers import DistributedPackedBatchSampler
 from padless.batching.rows import PackedRowView
-from padless.planning.schedule import RowKey
+from padless.planning.checks import OVERLONG_DEFAULT, check_int
+from padless.planning.schedule import RowKey, check_choices
 from padless.layout import IGNORE_INDEX  # noqa: E402
 from padless.models.fsdp import compute_dtype, is_sharded
+
+logger = logging.getLogger(__name__)
+"""The trainers' start line (:func:`announce`) goes here, at INFO (shown by default: :func:`shown`)."""
 
 
 class EpochDataLoader(DataLoader):
@@ -125,7 +138,7 @@ def packed_batches(
     rank: int,
     seed: int,
     strategy: str = "best_fit_decreasing",
-    overlong: str = "error",
+    overlong: str = OVERLONG_DEFAULT,
     remainder: str = "empty",
     pad_token_id: int = 0,
 ) -> tuple[DistributedPackedBatchSampler, Any]:
@@ -201,6 +214,215 @@ def loader_for(trainer: Trainer, view: Any, sampler: DistributedPackedBatchSampl
     )  # fmt: skip
 
 
+LAYOUT_NAMES: dict[str, str] = {"mask4d": "4d-mask", "varlen": "varlen", "position_ids": "position-ids"}
+"""How the start line names a collator's attention inputs (:data:`padless.attention.select.AttentionInputs`)."""
+
+
+def start_line(model: Any, collator: PackingCollator | None, *, rows: str, documents: str) -> str:
+    """The line a padless trainer logs when training starts: the model, its attention backend, the row
+    layout the collator sends, the one rule's verdict (the collator was fitted to this model by
+    ``for_model`` or :func:`padless.check_collator`, which raise otherwise), the ``rows`` and the
+    ``documents`` per row::
+
+        padless: GPT2LMHeadModel, attention sdpa, layout 4d-mask, exact (padless rule), 160-token rows,
+        2.7 documents per row (planned rows)
+
+    ``collator=None``: padded batches (nothing packed, so nothing to isolate)."""
+    from padless.attention.adapters import base_model_of
+
+    inner = base_model_of(model)
+    name = type(inner).__name__ if inner is model else f"{type(model).__name__}({type(inner).__name__})"
+    parts = [f"padless: {name}", f"attention {inner.config._attn_implementation}"]
+    if collator is None:
+        parts += ["layout padded", "exact (padded: nothing packed)"]
+    else:
+        layout = LAYOUT_NAMES.get(collator.attention, collator.attention)
+        windows = collator.windows
+        if isinstance(windows, Mapping):  # one mask per layer type: name the windows it carries
+            windows = ", ".join(map(str, sorted({w for w in windows.values() if w is not None}))) or None
+        if windows is not None:
+            layout += f" with sliding window {windows}"
+        verdict = "exact (padless rule)" if collator.fitted_to is not None else "not checked by padless' rule"
+        parts += [f"layout {layout}", verdict]
+    return ", ".join([*parts, rows, documents])
+
+
+def planned_documents_per_row(dataset: Any, sampler: DistributedPackedBatchSampler) -> float:
+    """Mean documents per row of ``sampler``'s current plan, every rank's rows (a piece of a split
+    sequence trains as a document and counts as one); for rows packed beforehand, their ``seq_lengths``."""
+    from padless.integrations.datasets import sequence_lengths
+
+    if is_prepacked(dataset):
+        docs = sequence_lengths(dataset, "seq_lengths")
+        return float(docs.mean()) if docs.size else 0.0
+    plan = sampler.schedule().plan
+    return plan.index.size / max(plan.num_rows, 1)
+
+
+def shown(log: logging.Logger) -> logging.Logger:
+    """``log``, visible by default. Trainer logs its own start-up lines at INFO, which transformers'
+    default verbosity (WARNING) hides; the start line says whether the run is exact, so it must reach
+    the user, yet it is no warning. So, as PyTorch Lightning and DeepSpeed do for their start-up lines
+    (and as transformers gives its library logger a stderr handler): where the application has set up
+    no logging (no handler up to the root, no level on ``padless``), ``log`` gets a stderr handler at
+    INFO; a setup of its own (``logging.basicConfig``, a level on ``logging.getLogger("padless")``)
+    is left alone. Silence it with ``logging.getLogger("padless").setLevel(logging.WARNING)`` first."""
+    if not log.hasHandlers() and all(x.level == logging.NOTSET for x in (log, logging.getLogger("padless"))):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    return log
+
+
+def announce(trainer: Trainer, line: str) -> None:
+    """Log the start ``line`` at INFO through :data:`logger` (:func:`shown`), on the main process only."""
+    if trainer.is_world_process_zero():
+        shown(logger).info(line)
+
+
+def present(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record``'s fields that hold a value: a ``datasets.Dataset`` gives every record every column,
+    ``None`` where the record had no such field (inside messages too)."""
+    return {k: v for k, v in record.items() if v is not None}
+
+
+def records(dataset: Any, columns: list[str] | None = None) -> Iterator[tuple[int, Any]]:
+    """``(record number from 1, record)`` of a ``datasets.Dataset`` (read in batches of 1,000, only
+    ``columns`` if given; :func:`present` fields) or of any iterable of records."""
+    if hasattr(dataset, "column_names") and hasattr(dataset, "iter"):
+        view = dataset
+        if columns is not None:
+            columns = [c for c in columns if c in view.column_names]
+            if not columns:  # none of them: every record is empty of them
+                yield from ((n, {}) for n in range(1, len(view) + 1))
+                return
+            view = view.select_columns(columns)
+        number = 0
+        for batch in view.with_format("arrow").iter(batch_size=1000):
+            for record in batch.to_pylist():
+                number += 1
+                yield number, present(record)
+        return
+    for number, record in enumerate(dataset, 1):
+        yield number, present(record) if isinstance(record, Mapping) else record
+
+
+def record_fields(dataset: Any, number: int) -> Any:
+    """Record ``number`` (from 1) of ``dataset`` with every field it has (:func:`present`)."""
+    record = dataset.with_format(None)[number - 1] if hasattr(dataset, "with_format") else dataset[number - 1]
+    return present(record) if isinstance(record, Mapping) else record
+
+
+def first_without(dataset: Any, field: str) -> int | None:
+    """The number (from 1) of the first record of ``dataset`` without ``field``, else None; a
+    ``datasets.Dataset`` is answered from its columns and their missing values, without decoding rows."""
+    if hasattr(dataset, "column_names") and hasattr(dataset, "with_format"):
+        if not len(dataset):
+            return None
+        if field not in dataset.column_names:
+            return 1
+        column = dataset.with_format("arrow", columns=[field])[:][field]
+        if not column.null_count:
+            return None
+        return int(np.argmax(column.is_null().to_numpy(zero_copy_only=False))) + 1
+    for number, record in records(dataset):
+        if not isinstance(record, Mapping) or record.get(field) is None:
+            return number
+    return None
+
+
+def check_token_records(dataset: Any, argument: str = "train_dataset", trainer: str = "PackedTrainer") -> None:
+    """Raise ``ValueError`` naming the first record of ``dataset`` without ``input_ids``: its number
+    (from 1) and its fields, by padless' record check (:func:`padless.data.records.record_kind`), before
+    anything reads the dataset and fails on a raw ``KeyError``."""
+    from padless.data.records import RecordError, record_kind, where
+
+    number = first_without(dataset, "input_ids")
+    if number is None:
+        return
+    at = where(number)
+    with naming_argument(argument):
+        kind = record_kind(record_fields(dataset, number), at)  # raises: none of the fields padless knows
+        raise RecordError("not_tokens", f"{at}: a {kind!r} record without 'input_ids': {trainer} trains token ids; "
+                                        "tokenize it first (padless.load_corpus), or train text and chats with "
+                                        "padless.integrations.trl.SFTTrainer")  # fmt: skip
+
+
+@contextmanager
+def naming_argument(argument: str) -> Iterator[None]:
+    """Record errors raised inside name the trainer argument that holds the records (``train_dataset:``)."""
+    from padless.data.records import RecordError
+
+    try:
+        yield
+    except RecordError as err:
+        err.args = (f"{argument}: {err}", *err.args[1:])
+        raise
+
+
+def in_trainer_words(message: str, words: Mapping[str, str]) -> str:
+    """A padless message in the words of a trainer, as the CLI puts messages in its flags
+    (``padless.cli._shared.as_flags``). ``words``: library argument -> where the trainer takes it, as
+    ``Owner.field``; ``{"overlong": "SFTTrainer.overlong", "seq_length": "SFTConfig.max_length"}`` turns
+
+    * ``overlong='truncate'`` into ``SFTTrainer(overlong='truncate')``,
+    * ``longer than max_length 16`` / ``seq_length=16`` into ``SFTConfig(max_length=16)``,
+    * ``unknown overlong policy 'x'`` (key ``"overlong policy"``) into ``unknown SFTTrainer(overlong='x')``,
+    * ``dropped by overlong`` / ``max_length must`` into ``dropped by SFTTrainer(overlong=...)`` /
+      ``SFTConfig(max_length=...) must``;
+
+    key ``"backend"``: a note after ``use backend 'x'`` (``{backend}`` is the backend's name)."""
+    value = r"""(?P<v>'[^']*'|"[^"]*"|[^\s,;:)]+)"""
+    for name in sorted((w for w in words if w != "backend"), key=len, reverse=True):
+        owner, field = words[name].rsplit(".", 1)
+        said = lambda m: f"{owner}({field}={m['v']})"  # noqa: B023,E731
+        message = re.sub(rf"(?<=unknown ){re.escape(name)} {value}", said, message)
+        message = re.sub(rf"(?<![\w.(]){re.escape(name)}={value}", said, message)
+        message = re.sub(rf"(?<![\w.(]){re.escape(name)} (?P<v>\d+)\b", said, message)
+        message = re.sub(rf"(?<=by ){re.escape(name)}\b(?![=(\w])", f"{owner}({field}=...)", message)
+        message = re.sub(rf"(?<![\w.(]){re.escape(name)}(?= must\b)", f"{owner}({field}=...)", message)
+    if "backend" in words:
+        note = words["backend"]
+        message = re.sub(r"use backend '(?P<b>[\w-]+)'", lambda m: f"{m[0]} ({note.format(backend=m['b'])})", message)
+    return message
+
+
+@contextmanager
+def trainer_words(words: Mapping[str, str]) -> Iterator[None]:
+    """A ``ValueError`` raised inside, by padless code, says its arguments as the trainer takes them
+    (:func:`in_trainer_words`); other libraries' errors pass as they are."""
+    try:
+        yield
+    except ValueError as err:
+        if _raised_by_padless(err) and err.args and isinstance(err.args[0], str):
+            err.args = (in_trainer_words(err.args[0], words), *err.args[1:])
+        raise
+
+
+def _raised_by_padless(err: BaseException) -> bool:
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith("padless.")
+
+
+def _named(eval_dataset: Any) -> list[tuple[str, Any]]:
+    """``eval_dataset`` (one dataset, a dict of them or None) as (trainer argument, dataset) pairs."""
+    if isinstance(eval_dataset, Mapping):
+        return [(f"eval_dataset[{name!r}]", d) for name, d in eval_dataset.items()]
+    return [] if eval_dataset is None else [("eval_dataset", eval_dataset)]
+
+
+PACKED_TRAINER_WORDS: dict[str, str] = {
+    "max_length": "PackedTrainer.max_length", "rows_per_batch": "PackedTrainer.rows_per_batch",
+    "strategy": "PackedTrainer.strategy", "overlong": "PackedTrainer.overlong",
+    "overlong policy": "PackedTrainer.overlong", "remainder": "PackedTrainer.remainder",
+    "pad_token_id": "PackedTrainer.pad_token_id", "backend": "attn_implementation='{backend}' when loading the model",
+}  # fmt: skip
+"""Library argument -> ``PackedTrainer`` argument, for :func:`in_trainer_words`."""
+
+
 def owns_its_sharding(model: Any) -> None:
     """Tell Trainer that ``model``, sharded by :func:`padless.shard_model` before it was handed over,
     places its parameters and reduces its gradients itself: Trainer neither moves it nor wraps it in
@@ -250,44 +472,53 @@ class PackedTrainer(Trainer):
         max_length: int,
         rows_per_batch: int | None = None,
         strategy: str = "best_fit_decreasing",
-        overlong: str = "error",
+        overlong: str = OVERLONG_DEFAULT,
         remainder: str = "empty",
         pad_token_id: int | None = None,
         **trainer_kwargs: Any,
     ) -> None:
-        if model is None:
-            raise ValueError("PackedTrainer needs a model (model_init is not supported)")
-        if data_collator is not None and not isinstance(data_collator, PackingCollator):
-            raise ValueError(f"data_collator must be a padless PackingCollator (or None), got "
-                             f"{type(data_collator).__name__}: another collator cannot place planned rows exactly")
-        count_shifted_labels(model)  # before Trainer reads loss_type
-        if is_sharded(model):
-            owns_its_sharding(model)
-        super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, *trainer_args,
-                         **trainer_kwargs)  # fmt: skip
-        self.max_length = max_length
-        self.rows_per_batch = rows_per_batch or self.args.per_device_train_batch_size
-        self.plan_options = dict(strategy=strategy, overlong=overlong, remainder=remainder)
-        self.pad_token_id = pad_token_id_for(model, processing_class) if pad_token_id is None else pad_token_id
-        if data_collator is not None:  # the user's collator may not know the model: its batches must fit it
-            from padless.batching.rowformat import check_collator
+        with trainer_words(PACKED_TRAINER_WORDS):
+            if model is None:
+                raise ValueError("PackedTrainer needs a model (model_init is not supported)")
+            check_int(max_length, "max_length")  # before Trainer's set-up: a bad argument fails at once
+            if rows_per_batch is not None:
+                check_int(rows_per_batch, "rows_per_batch")
+            check_choices(strategy, overlong, remainder)
+            if data_collator is not None and not isinstance(data_collator, PackingCollator):
+                raise ValueError(f"PackedTrainer(data_collator=...) must be a padless PackingCollator (or None), got "
+                                 f"{type(data_collator).__name__}: another collator cannot place planned rows exactly")
+            for argument, dataset in _named(eval_dataset):  # train_dataset: in _packed_rows
+                check_token_records(dataset, argument)
+            count_shifted_labels(model)  # before Trainer reads loss_type
+            if is_sharded(model):
+                owns_its_sharding(model)
+            super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class,
+                             *trainer_args, **trainer_kwargs)  # fmt: skip
+            self.max_length = max_length
+            self.rows_per_batch = rows_per_batch or self.args.per_device_train_batch_size
+            self.plan_options = dict(strategy=strategy, overlong=overlong, remainder=remainder)
+            self.pad_token_id = pad_token_id_for(model, processing_class) if pad_token_id is None else pad_token_id
+            if data_collator is not None:  # the user's collator may not know the model: its batches must fit it
+                from padless.batching.rowformat import check_collator
 
-            data_collator = check_collator(model, data_collator, device=self.args.device, dtype=training_dtype(self.args))
-        self.data_collator = data_collator or exact_collator(
-            model, max_length, device=self.args.device, dtype=training_dtype(self.args) or compute_dtype(model),
-            pad_token_id=self.pad_token_id,
-            strategy=strategy, overlong=overlong,
-        )  # fmt: skip
-        self.batch_sampler: DistributedPackedBatchSampler | None = None
-        self._rows: tuple[Any, DistributedPackedBatchSampler, Any] | None = None
-        if train_dataset is not None:
-            self._packed_rows()
+                data_collator = check_collator(model, data_collator, device=self.args.device,
+                                               dtype=training_dtype(self.args))  # fmt: skip
+            self.data_collator = data_collator or exact_collator(
+                model, max_length, device=self.args.device, dtype=training_dtype(self.args) or compute_dtype(model),
+                pad_token_id=self.pad_token_id,
+                strategy=strategy, overlong=overlong,
+            )  # fmt: skip
+            self.batch_sampler: DistributedPackedBatchSampler | None = None
+            self._rows: tuple[Any, DistributedPackedBatchSampler, Any] | None = None
+            if train_dataset is not None:
+                self._packed_rows()
 
     def _packed_rows(self) -> tuple[DistributedPackedBatchSampler, Any]:
         """The sampler and row view of the current ``train_dataset`` (built once per dataset)."""
         if self._rows is None or self._rows[0] is not self.train_dataset:
             args = self.args
             seed = args.data_seed if args.data_seed is not None else args.seed
+            check_token_records(self.train_dataset, "train_dataset")
             sampler, view = packed_batches(
                 self.train_dataset, self.max_length, self.rows_per_batch, world_size=args.world_size,
                 rank=args.process_index, seed=seed, pad_token_id=self.pad_token_id, **self.plan_options,
@@ -296,11 +527,43 @@ class PackedTrainer(Trainer):
             self.batch_sampler = sampler
         return self._rows[1], self._rows[2]
 
+    def start_line(self) -> str:
+        """What :meth:`train` logs first (:func:`start_line`): model, backend, layout, verdict, rows."""
+        with trainer_words(PACKED_TRAINER_WORDS):
+            sampler, _ = self._packed_rows()
+        per_row = planned_documents_per_row(self.train_dataset, sampler)
+        return start_line(self.model, self.data_collator, rows=f"{self.max_length}-token rows",
+                          documents=f"{per_row:.1f} documents per row (planned rows)")  # fmt: skip
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """Trainer's ``train``, after logging :meth:`start_line` (:func:`announce`)."""
+        if self.train_dataset is None:
+            raise ValueError("PackedTrainer: training requires a train_dataset")
+        announce(self, self.start_line())
+        with trainer_words(PACKED_TRAINER_WORDS):
+            return super().train(*args, **kwargs)
+
     def get_train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             raise ValueError("PackedTrainer: training requires a train_dataset")
-        sampler, view = self._packed_rows()
+        with trainer_words(PACKED_TRAINER_WORDS):
+            sampler, view = self._packed_rows()
         return loader_for(self, view, sampler)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
+        """Trainer's evaluation loader, after the records of the dataset it reads are checked."""
+        chosen = self.eval_dataset if eval_dataset is None else eval_dataset
+        if isinstance(chosen, str):  # evaluate() over a dict of datasets asks for each by name
+            named = [(f"eval_dataset[{chosen!r}]", self.eval_dataset[chosen])]
+        else:
+            named = _named(chosen)
+        for argument, dataset in named:
+            check_token_records(dataset, argument)
+        return super().get_eval_dataloader(eval_dataset)
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        with trainer_words(PACKED_TRAINER_WORDS):
+            return super().evaluate(*args, **kwargs)
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Trainer's move to ``args.device``, remembering the boundary tensors' host copies (the collator
