@@ -228,3 +228,64 @@ def test_three_axis_position_ids_are_read_like_text_positions():
     flat = row_documents(batch)
     stacked = dict(batch, position_ids=batch["position_ids"][None].expand(3, -1, -1))
     assert row_documents(stacked) == flat
+
+
+def _ones_mask(batch):
+    """The batch with the all-ones 2D ``attention_mask`` many pipelines add (a PackedBatch keeps its placements)."""
+    from padless.batching.batch import PackedBatch
+
+    return PackedBatch({**batch, "attention_mask": torch.ones_like(batch["input_ids"])}, batch.placements)
+
+
+def test_a_2d_mask_on_packed_rows_is_refused_everywhere_and_the_batch_without_it_is_exact():
+    from padless.objectives.logprobs import sequence_logprobs
+    from padless.objectives.loss import model_loss, step_num_items
+
+    model, feats = _model("llama"), make_features(LENGTHS, vocab_size=VOCAB, seed=4, with_labels=True)
+    batch = PackingCollator(model_free=True, max_length=ROW, attention="position_ids")(feats)
+    assert "attention_mask" not in batch
+    check_batch(model, batch)
+    assert max_diff_to_alone(model, feats, batch) < 1e-5
+    masked = _ones_mask(batch)
+    assert masked.placements is batch.placements
+    assert max_diff_to_alone(model, feats, masked) > 1e-2  # what the refusal prevents
+    n = step_num_items([batch])
+    for call in (lambda: check_batch(model, masked), lambda: model_loss(model, masked, n),
+                 lambda: sequence_logprobs(model, masked)):  # fmt: skip
+        with pytest.raises(ValueError, match="packed .*2D attention_mask.*drop the 'attention_mask' key.*for_model"):
+            call()
+    # the same loss, exact: padded rows (one document each) against the packed batch without the mask
+    padded = PaddingCollator()(feats)
+    check_batch(model, padded)  # a padded batch with its 2D mask stays accepted
+    with torch.no_grad():
+        packed_loss = model_loss(model, batch, n)
+        padded_loss = model_loss(model, padded, step_num_items([padded]))
+    assert abs(packed_loss.item() - padded_loss.item()) < 1e-5
+    alone = torch.stack([sequence_logprobs(model, PaddingCollator()([f]))[0] for f in feats])
+    with torch.no_grad():
+        assert (sequence_logprobs(model, batch) - alone).abs().max().item() < 1e-4
+
+
+def test_masks_that_cannot_isolate_the_documents_are_refused_by_shape_and_block():
+    model, feats = _model("llama"), _feats()
+    batch = PackingCollator(model_free=True, max_length=ROW)(feats)  # a 4D block-causal mask
+    R, L = batch["input_ids"].shape
+    for bad, what in ((batch["attention_mask"][:, :, :-1, :-1], "4D attention_mask has shape"),
+                      (batch["attention_mask"][:, 0], "attention_mask has shape"),
+                      (torch.ones(R, L + 1, dtype=torch.long), "attention_mask has shape")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"{what}.*drop the 'attention_mask' key"):
+            check_batch(model, dict(batch, attention_mask=bad))
+    causal = torch.full((L, L), torch.finfo(torch.float32).min).triu(1).expand(R, 1, L, L)  # no document blocks
+    from padless.objectives.loss import model_loss
+
+    for call in (check_batch, lambda m, b: model_loss(m, b, 1)):
+        with pytest.raises(ValueError, match="4D attention_mask lets query .* see key .*not block-causal"):
+            call(model, dict(batch, attention_mask=causal.clone()))
+    # varlen kwargs beside a 2D mask: packed too
+    varlen = PackingCollator(model_free=True, max_length=ROW, attention="varlen")(feats)
+    with pytest.raises(ValueError, match="cu_seq_lens_q holds .*2D attention_mask"):
+        check_batch(model, dict(varlen, attention_mask=torch.ones_like(varlen["input_ids"])))
+    # a row holding one document (plus nothing else) is a padded row: accepted with a 2D mask
+    whole = make_features([ROW, ROW], vocab_size=VOCAB)
+    one = PackingCollator(model_free=True, max_length=ROW, attention="position_ids")(whole)
+    check_batch(model, _ones_mask(one))

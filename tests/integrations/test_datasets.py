@@ -31,7 +31,7 @@ def _dataset(rows, with_doc=True):
 def _pieces(packed):
     """Every (row, document) piece: (source row, start, tokens) read back from the token values."""
     out = []
-    for row in packed.to_list():
+    for row in packed.to_list() if isinstance(packed, datasets.Dataset) else list(packed):  # a stream: its rows
         offset = 0
         assert sum(row["seq_lengths"]) == len(row["input_ids"]) == len(row["labels"]) == len(row["doc"])
         for n in row["seq_lengths"]:
@@ -108,6 +108,14 @@ def test_every_token_lands_once(rows, seq_length, strategy, overlong, batch_size
     assert not placed  # nothing placed twice, no empty sequence placed
     lost = sum(max(0, n - seq_length) for n in rows) if policy == "truncate" else 0
     assert plan.stats.truncated_tokens == lost
+    # the same dataset streamed: by batches, the same rows; through the buffer, the same pieces
+    stream = ds.to_iterable_dataset()
+    if batch_size is not None or strategy == "wrapped":
+        assert list(padless.pack_dataset(stream, seq_length, strategy, {"batch_size": batch_size},
+                                         overlong=overlong)) == packed.to_list()  # fmt: skip
+    elif strategy in ("bfd", "bfd_split"):
+        streamed = padless.pack_dataset(stream, seq_length, strategy, overlong=overlong, buffer_size=5)
+        assert sorted(_pieces(streamed)) == sorted(_pieces(packed))
 
 
 @given(rows=st.lists(st.integers(1, 40), min_size=1, max_size=60), seq_length=st.integers(40, 64))
@@ -180,7 +188,7 @@ def test_sequence_lengths_reads_arrow_offsets_and_lists():
         (lambda: _dataset([2]), {"map_kwargs": {"num_proc": 4}}, r"num_proc'\]=4"),
         (lambda: _dataset([2]), {"map_kwargs": {"batched": True}}, r"\['batched'\] are not supported"),
         (lambda: _dataset([2]), {"map_kwargs": {"batch_size": 0}}, "batch_size'] must be a positive"),
-        (lambda: _dataset([2]).to_iterable_dataset(), {}, "IterableDataset"),
+        (lambda: _dataset([2]).to_iterable_dataset(), {"strategy": "next_fit"}, "IterableDataset pass map_kwargs"),
         (lambda: [{"input_ids": [1]}], {}, "must be a datasets.Dataset"),
         (lambda: _dataset([2]), {"seq_length": 0}, "seq_length must be a positive integer"),
     ],
@@ -198,3 +206,68 @@ def test_the_fingerprint_follows_the_input_and_the_arguments():
     assert padless.pack_dataset(ds, 9)._fingerprint != fingerprint
     assert padless.pack_dataset(ds, 8, "wrapped")._fingerprint != fingerprint
     assert padless.pack_dataset(ds.select([0, 1, 2]), 8)._fingerprint != fingerprint
+
+
+ROWS = [5, 12, 3, 9, 1, 16, 7, 7, 2, 11, 4, 8, 13, 6, 3]
+
+
+@pytest.mark.parametrize(("strategy", "overlong"), [("bfd", "truncate"), ("bfd_split", None), ("wrapped", None),
+                                                    ("next_fit", "drop"), ("bfd", "split")])  # fmt: skip
+def test_an_iterable_dataset_planned_by_batches_gives_the_datasets_rows(strategy, overlong):
+    """With ``map_kwargs={"batch_size": N}`` a stream is planned as a Dataset with the same batch_size:
+    the very same rows, in the same order, every column alike."""
+    ds = _dataset(ROWS)
+    kwargs = dict(map_kwargs={"batch_size": 4}, overlong=overlong)
+    want = padless.pack_dataset(ds, 10, strategy, **kwargs)
+    got = padless.pack_dataset(ds.to_iterable_dataset(), 10, strategy, **kwargs)
+    assert isinstance(got, datasets.IterableDataset)
+    assert list(got) == want.to_list()
+    assert got.column_names == want.column_names == ["input_ids", "labels", "doc", "seq_lengths"]
+    assert got.features == want.features
+
+
+def test_an_iterable_dataset_streams_through_a_bounded_buffer():
+    """Without a batch_size the streaming planner packs it: the same documents as the Dataset's rows
+    (every token once), grouped within the buffer's reach; a buffer holding the whole stream makes
+    rows of the same lengths as the offline plan; wrapped streams the offline rows exactly."""
+    ds, it = _dataset(ROWS), _dataset(ROWS).to_iterable_dataset()
+    offline = padless.pack_dataset(ds, 16, "bfd_split")
+    for buffer_size in (3, 64):
+        streamed = padless.pack_dataset(it, 16, "bfd_split", buffer_size=buffer_size)
+        rows = list(streamed)
+        assert sorted(_pieces(rows)) == sorted(_pieces(offline))  # every piece once, every column alike
+        assert all(len(r["input_ids"]) <= 16 for r in rows)
+        if buffer_size >= len(ROWS):
+            assert sorted(map(sum, (r["seq_lengths"] for r in rows))) == sorted(map(sum, offline["seq_lengths"]))
+    assert list(padless.pack_dataset(it, 16, "wrapped")) == padless.pack_dataset(ds, 16, "wrapped").to_list()
+
+
+def test_a_stream_counts_what_it_cuts_and_refuses_what_it_must(caplog):
+    it = _dataset(ROWS).to_iterable_dataset()
+    with caplog.at_level(logging.INFO, logger="padless.integrations.datasets"):
+        rows = list(padless.pack_dataset(it, 10, overlong="truncate", buffer_size=4))
+    lost = sum(n - 10 for n in ROWS if n > 10)
+    assert sum(map(sum, (r["seq_lengths"] for r in rows))) + lost == sum(ROWS)  # placed once, or counted
+    assert f"pack_dataset (streaming): {len(ROWS)} sequences -> {len(rows)} rows" in caplog.text
+    assert f"truncated 4 ({lost} tokens lost)" in caplog.text
+    with pytest.raises(ValueError, match=r"example 1 has 12 tokens, longer than seq_length=10.*overlong='truncate'"):
+        list(padless.pack_dataset(it, 10))  # a stream is read lazily: refused as it is read
+    empty = datasets.Dataset.from_dict({"input_ids": [[1], []]}).to_iterable_dataset()
+    with pytest.raises(ValueError, match="example 1 of the stream is an empty sequence"):
+        list(padless.pack_dataset(empty, 4))
+    with pytest.raises(ValueError, match="cannot take an IterableDataset"):
+        plan_dataset(it, 10)
+
+
+def test_a_stream_keeps_trls_columns_splits_and_format():
+    trl = pytest.importorskip("trl")
+    ds = datasets.Dataset.from_dict(TRL_EXAMPLE)
+    it = ds.to_iterable_dataset()
+    theirs = next(iter(trl.pack_dataset(it, 4)))  # TRL packs a stream by map batches
+    ours = list(padless.pack_dataset(it, 4, overlong="truncate"))
+    assert list(ours[0]) == list(theirs) == ["input_ids", "attention_mask", "seq_lengths"]
+    assert sorted(sum((r["input_ids"] for r in ours), [])) == list(range(1, 5)) + list(range(6, 12))
+    split = padless.pack_dataset(datasets.IterableDatasetDict(train=it, test=it), 4, overlong="truncate")
+    assert isinstance(split, datasets.IterableDatasetDict) and list(split["test"]) == ours
+    row = next(iter(padless.pack_dataset(it.with_format("torch"), 4, overlong="truncate")))
+    assert row["input_ids"].dtype.is_floating_point is False and int(row["seq_lengths"].sum()) == len(row["input_ids"])

@@ -136,3 +136,85 @@ def test_renamed_and_unknown_names_say_what_to_use() -> None:
     assert build_model("gpt2-2layer").config.vocab_size == 50257 and build_model("tiny-gpt2").config.vocab_size == 512
     with pytest.raises(ValueError, match=r"no such folder; a model name is one of the built-in names \(tiny-gpt2"):
         build_model("./no/such/model")
+
+
+@pytest.mark.parametrize("where", ["HF_HUB_OFFLINE=1", "no hub cache"])
+def test_an_unknown_name_fails_without_any_network_call(where: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """No hub request at all, not even the adapter lookup transformers makes: offline, or on a machine
+    that never used the hub (an empty HF_HOME), an unknown name fails at once, naming the built-in models."""
+    import socket
+
+    import padless.hub as hub
+
+    attempts: list[Any] = []
+
+    def no_network(*args: Any, **kwargs: Any) -> Any:
+        attempts.append(args)  # recorded too, in case a library swallows the error
+        raise AssertionError(f"a network call was attempted: {args} {kwargs}")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.setattr(hub, "hub_reachable", no_network)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    if where == "HF_HUB_OFFLINE=1":  # as a process started with it: huggingface_hub read it at import
+        (tmp_path / "hub").mkdir()  # a hub cache, without the name: looked up on disk only
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+        match = "not in the hub cache.*HF_HUB_OFFLINE is set, and a model-hub name needs network"
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+        match = r"no model-hub cache .*a model-hub name \('org/name'\) needs network"
+    for call in (lambda: build_model("no-such-model"), lambda: models.model_config("no-such-model")):
+        with pytest.raises(ValueError, match=rf"unknown model 'no-such-model'.*{match}.*\(tiny-gpt2, .*smollm2-135m\)"):
+            call()
+    assert attempts == []
+
+
+def test_a_cached_lookup_keeps_the_adapter_lookup_on_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5.24 asks the hub for adapter_config.json even with local_files_only=True unless
+    adapter_kwargs say so too: the cache-only load passes both."""
+    import transformers
+
+    seen: list[dict[str, Any]] = []
+
+    def load(name: str, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        raise OSError("not cached")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    monkeypatch.setattr("padless.hub.hub_reachable", lambda timeout=None: False)
+    with pytest.raises(ValueError, match="cannot be reached"):
+        build_model("org/not-cached")
+    assert seen and seen[0]["local_files_only"] is True and seen[0]["adapter_kwargs"] == {"local_files_only": True}
+
+
+def test_the_first_smollm2_load_says_what_it_is_doing(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import logging
+
+    converted: list[Path] = []
+    monkeypatch.setattr(models, "_convert_smollm2", converted.append)  # the ~30 s dequantisation, mocked
+    with caplog.at_level(logging.WARNING, logger="padless.models.factory"):
+        models._write_smollm2(tmp_path / "smol")
+    assert converted == [tmp_path / "smol"]
+    before, after = caplog.messages
+    assert before == (f"padless: first load of smollm2-135m: converting SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised "
+                      f"to fp32) into the cache at {tmp_path / 'smol'} (~30 s, ~520 MB, once)")  # fmt: skip
+    assert after.startswith("padless: smollm2-135m converted in ")
+    assert after.endswith(f" s; later loads read {tmp_path / 'smol'}")
+
+
+def test_the_smollm2_progress_lines_reach_stderr_where_logging_is_not_configured(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; import padless.models.factory as f; "
+            "f._convert_smollm2 = lambda target: None; f._write_smollm2(Path(sys.argv[1]))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "smol")], capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.stdout == "" and len(lines) == 2, done.stderr
+    assert lines[0].startswith("padless: first load of smollm2-135m: converting") and "converted in" in lines[1]

@@ -14,6 +14,15 @@ varlen kwargs, or position ids alone) and the documents of each row (from the re
 ``position_ids``), asks the one rule about this model, backend and longest document, and compares the
 batch's mask with the one the rule's windows call for, entry by entry. padless' own consumers of a
 (model, batch) pair call it (``sequence_logprobs``, the guard's checks).
+
+:func:`check_attention_mask` is the model-free half, cheap enough for every step (``model_loss`` runs
+it): a batch whose rows hold several documents must carry no ``attention_mask`` or a 4D one that keeps
+them apart. transformers looks for packed rows in ``position_ids`` only when ``attention_mask`` is
+None, so a 2D mask added to a packed batch (an all-ones one, as many pipelines add) silently lets
+every document attend to the documents before it::
+
+    position_ids   0 1 2 0 1          2D mask  1 1 1 1 1  ->  row-causal: query 3 sees keys 0-3
+    needed         block-causal: query 3 sees key 3 only, query 4 keys 3-4
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ import numpy as np
 from padless.attention.adapters import base_model_of
 
 _FIX = "build the collator with PackingCollator.for_model(model, ...)"
+_MASK_FIX = ("drop the 'attention_mask' key (the restarted position_ids mark the documents) or let the collator "
+             "make the mask (PackingCollator.for_model(model, ...))")
 _CHECKED: dict[int, tuple[weakref.ref, Any]] = {}
 """``id`` of a 4D mask tensor -> (a weak reference to it, the window it was found to carry): a batch
 run twice (a DPO policy and its reference) is compared entry by entry once. Keyed by ``id`` (tensors
@@ -81,8 +92,9 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
         model_inputs,
     )
 
+    check_attention_mask(batch)
     kind = carried_inputs(batch)
-    if kind == "padding":
+    if kind == "padding":  # one document per row (check_attention_mask): a padded batch
         return
     inner = base_model_of(model)
     backend = inner.config._attn_implementation
@@ -131,3 +143,117 @@ def _check_masks(mask: Any, windows: Any, docs: list[list[int]], dtype: Any) -> 
             raise ValueError(f"the batch's 4D mask ({name}) is not the block-causal mask with {what} that this "
                              f"model needs; {_FIX}")  # fmt: skip
         _remember(m, window)
+
+
+def check_attention_mask(batch: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming ``attention_mask`` unless the batch's mask can keep its documents
+    apart; model-free and ``O(rows x length)``, so every step can afford it.
+
+    * no ``attention_mask``: nothing to check here (:func:`check_batch` judges position ids alone);
+    * a 2D mask ``[B, L]`` (the shape of ``input_ids``): only where every row holds one document (a
+      padded batch). On packed rows (position ids restarting inside the attended tokens, several
+      placed pieces in a row, or varlen ``cu_seq_lens``) transformers skips its packed-row detection;
+    * a 4D mask (or a dict of them, per layer type) ``[B, 1 | heads, L, L]``: no query may see the
+      row's first key or the key just before its own document (read from the restarted position
+      ids); :func:`check_batch` compares the whole mask with the model's;
+    * any other shape is refused.
+    """
+    mask = batch.get("attention_mask")
+    if mask is None:
+        return
+    shape = _tokens_shape(batch)
+    masks = list(mask.values()) if isinstance(mask, Mapping) else [mask]
+    for m in masks:
+        ndim = getattr(m, "ndim", None)
+        got = tuple(getattr(m, "shape", ()))
+        if ndim == 2 and not isinstance(mask, Mapping):
+            if shape is not None and got != shape:
+                raise ValueError(f"the batch's attention_mask has shape {got}, its input_ids {shape}; a 2D mask "
+                                 f"must match them (one document per row); {_MASK_FIX}")  # fmt: skip
+            packed = _packed_rows(batch, m)
+            if packed:
+                raise ValueError(f"this batch is packed ({packed}) and carries a 2D attention_mask {got}: "
+                                 "transformers then skips its packed-row detection, so the documents of a row "
+                                 f"attend to each other; {_MASK_FIX}")  # fmt: skip
+            continue
+        if ndim != 4:
+            raise ValueError(f"the batch's attention_mask has shape {got}: padless reads a 2D mask [B, L] (one "
+                             "document per row) or a 4D mask [B, 1, L, L] (a dict of them per layer type), "
+                             f"not this; {_MASK_FIX}")  # fmt: skip
+        if shape is not None and (got[0] not in (1, shape[0]) or got[2:] != (shape[1], shape[1])):
+            raise ValueError(f"the batch's 4D attention_mask has shape {got}, its input_ids {shape}; it must be "
+                             f"[{shape[0]}, 1, {shape[1]}, {shape[1]}]; {_MASK_FIX}")  # fmt: skip
+        _check_blocks(batch, m)
+
+
+def _tokens_shape(batch: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(B, L)`` of the batch's tokens (``input_ids``, else ``labels``, else ``inputs_embeds``)."""
+    for key in ("input_ids", "labels", "inputs_embeds"):
+        value = batch.get(key)
+        if value is not None and getattr(value, "ndim", 0) >= 2:
+            return tuple(int(n) for n in value.shape[:2])  # type: ignore[return-value]
+    return None
+
+
+def _host(value: Any) -> np.ndarray:
+    return np.asarray(value.detach().cpu() if hasattr(value, "detach") else value)
+
+
+def _packed_rows(batch: Mapping[str, Any], mask2d: Any) -> str:
+    """Why the batch's rows hold several documents (empty if they do not)."""
+    rows = _host(mask2d).shape[0]
+    cu = batch.get("cu_seq_lens_q", batch.get("cu_seq_lens_k"))
+    if cu is not None and _host(cu).size - 1 > rows:
+        return f"cu_seq_lens_q holds {_host(cu).size - 1} documents for {rows} rows"
+    placements = getattr(batch, "placements", None)
+    if placements is not None and placements.row.size:
+        per_row = np.bincount(np.asarray(placements.row, dtype=np.int64))
+        if per_row.max() > 1:
+            return f"row {int(per_row.argmax())} holds {int(per_row.max())} placed pieces"
+    positions = batch.get("position_ids")
+    if positions is not None:
+        pos = _host(positions)
+        if pos.ndim == 3:  # multimodal RoPE [axes, R, L]: the text axes restart alike
+            pos = pos[0]
+        attended = _host(mask2d) != 0
+        if pos.shape == attended.shape:
+            starts = ((pos == 0) & attended).sum(axis=1)
+            if starts.max(initial=0) > 1:
+                r = int(starts.argmax())
+                return f"the position_ids of row {r} restart at 0 {int(starts[r])} times"
+    return ""
+
+
+def _check_blocks(batch: Mapping[str, Any], mask: Any) -> None:
+    """A 4D mask must hide, from every query of a row's second or later document, the key just before
+    its document and the row's first key (a causal mask without document blocks shows both)."""
+    import torch
+
+    positions = batch.get("position_ids")
+    if positions is None or not isinstance(mask, torch.Tensor) or not isinstance(positions, torch.Tensor):
+        return
+    if mask.dtype == torch.bool:
+        visible = lambda m: m  # noqa: E731
+    elif mask.is_floating_point():
+        visible = lambda m: m == 0  # noqa: E731  additive: 0 where attended
+    else:
+        return  # an integer 4D mask: its convention is the model's to read
+    pos = positions[0] if positions.dim() == 3 else positions
+    if pos.dim() != 2 or pos.shape[-1] != mask.shape[-1]:
+        return
+    pos = pos.to(mask.device).long()
+    q = torch.arange(pos.shape[1], device=mask.device).expand_as(pos)
+    start = q - pos  # where each query's document starts
+    later = (start > 0) & (pos >= 0)
+    if not bool(later.any()):
+        return
+    b, qq = later.nonzero(as_tuple=True)
+    before = (start[b, qq] - 1).clamp(min=0)
+    rows = b if mask.shape[0] == pos.shape[0] else torch.zeros_like(b)
+    for key in (before, torch.zeros_like(before)):
+        seen = visible(mask[rows, :, qq, key])  # [K, heads]
+        if bool(seen.any()):
+            k = int(seen.any(dim=-1).nonzero()[0, 0])
+            raise ValueError(f"the batch's 4D attention_mask lets query {int(qq[k])} of row {int(b[k])} see key "
+                             f"{int(key[k])}, in an earlier document (the position_ids restart at "
+                             f"{int(start[b[k], qq[k]])}): it is not block-causal; {_MASK_FIX}")  # fmt: skip

@@ -1,7 +1,7 @@
 """padless inside other libraries' training loops. Each module imports its library only when used.
 
 - ``datasets``: ``pack_dataset``, a drop-in for ``trl.pack_dataset`` planned by padless over the whole
-  dataset (``padless[data]``).
+  dataset, or through a bounded buffer for an ``IterableDataset`` (``padless[data]``).
 - ``transformers``: ``PackedTrainer``, ``transformers.Trainer`` training planned packed rows
   (``padless[trainer]``).
 - ``trl``: ``SFTTrainer`` with padless packing, configured through TRL's ``SFTConfig`` (``padless[trl]``).

@@ -1,4 +1,5 @@
-"""``pack_dataset``: a drop-in for ``trl.pack_dataset``, planned by padless over the whole dataset.
+"""``pack_dataset``: a drop-in for ``trl.pack_dataset``, planned by padless over the whole dataset
+(or, for a streaming dataset, through a bounded buffer).
 
 Same arguments and the same output as TRL 1.16's ``pack_dataset(dataset, seq_length, strategy,
 map_kwargs)``: a ``Dataset`` (or ``DatasetDict``) whose rows are packed rows of at most
@@ -19,6 +20,20 @@ What differs, on purpose:
 * ``"wrapped"`` keeps document boundaries: a sequence cut at a row's end continues in the next row as
   its own document, and every row has ``seq_lengths``. (TRL's wrapped rows have none: the sequences of
   a row attend to each other.)
+
+A ``datasets.IterableDataset`` (or ``IterableDatasetDict``) is packed as it streams, into an
+``IterableDataset`` with the same columns (TRL packs one by ``datasets.map`` batches of 1,000 rows):
+
+* by default with padless' streaming planner (:mod:`padless.planning.buffered`, best fit within a
+  buffer of ``buffer_size`` sequences; full rows leave, the rest wait for partners, all is flushed at
+  the end), so rows are not those of the offline plan: the same documents, grouped within the
+  buffer's reach, in the order they leave it. ``"wrapped"`` streams exactly the offline rows;
+* with ``map_kwargs={"batch_size": N}``, each run of ``N`` sequences is planned on its own, as for a
+  ``Dataset`` with the same ``batch_size``: the very same rows, in the same order.
+
+What was truncated or dropped is counted and logged at the end of each pass over the stream. The
+stream is read lazily, so an overlong or empty sequence is refused when it is read, naming its
+position; the packed stream is one shard (``datasets`` gives further ``DataLoader`` workers nothing).
 
 Every token of every column lands in exactly one row, in order within its sequence. An empty sequence
 is refused naming its row, as the collators refuse it. The rows train exactly with :class:`padless.PackingCollator`
@@ -258,12 +273,15 @@ def _restore_format(packed: Any, fmt: Mapping[str, Any]) -> Any:
 
 
 def _log(plan: PackPlan) -> None:
-    s = plan.stats
-    logger.info("pack_dataset: %d sequences -> %d rows (lower bound %d), efficiency %.4f",
-                s.num_sequences, s.num_rows, s.lower_bound, s.efficiency)
+    _log_stats(plan.stats, plan.max_length)
+
+
+def _log_stats(s: Any, max_length: int, what: str = "pack_dataset") -> None:
+    logger.info("%s: %d sequences -> %d rows (lower bound %d), efficiency %.4f",
+                what, s.num_sequences, s.num_rows, s.lower_bound, s.efficiency)
     if s.truncated_tokens or s.dropped_tokens:
-        logger.warning("pack_dataset: sequences longer than seq_length=%d: truncated %d (%d tokens lost), "
-                       "dropped %d (%d tokens)", plan.max_length, s.truncated_sequences, s.truncated_tokens,
+        logger.warning("%s: sequences longer than seq_length=%d: truncated %d (%d tokens lost), "
+                       "dropped %d (%d tokens)", what, max_length, s.truncated_sequences, s.truncated_tokens,
                        s.dropped_sequences, s.dropped_tokens)
 
 
@@ -274,11 +292,17 @@ def _datasets() -> Any:
     return datasets
 
 
-def _each_split(dataset: Any, fn: Any) -> Any:
+def _each_split(dataset: Any, fn: Any, stream: Any = None) -> Any:
+    """``fn`` on each split of a ``Dataset`` / ``DatasetDict`` (a dict per split), ``stream`` on each
+    split of an ``IterableDataset`` / ``IterableDatasetDict`` (an ``IterableDatasetDict`` per split)."""
     datasets = _datasets()
     if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
-        raise ValueError("pack_dataset plans over a whole dataset and cannot take an IterableDataset; "
-                         "pack a stream with padless.PackedStream")
+        if stream is None:
+            raise ValueError("plan_dataset needs every length up front and cannot take an IterableDataset; "
+                             "pack_dataset packs one as it streams (and logs what it truncated or dropped)")
+        if isinstance(dataset, datasets.IterableDatasetDict):
+            return datasets.IterableDatasetDict({name: stream(split) for name, split in dataset.items()})
+        return stream(dataset)
     if isinstance(dataset, datasets.DatasetDict):
         return {name: fn(split) for name, split in dataset.items()}
     if not isinstance(dataset, datasets.Dataset):
@@ -315,21 +339,226 @@ def pack_dataset(
     map_kwargs: Mapping[str, Any] | None = None,
     *,
     overlong: str | None = None,
+    buffer_size: int = 4096,
 ) -> Any:
     """Pack the sequences of ``dataset`` into rows of at most ``seq_length`` tokens (see the module
-    docstring): a ``Dataset`` (or ``DatasetDict``) with the same columns, packed, plus ``seq_lengths``.
+    docstring): a ``Dataset`` (or ``DatasetDict``) with the same columns, packed, plus ``seq_lengths``;
+    an ``IterableDataset`` (or ``IterableDatasetDict``) of the same for a streaming one, holding at most
+    ``buffer_size`` sequences (or ``map_kwargs["batch_size"]``) at a time.
 
     ``strategy``: TRL's ``"bfd"``, ``"bfd_split"``, ``"wrapped"`` or a padless planner name
     (:data:`padless.STRATEGIES`). ``overlong``: what a sequence longer than ``seq_length`` does
     (``"error"`` by default, or ``"truncate"``, ``"split"``, ``"drop"``). ``map_kwargs``: see
     :data:`MAP_KWARGS`. The dataset's format is kept (``seq_lengths`` joins a column selection).
+    ``buffer_size``: sequences a streaming dataset's planner holds at most (without a ``batch_size``).
     """
     batch_size = _check_map_kwargs(map_kwargs)
     if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
         raise ValueError(f"seq_length must be a positive integer, got {seq_length!r}")
     resolve_strategy(strategy, overlong)  # a bad name fails before any work
     result = _each_split(dataset, lambda split: _pack_split(split, int(seq_length), strategy, overlong,
-                                                            batch_size)[0])
-    if isinstance(result, dict):
+                                                            batch_size)[0],
+                         lambda split: _pack_stream(split, int(seq_length), strategy, overlong, batch_size,
+                                                    buffer_size))  # fmt: skip
+    if isinstance(result, dict) and not isinstance(result, _datasets().IterableDatasetDict):
         return _datasets().DatasetDict(result)
     return result
+
+
+STREAM_PLANNERS: dict[str, str] = {"best_fit_decreasing": "buffered", "histogram_best_fit": "buffered",
+                                   "wrapped": "wrapped"}  # fmt: skip
+"""padless planner -> how an ``IterableDataset`` is packed without ``map_kwargs["batch_size"]``:
+``buffered`` (:class:`padless.planning.buffered.StreamPlanner`) or ``wrapped`` (cut as it streams,
+the offline rows exactly). Other planners need a ``batch_size``."""
+
+
+def _pack_stream(dataset: Any, seq_length: int, strategy: str, overlong: str | None, batch_size: int | None,
+                 buffer_size: int) -> Any:  # fmt: skip
+    """An ``IterableDataset`` of the packed rows of a streaming one (see the module docstring)."""
+    from datasets.iterable_dataset import ExamplesIterable
+
+    from padless.planning.buffered import StreamOptions
+
+    datasets = _datasets()
+    planner, policy = resolve_strategy(strategy, overlong)
+    if batch_size is None:
+        if planner not in STREAM_PLANNERS:
+            raise ValueError(f"strategy={strategy!r} plans a whole dataset; on an IterableDataset pass "
+                             "map_kwargs={'batch_size': N} (each N sequences planned on their own), or choose "
+                             f"one of {', '.join(['bfd', 'bfd_split', *STREAM_PLANNERS])}")  # fmt: skip
+        if STREAM_PLANNERS[planner] == "buffered":
+            StreamOptions(max_length=seq_length, buffer_size=buffer_size, overlong=policy)  # type: ignore[arg-type]
+    features = dataset.features
+    out_features = None
+    if features is not None:
+        if "seq_lengths" in features:
+            raise ValueError("the dataset already has a 'seq_lengths' column: it is packed already")
+        out_features = datasets.Features({**features, "seq_lengths": datasets.List(datasets.Value("int32"))})
+    job = _StreamJob(dataset.with_format(None), seq_length, strategy, planner, overlong, policy, batch_size,
+                     buffer_size, None if features is None else list(features))  # fmt: skip
+    packed = datasets.IterableDataset(ExamplesIterable(_stream_examples, {"job": job}),
+                                      info=datasets.DatasetInfo(features=out_features), split=dataset.split)  # fmt: skip
+    fmt = dataset._formatting.format_type if dataset._formatting is not None else None
+    return packed.with_format(fmt) if fmt else packed
+
+
+def _stream_examples(job: _StreamJob) -> Any:
+    yield from enumerate(job.rows())
+
+
+class _StreamJob:
+    """One streaming pack: reads the source once per pass, holds only the buffered examples' columns."""
+
+    def __init__(self, source: Any, seq_length: int, strategy: str, planner: str, overlong: str | None, policy: str,
+                 batch_size: int | None, buffer_size: int, names: list[str] | None) -> None:  # fmt: skip
+        self.source, self.seq_length, self.strategy, self.planner = source, seq_length, strategy, planner
+        self.overlong, self.policy, self.batch_size, self.buffer_size = overlong, policy, batch_size, buffer_size
+        self.names = names
+
+    def rows(self) -> Any:
+        from padless.planning.buffered import StreamCounts
+
+        counts = StreamCounts()
+        names = self.names
+        store: dict[int, list[Any]] = {}  # position -> [columns, pieces not yet yielded]
+
+        def examples() -> Any:
+            nonlocal names
+            for pos, example in enumerate(self.source):
+                if names is None:
+                    names = list(example)
+                    if "seq_lengths" in names:
+                        raise ValueError("the dataset already has a 'seq_lengths' column: it is packed already")
+                columns, n = _stream_columns(pos, example, names)
+                counts.sequences += 1
+                counts.tokens_in += n
+                if n > self.seq_length and self.policy == "error":
+                    raise ValueError(f"example {pos} has {n} tokens, longer than seq_length={self.seq_length}; "
+                                     f"trl.pack_dataset's 'bfd' would silently cut {n - self.seq_length} of them. "
+                                     "Choose overlong='truncate' (the same cut, counted), 'split' (keep every "
+                                     "token, as separate documents) or 'drop'")  # fmt: skip
+                yield pos, columns, n
+
+        if self.batch_size is not None:
+            pieces = self._batched(examples(), store, counts)
+        elif STREAM_PLANNERS[self.planner] == "wrapped":
+            pieces = self._wrapped(examples(), store)
+        else:
+            pieces = self._buffered(examples(), store, counts)
+        for row in pieces:
+            counts.rows += 1
+            counts.pieces += len(row)
+            counts.tokens_out += sum(n for _, _, n in row)
+            counts.max_per_row = max(counts.max_per_row, len(row))
+            yield _stream_row(row, store, names or [])
+        _log_stats(counts.plan_stats(self.seq_length), self.seq_length, "pack_dataset (streaming)")
+
+    def _buffered(self, examples: Any, store: dict[int, list[Any]], counts: Any) -> Any:
+        from padless.planning.buffered import StreamOptions, StreamPlanner
+
+        planner = StreamPlanner(StreamOptions(max_length=self.seq_length, buffer_size=self.buffer_size,
+                                              overlong=self.policy))  # type: ignore[arg-type]  # fmt: skip
+        for pos, columns, n in examples:
+            _, made = planner.add(n)
+            if made:
+                store[pos] = [columns, made]
+            while planner.pending:
+                yield planner.pop()
+        planner.finish()
+        while planner.pending:
+            yield planner.pop()
+        c = planner.counts
+        counts.truncated_sequences, counts.truncated_tokens = c.truncated_sequences, c.truncated_tokens
+        counts.dropped_sequences, counts.dropped_tokens = c.dropped_sequences, c.dropped_tokens
+        counts.split_sequences = c.split_sequences
+
+    def _wrapped(self, examples: Any, store: dict[int, list[Any]]) -> Any:
+        """The offline ``wrapped`` rows, as the stream arrives: a sequence cut at a row's end continues
+        at the start of the next row as its own document."""
+        cap, row, fill = self.seq_length, [], 0
+        for pos, columns, n in examples:
+            cuts, s, room = [], 0, cap - fill
+            while s < n:
+                take = min(n - s, room)
+                cuts.append((pos, s, take))
+                s, room = s + take, cap
+            store[pos] = [columns, len(cuts)]
+            for piece in cuts:
+                row.append(piece)
+                fill += piece[2]
+                if fill == cap:
+                    yield tuple(row)
+                    row, fill = [], 0
+        if row:
+            yield tuple(row)
+
+    def _batched(self, examples: Any, store: dict[int, list[Any]], counts: Any) -> Any:
+        """Each run of ``batch_size`` sequences planned on its own, as :func:`plan_lengths` plans a
+        ``Dataset`` with the same ``batch_size``."""
+        chunk: list[tuple[int, Any, int]] = []
+
+        def plan() -> Any:
+            lengths = np.array([n for _, _, n in chunk], dtype=np.int64)
+            p = plan_lengths(lengths, self.seq_length, self.strategy, overlong=self.overlong)
+            st = p.stats
+            counts.truncated_sequences += st.truncated_sequences
+            counts.truncated_tokens += st.truncated_tokens
+            counts.dropped_sequences += st.dropped_sequences
+            counts.dropped_tokens += st.dropped_tokens
+            counts.split_sequences += st.split_sequences
+            made = np.bincount(p.index, minlength=len(chunk))
+            for i, (pos, columns, _) in enumerate(chunk):
+                if made[i]:
+                    store[pos] = [columns, int(made[i])]
+            for r in range(p.num_rows):
+                lo, hi = int(p.row_offsets[r]), int(p.row_offsets[r + 1])
+                yield tuple((chunk[int(p.index[j])][0], int(p.start[j]), int(p.length[j])) for j in range(lo, hi))
+            chunk.clear()
+
+        for item in examples:
+            chunk.append(item)
+            if len(chunk) == self.batch_size:
+                yield from plan()
+        if chunk:
+            yield from plan()
+
+
+def _stream_columns(pos: int, example: Any, names: list[str]) -> tuple[dict[str, list[Any]], int]:
+    """An example's columns as lists, checked as :func:`_list_columns` checks a table's."""
+    if not isinstance(example, Mapping) or list(example) != names:
+        got = list(example) if isinstance(example, Mapping) else type(example).__name__
+        raise ValueError(f"example {pos} has columns {got}, the stream {names}")
+    columns, n = {}, None
+    for name in names:
+        value = example[name]
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or getattr(value, "ndim", 1) != 1:
+            raise ValueError(f"column {name!r} of example {pos} is a {type(value).__name__}, not a list per row; "
+                             "pack_dataset packs token columns only (select them first: "
+                             "dataset.select_columns([...]))")  # fmt: skip
+        values = value.tolist() if hasattr(value, "tolist") else list(value)
+        if n is None:
+            n = len(values)
+        elif len(values) != n:
+            raise ValueError(f"column {name!r} has {len(values)} values in example {pos} but {names[0]!r} has {n}; "
+                             "every column must match the first, row by row")  # fmt: skip
+        columns[name] = values
+    if not n:
+        raise ValueError(f"example {pos} of the stream is an empty sequence ({names[0]!r} has no tokens); every "
+                         "sequence needs at least one token: filter them out first, e.g. "
+                         f"dataset.filter(lambda r: len(r[{names[0]!r}]) > 0)")  # fmt: skip
+    return columns, n
+
+
+def _stream_row(row: tuple[tuple[int, int, int], ...], store: dict[int, list[Any]], names: list[str]) -> dict[str, Any]:
+    """The row's pieces, every column concatenated alike, plus ``seq_lengths``; an example is
+    forgotten once its last piece has left."""
+    out: dict[str, Any] = {name: [] for name in names}
+    for pos, start, n in row:
+        columns = store[pos][0]
+        for name in names:
+            out[name].extend(columns[name][start : start + n])
+        store[pos][1] -= 1
+        if not store[pos][1]:
+            del store[pos]
+    out["seq_lengths"] = [n for _, _, n in row]
+    return out

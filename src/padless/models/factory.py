@@ -16,6 +16,7 @@ bit-identical.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel
+
+logger = logging.getLogger(__name__)
 
 GPT2_VOCAB_SIZE = 50257
 
@@ -125,8 +128,8 @@ def gpt2_config(size: str, *, dropout: float = 0.0, vocab_size: int = GPT2_VOCAB
 
 def smollm2_dir(cache_dir: str | Path | None = None) -> Path:
     """The SmolLM2-135M-Instruct checkpoint folder (safetensors + config + tokenizer), written from the
-    packaged GGUF on first use. ``cache_dir`` is the folder itself; default
-    ``<cache root>/models/smollm2-135m``."""
+    packaged GGUF on first use (a line on stderr before and after the conversion, :func:`_write_smollm2`). ``cache_dir`` is the
+    folder itself; default ``<cache root>/models/smollm2-135m``."""
     from padless.data.assets import cache_root
 
     target = Path(cache_dir) if cache_dir is not None else cache_root() / "models" / "smollm2-135m"
@@ -136,6 +139,20 @@ def smollm2_dir(cache_dir: str | Path | None = None) -> Path:
 
 
 def _write_smollm2(target: Path) -> None:
+    """Dequantise the packaged GGUF into an fp32 checkpoint at ``target`` (~30 s and ~520 MB, once),
+    saying so before and after: the first load would otherwise sit silent for half a minute. The two
+    lines are warnings of this module's logger, so they reach stderr where logging is not configured
+    (Python's last-resort handler) and follow the user's handlers where it is."""
+    import time
+
+    start = time.perf_counter()
+    logger.warning("padless: first load of smollm2-135m: converting SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised "
+                   "to fp32) into the cache at %s (~30 s, ~520 MB, once)", target)  # fmt: skip
+    _convert_smollm2(target)
+    logger.warning("padless: smollm2-135m converted in %.1f s; later loads read %s", time.perf_counter() - start, target)
+
+
+def _convert_smollm2(target: Path) -> None:
     import copy
     import shutil
 
@@ -168,6 +185,17 @@ def _write_smollm2(target: Path) -> None:
     write_folder_atomically(target, fill)
 
 
+def _load_pretrained(name: str, **kwargs: Any) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained`` whose ``local_files_only`` also covers the adapter
+    lookup: without ``adapter_kwargs`` transformers 5.24 asks the hub for ``adapter_config.json``
+    (25 s of retries offline) even when told to stay on disk."""
+    from transformers import AutoModelForCausalLM
+
+    if kwargs.get("local_files_only"):
+        kwargs.setdefault("adapter_kwargs", {"local_files_only": True})
+    return AutoModelForCausalLM.from_pretrained(name, **kwargs)
+
+
 def tokenizer_name_for(model_name: str) -> str:
     """The tokenizer a model name goes with: ``"gpt2"`` for the GPT-2 sizes, the packaged tokenizer for a
     packaged model, the name itself for a transformers name or path."""
@@ -189,13 +217,25 @@ def load_tokenizer_for(model_name: str) -> Any:
     return load_tokenizer(tokenizer_name_for(model_name))
 
 
+def check_model_name(name: str) -> None:
+    """Raise the ``ValueError`` :func:`build_model` would raise for a name that can only be unknown (a
+    renamed one, a missing folder, a hub name without an owner on a machine with no hub cache), reading
+    only the file system: no torch, no transformers, no network. Other names pass."""
+    from padless.hub import check_name
+
+    _check_renamed(name)
+    if name not in PRETRAINED and name not in GPT2_SIZES and not name.startswith("tiny-"):
+        check_name(name, "model", builtin_models())
+
+
 def model_config(name: str, *, vocab_size: int | None = None, cache_dir: str | Path | None = None) -> PretrainedConfig:
     """The config of a model name (as :func:`build_model` takes it), without building the weights."""
+    check_model_name(name)  # before transformers is imported
+
     from transformers import AutoConfig
 
     from padless.hub import from_pretrained
 
-    _check_renamed(name)
     if name in PRETRAINED:
         return AutoConfig.from_pretrained(str(smollm2_dir(cache_dir)))
     if name.startswith("tiny-"):
@@ -222,12 +262,13 @@ def build_model(
     silently disables transformers' packed-row handling (../shared/ENVIRONMENT.md). ``cache_dir`` is
     where the ``smollm2-135m`` checkpoint is kept (see :func:`smollm2_dir`).
     """
+    check_model_name(name)  # an unknown name fails before torch and transformers are imported
+
     import torch
     from transformers import AutoModelForCausalLM
 
     from padless.hub import from_pretrained
 
-    _check_renamed(name)
     if name in PRETRAINED:
         if vocab_size is not None:
             raise ValueError(f"vocab_size={vocab_size} cannot be set for the pretrained {name!r}")
@@ -244,7 +285,7 @@ def build_model(
         config.use_cache = False
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
     else:
-        model = from_pretrained(AutoModelForCausalLM.from_pretrained, name, "model", builtin_models(),
+        model = from_pretrained(_load_pretrained, name, "model", builtin_models(),
                                 attn_implementation=attn_implementation, dtype=dtype)
     model.config.use_cache = False
     return model

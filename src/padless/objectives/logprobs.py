@@ -108,6 +108,9 @@ def sequence_logprobs(
     """
     import torch
 
+    from padless.attention.accept import check_attention_mask
+
+    check_attention_mask(batch)  # a 2D mask on packed rows: refused whoever ran the forward
     labels_t = batch["labels"]
     labels = labels_t.detach().cpu().numpy()
     placements = getattr(batch, "placements", None)

@@ -272,9 +272,17 @@ def model_loss(
 
     ``weighting``: how tokens are weighed (:data:`LossWeighting`); ``num_items`` must come from
     :func:`step_num_items` with the same ``weighting``.
+
+    A packed batch whose ``attention_mask`` cannot keep its documents apart (a 2D mask on packed rows,
+    a 4D one that is not block-causal, a mask of the wrong shape) is refused
+    (:func:`padless.attention.accept.check_attention_mask`, model-free and cheap); whether the batch's
+    form fits this model's backend is :func:`padless.check_batch`'s question.
     """
     import torch
 
+    from padless.attention.accept import check_attention_mask
+
+    check_attention_mask(batch)
     inputs = forward_inputs(batch)  # without labels and loss_weights
     labels = batch["labels"]
     weights = target_weights(batch, weighting)
