@@ -242,3 +242,26 @@ def test_library_messages_in_trainer_words():
          "model)"),
     ]:  # fmt: skip
         assert in_trainer_words(message, words) == said
+
+
+def test_a_collator_that_adds_a_2d_mask_to_packed_rows_is_refused(tmp_path):
+    """Many pipelines add an all-ones 2D ``attention_mask``; on packed rows transformers then skips its
+    packed-row detection and documents see each other. The trainer refuses the batch, naming the key."""
+    from transformers import TrainingArguments
+
+    from padless.integrations.transformers import PackedTrainer
+
+    feats = [{"input_ids": list(range(1, n + 1))} for n in (9, 8, 11, 5, 7)]
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1, disable_tqdm=True,
+                             save_strategy="no", per_device_train_batch_size=1)  # fmt: skip
+    trainer = PackedTrainer(model=support.model("sdpa", "tiny-llama"), args=args, train_dataset=feats, max_length=32)
+    loader = trainer.get_train_dataloader
+
+    class WithMask:  # the trainer's own batches, each given an all-ones 2D mask on the way
+        def __iter__(self):
+            for batch in loader():
+                yield {**batch, "attention_mask": batch["input_ids"].new_ones(batch["input_ids"].shape)}
+
+    trainer.get_train_dataloader = WithMask
+    with pytest.raises(ValueError, match="attention_mask"):
+        trainer.train()

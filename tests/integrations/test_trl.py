@@ -300,3 +300,25 @@ def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exac
     said = [r for r in caplog.records if r.name == "padless.integrations.transformers"]
     assert [(r.levelno, r.getMessage()) for r in said] == [
         (logging.INFO, f"padless: GPT2LMHeadModel, attention {attn}, " + line.format(docs=docs))]
+
+
+def test_a_2d_mask_added_to_packed_rows_is_refused(tmp_path):
+    """A packed batch that gains an all-ones 2D ``attention_mask`` on its way to the loss is refused."""
+    import trl
+
+    from padless.integrations.trl import SFTTrainer
+
+    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
+                         use_cpu=True, max_steps=1, bf16=False)  # fmt: skip
+    trainer = SFTTrainer(model=support.model("sdpa"), args=args, train_dataset=support.dataset(support.examples()),
+                         processing_class=support.tokenizer())  # fmt: skip
+    loader = trainer.get_train_dataloader
+
+    class WithMask:  # the trainer's own batches, each given an all-ones 2D mask on the way
+        def __iter__(self):
+            for batch in loader():
+                yield {**batch, "attention_mask": batch["input_ids"].new_ones(batch["input_ids"].shape)}
+
+    trainer.get_train_dataloader = WithMask
+    with pytest.raises(ValueError, match="attention_mask"):
+        trainer.train()

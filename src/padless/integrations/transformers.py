@@ -567,9 +567,13 @@ class PackedTrainer(Trainer):
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Trainer's move to ``args.device``, remembering the boundary tensors' host copies (the collator
-        made them on the CPU), so the padless attention reads them without a device sync."""
+        made them on the CPU), so the padless attention reads them without a device sync. A batch whose
+        ``attention_mask`` cannot keep its documents apart (a collator that adds a 2D mask to packed rows)
+        is refused first."""
+        from padless.attention.accept import check_attention_mask
         from padless.attention.host import remember_moved
 
+        check_attention_mask(inputs)
         prepared = super()._prepare_inputs(inputs)
         remember_moved(inputs, prepared)
         return prepared

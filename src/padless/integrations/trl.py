@@ -357,7 +357,12 @@ class PackedSFTTrainer(trl.SFTTrainer):
     ) -> Any:
         """TRL's loss. Only its ``num_tokens`` metric is recounted for padless batches: TRL reads it from a
         2D ``attention_mask`` or from the width of one flattened row; padless rows send a 4D mask or several
-        rows. Counted as TRL counts its padding-free rows: every token fed, row-end padding included."""
+        rows. Counted as TRL counts its padding-free rows: every token fed, row-end padding included. A packed
+        batch whose ``attention_mask`` cannot keep its documents apart is refused first."""
+        if self._padless_mode is not None:
+            from padless.attention.accept import check_attention_mask
+
+            check_attention_mask(inputs)
         before = getattr(self, "_total_train_tokens", None)
         out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         if self._padless_mode is not None and before is not None and self.model.training:
