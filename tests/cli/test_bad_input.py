@@ -43,6 +43,7 @@ def _npy_empty(path: Path) -> None:
     np.save(path, np.zeros(0, dtype=np.int64))
 
 
+CHAT = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
 BAD_IDS = [1, 2, 99999999]
 VOCAB = r"token id 99999999 is outside the vocabulary \[0, 50257\).*--vocab-size or --tokenizer"
 
@@ -97,6 +98,34 @@ CASES = [
     ("model-renamed", ["verify", "--model", "gpt2-tiny"], {}, 2, r"'gpt2-tiny' is now called 'gpt2-2layer'"),
     ("model-unknown-path", ["verify", "--model", "./no/such/model"], {}, 2,
      r"no such folder; a model name is one of the built-in names \(tiny-gpt2, .*gpt2-2layer"),
+    ("tokenizer-and-model-disagree", ["stats", "--data", "{tmp}/c.jsonl", "--tokenizer", "gpt2", "--model",
+                                      "smollm2-135m"], {"c.jsonl": CHAT}, 2,
+     r"--tokenizer gpt2 is not the tokenizer of --model smollm2-135m \(smollm2-135m\); pass one of them"),
+    ("model-without-tokenizer", ["pack", "{tmp}/c.jsonl", "--model", "tiny-gpt2"], {"c.jsonl": CHAT}, 2,
+     r"--model tiny-gpt2: 'tiny-gpt2' has a 512-token test vocabulary and no tokenizer"),
+    ("tokenizer-without-data", ["stats", "--tokenizer", "smollm2-135m"], {}, 2,
+     r"--tokenizer applies to --data \(the data to tokenize\), not to --lengths or --dist"),
+    ("tokenizer-with-synthetic", ["pack", "--synthetic", "lognormal:10", "--model", "smollm2-135m"], {}, 2,
+     r"--model applies to an INPUT to tokenize; --synthetic draws random token ids"),
+    ("train-on-pretokenized", ["pack", "{tmp}/d.jsonl", "--train-on", "assistant"], {"d.jsonl": '{"input_ids": [1]}\n'},
+     2, r"--train-on assistant applies to text and chats; pre-tokenized records \('input_ids'\) are trained as their"),
+    ("train-on-assistant-text", ["stats", "--data", "{tmp}/t.jsonl", "--train-on", "assistant"],
+     {"t.jsonl": '{"text": "hi"}\n'}, 2, r"t\.jsonl.*line 1 is plain text; --train-on 'assistant' needs chats"),
+    ("system-prompt-text", ["pack", "{tmp}/t.jsonl", "--system-prompt", "none"], {"t.jsonl": '{"text": "hi"}\n'}, 2,
+     r"--system-prompt none applies to chats; .*t\.jsonl holds text"),
+    # one overlong default (error) in stats, plan and pack: refused with the count and the flag that changes it
+    ("stats-overlong-default", ["stats", "--lengths", "{tmp}/l.txt", "--max-length", "16"], {"l.txt": "30\n2\n45\n"},
+     2, r"2 sequences are over --max-length 16 and --overlong is error \(the default\); pass --overlong truncate"),
+    ("plan-overlong-default", ["plan", "--lengths", "{tmp}/l.txt", "--max-length", "16", "--out", "{tmp}/o.npz"],
+     {"l.txt": "30\n2\n"}, 2, r"1 sequence is over --max-length 16 and --overlong is error \(the default\)"),
+    ("pack-overlong-default", ["pack", "{tmp}/d.jsonl", "--max-length", "2"], {"d.jsonl": '{"input_ids": [1, 2, 3]}\n'},
+     2, r"d\.jsonl, line 1 has length 3, longer than --max-length 2; choose --overlong 'truncate', 'split' or 'drop'"),
+    ("pack-overlong-line-number", ["pack", "{tmp}/d.jsonl", "--max-length", "2"],
+     {"d.jsonl": '{"input_ids": [1]}\n\n{"input_ids": [1, 2, 3]}\n'}, 2, r"d\.jsonl, line 3 has length 3"),
+    ("pack-foreign-folder", ["pack", "{tmp}/d.jsonl", "--out", "{tmp}/mine"],
+     {"d.jsonl": '{"input_ids": [1]}\n', "mine/notes.txt": "x"}, 2,
+     r"--out .*mine is not empty and has no state\.json, so padless pack did not write it \(it holds notes\.txt\); "
+     r"choose a new or empty folder, or --overwrite"),
     ("tokenizer-unknown-path", ["pack", "{tmp}/t.jsonl", "--tokenizer", "/no/such/tok"], {"t.jsonl": '{"text": "hi"}\n'},
      2, r"tokenizer '/no/such/tok': no such folder"),
 ]
@@ -177,7 +206,8 @@ def test_stats_reports_overlong_sequences_and_what_each_policy_costs(tmp_path, c
     lengths = [30, 2, 17, 8, 45]
     path = tmp_path / "l.txt"
     path.write_text("\n".join(map(str, lengths)))
-    assert main(["stats", "--lengths", str(path), "--max-length", "16", "--json"]) == 0
+    argv = ["stats", "--lengths", str(path), "--max-length", "16"]
+    assert main([*argv, "--overlong", "truncate", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     over = [n for n in lengths if n > 16]
     assert doc["overlong"]["policy_used"] == "truncate" and doc["overlong"]["overlong"]["sequences"] == len(over)
@@ -185,11 +215,22 @@ def test_stats_reports_overlong_sequences_and_what_each_policy_costs(tmp_path, c
     assert doc["overlong"]["split"]["pieces"] == sum(-(-n // 16) for n in over)
     assert doc["overlong"]["drop"]["tokens_lost"] == sum(over)
     assert doc["plan"]["truncated_sequences"] == len(over)
-    assert main(["stats", "--lengths", str(path), "--max-length", "16"]) == 0
+    assert main([*argv, "--overlong", "split"]) == 0
     text = capsys.readouterr().out
-    assert "overlong: 3 sequences over --max-length 16" in text and "split: 7 pieces" in text
+    assert "overlong: split (3 sequences over --max-length 16; pass --overlong error|truncate|drop)" in text
+    assert "split: 7 pieces" in text and "plan: best_fit_decreasing, max_length 16, overlong split" in text
     assert overlong_costs([5, 6], 16)["overlong"] == {"sequences": 0, "tokens": 0}
-    assert main(["stats", "--lengths", str(path), "--max-length", "16", "--overlong", "error"]) == 2  # asked for
+    # the default, as in padless pack and the collators: what is known is printed, then the plan is refused
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "overlong: error (3 sequences over --max-length 16; pass --overlong truncate|split|drop)" in captured.out
+    assert "lengths: file l.txt" in captured.out and "plan:" not in captured.out
+    assert captured.err.strip() == ("padless stats: error: 3 sequences are over --max-length 16 and --overlong is "
+                                    "error (the default); pass --overlong truncate, split or drop to plan them, or a "
+                                    "larger --max-length")  # fmt: skip
+    assert main([*argv, "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"] is None and doc["overlong"]["policy_used"] == "error"
 
 
 def test_stats_hist_prints_the_file_it_wrote(tmp_path, capsys):

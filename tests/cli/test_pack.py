@@ -203,7 +203,7 @@ def bad_jsonl(tmp_path):
         (lambda t: ["--synthetic", "lognormal:10", "--max-length", 0], "argument --max-length: must be between 1"),
         (lambda t: ["--synthetic", "lognormal:10", "--rows-per-shard", 0], "argument --rows-per-shard: must be"),
         (lambda t: ["--synthetic", "lognormal:10", "--num-workers", 2], "--num-workers and --ray-address need --engine ray"),
-        (lambda t: ["--synthetic", "lognormal:500:300", "--max-length", 64], "longer than max_length 64"),
+        (lambda t: ["--synthetic", "lognormal:500:300", "--max-length", 64], "longer than --max-length 64"),
         (lambda t: [bad_jsonl(t)], "line 2 is not valid JSON"),
     ],
 )
@@ -220,13 +220,16 @@ def test_bad_input_exits_2(tmp_path, capsys, argv, message):
 def test_rerun_with_other_flags_or_a_foreign_folder_exits_2(tmp_path, capsys):
     out = tmp_path / "out"
     assert pack("--synthetic", "lognormal:200", "--out", out, "--max-length", 512) == 0
-    assert pack("--synthetic", "lognormal:200", "--out", out, "--max-length", 256) == 2
-    assert "made with --max-length 512, not 256" in capsys.readouterr().err
+    assert pack("--synthetic", "lognormal:200", "--out", out, "--max-length", 256, "--overlong", "drop") == 2
+    assert capsys.readouterr().err.strip() == (
+        f"padless pack: error: --out {out} holds a packing made with other flags: --max-length was 512, now 256; "
+        "--overlong was error, now drop; rerun with the same flags, choose another --out, or pass --overwrite to "
+        "start over")  # fmt: skip
     assert pack("--synthetic", "lognormal:300", "--out", out, "--max-length", 512) == 2
-    assert "made with INPUT" in capsys.readouterr().err
+    assert "--synthetic was lognormal:200, now lognormal:300" in capsys.readouterr().err
     (out / "state.json").unlink()
     assert pack("--synthetic", "lognormal:200", "--out", out, "--max-length", 512) == 2
-    assert "holds shards but no state.json" in capsys.readouterr().err
+    assert f"--out {out} is not empty and has no state.json" in capsys.readouterr().err
 
 
 def test_resume_refuses_an_input_whose_bytes_changed(tmp_path, capsys):
@@ -243,7 +246,7 @@ def test_resume_refuses_an_input_whose_bytes_changed(tmp_path, capsys):
     os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert src.stat().st_size == stat.st_size
     assert pack(*args) == 2
-    assert "holds a packing made with INPUT" in capsys.readouterr().err
+    assert "made with other flags: INPUT is not the input packed there (other content)" in capsys.readouterr().err
 
 
 def test_a_jsonl_mixing_text_and_token_rows_exits_2_naming_the_line(tmp_path, capsys):

@@ -15,7 +15,7 @@ from conftest import check_documents
 
 from padless.data.inputs import open_input
 from padless.export.parquet import pack_to_parquet
-from padless.export.state import FolderLock
+from padless.export.state import FolderLock, JobMismatch
 
 
 def write_input(path, n=600, seed=0):
@@ -68,13 +68,17 @@ def test_other_input_or_flags_are_refused_naming_the_change_and_overwrite_starts
     src, _ = write_input(tmp_path / "in.jsonl")
     out = tmp_path / "out"
     pack(src, out, max_shards=1)
-    with pytest.raises(ValueError, match="made with rows_per_shard=40, not 30.*overwrite=True"):
+    with pytest.raises(ValueError, match=r"other options \(rows_per_shard was 40, now 30\).*overwrite=True"):
         pack(src, out, rows_per_shard=30)
-    with pytest.raises(ValueError, match="made with overlong='error', not 'drop'"):
-        pack(src, out, overlong="drop")
+    with pytest.raises(JobMismatch) as refused:  # every difference, each named
+        pack(src, out, overlong="drop", rows_per_shard=30)
+    assert refused.value.changes == [("overlong", "error", "drop"), ("rows_per_shard", 40, 30)]
     other, lengths = write_input(tmp_path / "other.jsonl", seed=1)
-    with pytest.raises(ValueError, match="made with input="):
-        pack(other, out)
+    with pytest.raises(JobMismatch) as refused:  # the content, as one change; the options of the input by name
+        pack_to_parquet(open_input(str(other), vocab_size=20_000, shard_rows=128), out, 64, rows_per_shard=40,
+                        progress=False)  # fmt: skip
+    assert [name for name, _, _ in refused.value.changes] == ["input", "vocab_size"]
+    assert refused.value.changes[1][1:] == (10_000, 20_000)
     assert len(shards(out)) == 1  # the refusals touched nothing
     summary = pack(other, out, overwrite=True)
     assert summary["complete"] and summary["this_run"]["shards_written"] == len(shards(out))
@@ -96,6 +100,26 @@ def test_a_second_run_into_the_folder_is_refused_naming_the_holder(tmp_path):
     (out / ".lock").write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": "x"}))
     with pytest.raises(ValueError, match="pid 1 on host elsewhere.*delete .*\\.lock if that run is gone"):
         pack(src, out)
+
+
+def test_a_folder_padless_did_not_write_is_refused_and_overwrite_keeps_its_other_files(tmp_path):
+    src, lengths = write_input(tmp_path / "in.jsonl", n=50)
+    out = tmp_path / "theirs"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "shard-00000.parquet").write_text("not a shard")
+    with pytest.raises(ValueError, match=r"theirs is not empty and has no state\.json.*it holds notes\.txt, "
+                                         r"shard-00000\.parquet\).*overwrite=True"):  # fmt: skip
+        pack(src, out)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "shard-00000.parquet"]  # untouched
+    assert pack(src, out, overwrite=True)["complete"]
+    assert (out / "notes.txt").read_text() == "mine"  # only padless' own names are replaced
+    every_token_once(out, lengths)
+    (out / "README.md").write_text("a folder padless wrote stays resumable with a file added")
+    assert pack(src, out)["already_complete"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert pack(src, empty)["complete"]
 
 
 def test_the_rows_do_not_depend_on_the_shard_size_and_markers_skip_finished_work(tmp_path, monkeypatch):

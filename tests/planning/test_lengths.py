@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -155,13 +153,20 @@ def test_plan_cli_writes_the_plan(tmp_path, lengths_file, capsys):
     saved.check([6, 2, 3, 5])
 
 
-def test_data_flag_uses_corpus_lengths(monkeypatch, capsys):
-    import padless.data
+def test_data_flag_uses_load_corpus(monkeypatch, capsys):
+    import padless.data.load
+    from padless.data.load import CorpusReport, TokenizedCorpus
 
-    monkeypatch.setattr(padless.data, "corpus_lengths", lambda name: np.array([3, 4, 5]), raising=False)
+    def fake(name, tokenizer, **options):
+        ids = [[1] * 3, [1] * 4, [1] * 5]
+        report = CorpusReport(read=3, selected=3, kept=3, skipped={}, truncated_examples=0, truncated_tokens=0,
+                              boundary_mismatches=0, tokens=12, trained_tokens=12)
+        return TokenizedCorpus(name, ids, ids, report)
+
+    monkeypatch.setattr(padless.data.load, "load_corpus", fake)
     assert main(["stats", "--data", "tweets", "--max-length", "16", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["source"] == "corpus tweets" and doc["lengths"]["count"] == 3
+    assert doc["source"] == "corpus tweets" and doc["lengths"]["count"] == 3 and doc["data"]["train_on"] == "all"
 
 
 @pytest.mark.parametrize(
@@ -172,7 +177,7 @@ def test_data_flag_uses_corpus_lengths(monkeypatch, capsys):
         (["--lengths", "{zero_txt}"], "sequence 1 has length 0"),
         (["--lengths", "{csv}"], "unsupported file type '.csv'"),
         (["--lengths", "{long_txt}", "--max-length", "8", "--overlong", "error"],
-         "sequence 0 has length 30, longer than max_length 8"),
+         "1 sequence is over --max-length 8 and --overlong is error"),
         (["--max-length", "0", "--num", "10"], "argument --max-length: must be between 1 and"),
         (["--batch-size", "0", "--num", "10"], "argument --batch-size: must be between 1 and"),
         (["--max-per-row", "0", "--num", "10"], "argument --max-per-row: must be between 1 and"),
@@ -188,12 +193,6 @@ def test_stats_cli_bad_input_exits_2(tmp_path, capsys, args, message):
     argv = ["stats", *(a.format(**paths) for a in args)]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
-
-
-def test_missing_corpus_function_exits_2(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "padless.data", types.ModuleType("padless.data"))  # an install without it
-    assert main(["stats", "--data", "tweets"]) == 2
-    assert "padless.data.corpus_lengths" in capsys.readouterr().err
 
 
 def test_plan_cli_bad_out_and_unknown_strategy(tmp_path, lengths_file, capsys):

@@ -33,7 +33,7 @@ from padless.attention.rules import MaskWindows
 from padless.attention.select import ATTENTION_INPUTS, AttentionInputs, Layout
 from padless.batching.batch import device_of
 from padless.layout import append_separator, check_tokens, cu_seqlens_from_lengths
-from padless.planning.checks import check_choice, check_int
+from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
 from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class RowFormat:
     """Tokens per packed row. ``None``: the whole batch becomes one row (padding-free)."""
     strategy: str = "best_fit_decreasing"
     """Planner strategy (:data:`padless.STRATEGIES`) used when ``max_length`` is set."""
-    overlong: str = "error"
+    overlong: str = OVERLONG_DEFAULT
     """Policy for a sequence (or group) longer than ``max_length`` (:data:`padless.OVERLONG_POLICIES`)."""
     pad_token_id: int = 0
     """Id written into padding at the end of a row."""

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from padless.layout import IGNORE_INDEX, build_row, check_tokens
+from padless.planning.checks import OVERLONG_DEFAULT
 from padless.planning.schedule import RowKey
 
 
@@ -67,7 +68,7 @@ class PackedRows:
         max_length: int,
         *,
         strategy: str = "best_fit_decreasing",
-        overlong: str = "error",
+        overlong: str = OVERLONG_DEFAULT,
         seed: int = 0,
     ) -> None:
         from padless.batching.rowformat import FeatureSpec

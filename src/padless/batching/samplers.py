@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from padless.planning.checks import check_int
+from padless.planning.checks import OVERLONG_DEFAULT, check_int
 from padless.planning.lengths import group_by_length
 from padless.planning.plan import validate_lengths
 from padless.planning.schedule import EpochSchedule, Remainder, RowKey, check_choices, schedule_epoch
@@ -156,7 +156,7 @@ class DistributedPackedBatchSampler:
     (sorted by size, ties in plan order)."""
     strategy: str = "best_fit_decreasing"
     """Planner strategy (:data:`padless.STRATEGIES`)."""
-    overlong: str = "error"
+    overlong: str = OVERLONG_DEFAULT
     """Policy for a sequence longer than ``max_length`` (:data:`padless.OVERLONG_POLICIES`)."""
     remainder: Remainder = "empty"
     """What happens to the rows that do not fill a last step (:data:`REMAINDERS`)."""

@@ -3,7 +3,8 @@
 Every subcommand is one module of this package, ``padless.cli.<command>``, with two functions:
 ``add_<command>_arguments(parser)`` and ``run_<command>(args) -> int`` (the exit status). A module is
 imported only when its subcommand is chosen, so ``padless --help`` is instant. Only this package
-knows flags, argparse and printing; the library raises errors that name arguments.
+knows flags, argparse and printing; the library raises errors that name arguments. Every
+subcommand's ``--help`` shows each flag's default (:class:`HelpFormatter`).
 """
 
 from __future__ import annotations
@@ -11,18 +12,21 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import sys
 from typing import NoReturn
 
-from padless.cli._shared import INT_MAX, as_flags, int_in, plain
+from padless.cli._shared import INT_MAX, HelpFormatter, as_flags, int_in, plain
 
-__all__ = ["COMMANDS", "EXIT_ERROR", "EXIT_INTERRUPTED", "INT_MAX", "as_flags", "build_parser", "int_in", "main",
-           "plain"]  # fmt: skip
+__all__ = ["COMMANDS", "EXIT_BROKEN_PIPE", "EXIT_ERROR", "EXIT_INTERRUPTED", "INT_MAX", "HelpFormatter", "as_flags",
+           "build_parser", "int_in", "main", "plain"]  # fmt: skip
 
 EXIT_ERROR = 2
 """Exit status of a bad input or an expected failure (one line on stderr, no traceback)."""
 EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
+EXIT_BROKEN_PIPE = 141
+"""Exit status when the reader of the output went away (``padless stats | head``): 128 + SIGPIPE."""
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -43,13 +47,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = _Parser(prog="padless", description=plain(__doc__.splitlines()[0]))
+    parser = _Parser(prog="padless", description=plain(__doc__.splitlines()[0]), formatter_class=HelpFormatter)
     from padless import __version__
 
     parser.add_argument("--version", action="version", version=f"padless {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         p.set_defaults(_module=module)
         if name in argv:  # only the chosen subcommand's module is imported to build its flags
             getattr(importlib.import_module(module), f"add_{name}_arguments")(p)
@@ -73,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     Returns the exit status (it never raises ``SystemExit``): a usage error (argparse) exits with
     :data:`EXIT_ERROR` too. Bad input (``ValueError``, ``OverflowError``), a file that cannot be read or written
     (``OSError``) and too little memory exit with :data:`EXIT_ERROR`; Ctrl-C exits with
-    :data:`EXIT_INTERRUPTED`. Anything else is a bug in padless and keeps its traceback.
+    :data:`EXIT_INTERRUPTED`, and a reader that closed the output (``| head``) with :data:`EXIT_BROKEN_PIPE`,
+    silently. Anything else is a bug in padless and keeps its traceback.
     """
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -83,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     prefix = f"padless {args.command}: error:"
     try:
         module = importlib.import_module(args._module)
-        return int(getattr(module, f"run_{args.command}")(args) or 0)
+        status = int(getattr(module, f"run_{args.command}")(args) or 0)
+        sys.stdout.flush()  # here, so that a reader gone away is seen below and not at exit
+        return status
     except KeyboardInterrupt:
         again = ", rerun to resume (finished shards are kept)" if args.command == "pack" else ""
         print(f"padless {args.command}: interrupted{again}", file=sys.stderr)
@@ -96,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         sizes = _SIZE_FLAGS.get(args.command, "--max-length")
         print(f"{prefix} out of memory{detail}; use smaller {sizes} or a smaller input", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:  # the reader has what it wanted; say nothing, and keep Python's exit flush quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except OSError as exc:
         print(f"{prefix} {_os_message(exc)}", file=sys.stderr)
         return EXIT_ERROR

@@ -1,18 +1,24 @@
 """Helpers that more than one ``padless`` subcommand uses (one home, so the subcommands cannot drift):
-``--help`` text from docstrings (:func:`plain`), bounded integer flags (:func:`int_in`), library
-messages in the words of the command line (:func:`as_flags`), the lengths flags and the plan
-description of ``padless stats`` and ``padless plan`` (:func:`add_lengths_arguments`,
-:func:`input_lengths`, :func:`plan_from_args`, :func:`describe_plan`), and the summary that
-``padless bench`` and ``padless report`` print after writing a report (:func:`report_lines`).
+``--help`` text from docstrings (:func:`plain`) with every default shown (:class:`HelpFormatter`),
+bounded integer flags (:func:`int_in`), library messages in the words of the command line
+(:func:`as_flags`), the tokenizing flags of every subcommand that reads text or chats and the lines
+that say what they chose (:func:`add_data_arguments`, :func:`tokenizer_choice`, :func:`data_kind`,
+:func:`train_on_choice`, :func:`system_prompt_line`, :func:`overlong_line`), the lengths flags and the
+plan description of ``padless stats`` and ``padless plan`` (:func:`add_lengths_arguments`,
+:func:`input_lengths`, :func:`plan_from_args`, :func:`describe_lengths`, :func:`describe_plan`), and
+the summary that ``padless bench`` and ``padless report`` print after writing a report
+(:func:`report_lines`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,6 +34,21 @@ def plain(text: str | None) -> str | None:
         return None
     text = re.sub(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`", r"\1", text)  # :role:`target` / :role:`text <t>`
     return text.replace("``", "")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help with every default shown as ``(default: X)``, unless the help already says its
+    default (``default: ...`` in words, for a default of None) or the flag has none to show (a switch,
+    a required flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if ("%(default)" in text or "default:" in text or action.required or action.nargs == 0
+                or action.default is None or action.default == argparse.SUPPRESS):  # fmt: skip
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return f"{text} (default: %(default)s)"
+        return text
 
 
 INT_MAX = 2**31 - 1
@@ -55,78 +76,332 @@ def as_flags(message: str, names: Iterable[str] | Mapping[str, str]) -> str:
     (``names``: argument names, or a mapping argument -> flag such as ``{"input": "INPUT"}``)."""
     flags = dict(names) if isinstance(names, Mapping) else {n: f"--{n.replace('_', '-')}" for n in names}
     for name in sorted(flags, key=len, reverse=True):
-        message = re.sub(rf"(?<![\w-]){name}=", f"{flags[name]} ", message)
-        message = re.sub(rf"(?<![\w-]){name}(?= (must|is|needs|holds)\b)", flags[name], message)
+        start = r"(?<![\w/.-])"  # a whole word, not the end of a path such as /tmp/out
+        message = re.sub(rf"{start}{name}=", f"{flags[name]} ", message)
+        message = re.sub(rf"{start}{name}(?= (must|is|needs|holds)\b| \d)", flags[name], message)
     return message
 
 
-def input_lengths(args: argparse.Namespace, *, default_dist: str | None = "lognormal") -> tuple[np.ndarray, str]:
-    """The lengths the flags of :func:`add_lengths_arguments` ask for, and a short description of
-    where they came from. Without ``--lengths``, ``--data`` or ``--dist``: ``default_dist``, or an
-    error when that is None."""
-    from padless.planning.lengths import DISTRIBUTIONS, load_lengths, synthetic_lengths
-    from padless.planning.plan import validate_lengths
+def plural(n: int, word: str) -> str:
+    """``1 row``, ``2 rows``, ``1,024 rows``."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
+
+TOKENIZER_DEFAULT = "gpt2"
+"""The tokenizer without ``--tokenizer`` or ``--model``."""
+TRAIN_ON_AUTO = "auto"
+"""``--train-on auto``: assistant turns for chats, every token for text."""
+SYSTEM_PROMPT_DEFAULT = "template"
+"""``--system-prompt``: keep what the chat template adds, as :mod:`padless.data` does by default."""
+_SAME_TOKENIZER = {"smollm2": "smollm2-135m"}  # one name per packaged tokenizer, so a resume sees one key
+_TRAINED = {"all": "every token", "assistant": "the assistant turns", "completion": "the assistant turns after the "
+            "last user turn"}  # fmt: skip
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """How the text and chats of ``what`` (``INPUT``, ``--data``) are tokenized: ``--tokenizer``,
+    ``--model`` (implies its tokenizer), ``--train-on``, ``--system-prompt``."""
+    from padless.data.chat import SYSTEM_PROMPT, TRAIN_ON
+
+    group = parser.add_argument_group(f"tokenizing {what} (text and chats)")
+    group.add_argument("--tokenizer", metavar="NAME", default=None,
+                       help="gpt2, smollm2-135m, or a transformers tokenizer name or folder (default: the "
+                            f"tokenizer of --model, else {TOKENIZER_DEFAULT})")
+    group.add_argument("--model", metavar="NAME", default=None,
+                       help="the model the data is for: use its own tokenizer (smollm2-135m, a GPT-2 size, a "
+                            "transformers name or folder; default: none, --tokenizer decides)")
+    group.add_argument("--train-on", choices=(TRAIN_ON_AUTO, *TRAIN_ON), default=TRAIN_ON_AUTO,
+                       help="the tokens of a chat that are trained: auto is assistant for chats ('messages') and "
+                            "all for text")
+    group.add_argument("--system-prompt", choices=SYSTEM_PROMPT, default=SYSTEM_PROMPT_DEFAULT,
+                       help="template: a chat without a system message gets the one its chat template adds (SmolLM2's "
+                            "adds a default system prompt); none: only the chat's own messages")
+
+
+def tokenizer_choice(args: argparse.Namespace) -> tuple[str, str]:
+    """``(tokenizer name, where the choice came from)`` from ``--tokenizer`` and ``--model``; the two
+    must agree when both are given (``--model`` only picks the tokenizer)."""
+    from padless.models.factory import tokenizer_name_for
+
+    implied = None
+    if args.model is not None:
+        if not args.model.strip():
+            raise ValueError("--model needs a model name, got ''")
+        try:
+            implied = tokenizer_name_for(args.model)
+        except ValueError as exc:
+            raise ValueError(f"--model {args.model}: {exc}") from None
+        implied = _SAME_TOKENIZER.get(implied, implied)
+    if args.tokenizer is not None:
+        if not args.tokenizer.strip():
+            raise ValueError("--tokenizer needs a tokenizer name or folder, got ''")
+        name = _SAME_TOKENIZER.get(args.tokenizer, args.tokenizer)
+        if implied is not None and name != implied:
+            raise ValueError(f"--tokenizer {args.tokenizer} is not the tokenizer of --model {args.model} ({implied}); "
+                             "pass one of them")  # fmt: skip
+        return name, "--tokenizer"
+    if implied is not None:
+        return implied, f"the tokenizer of --model {args.model}"
+    return TOKENIZER_DEFAULT, "the default; pass --tokenizer or --model for your model's"
+
+
+def load_named_tokenizer(name: str, origin: str) -> tuple[Any, str]:
+    """The tokenizer ``name`` and the line that says which one is used: ``tokenizer: NAME, vocab N (ORIGIN)``."""
+    from padless.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(name)
+    return tok, f"tokenizer: {name}, vocab {len(tok):,} ({origin})"
+
+
+def _first_record(path: Path) -> Any:
+    """The first record of a data file, read cheaply (None where that would mean reading it all)."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        with open(path, "rb") as f:
+            head = f.read(1 << 16).lstrip()
+        if head.startswith(b"["):  # a JSON array: only the whole file tells its first element
+            return None
+        with open(path, "rb") as f:
+            line = next((ln for ln in f if ln.strip()), b"")
+        return json.loads(line) if line else None
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return dict.fromkeys(pq.read_schema(path).names, True)
+    return None
+
+
+def data_kind(name: str) -> str | None:
+    """``messages``, ``text`` or ``input_ids``: the kind of a data file's or a built-in corpus's records
+    (its first record's, as the library decides; an input holds one kind), None where it cannot be told
+    without reading the whole input or the first record is bad (the library then names the problem)."""
+    from padless.data.corpora import split_corpus_name
+    from padless.data.records import RECORD_FIELDS
+
+    path = Path(name).expanduser()
+    if path.is_file():
+        try:
+            first = _first_record(path)
+        except (ValueError, OSError):  # not JSON, not Parquet: reading it names the line or the file
+            return None
+    elif path.is_dir() or (builtin := split_corpus_name(name)) is None:
+        first = None  # a datasets folder or name: read below
+    else:
+        return "messages" if builtin[0].kind == "chat" else "text"
+    if first is None and (path.is_dir() or path.suffix.lower() in (".json", ".csv", ".tsv")):
+        from padless.data.files import read_records
+
+        try:  # these are read whole anyway; a bad one is reported by the library with its line
+            rows = read_records(str(path))[0]
+        except ValueError:
+            return None
+        first = rows[0][1] if rows else None
+    if not isinstance(first, dict):
+        return None
+    return next((f for f in RECORD_FIELDS if first.get(f) is not None), None)
+
+
+def train_on_choice(train_on: str, kind: str | None, name: str) -> tuple[str, str | None]:
+    """``(train_on, the line that says it)``: ``--train-on auto`` resolved for the records of ``name``,
+    of ``kind`` (:func:`data_kind`): assistant for chats, all otherwise. Pre-tokenized records keep
+    their labels: another ``--train-on`` is refused, not ignored. No line for a file whose first
+    record has no kind (reading it names the problem)."""
+    if kind == "input_ids":
+        if train_on != TRAIN_ON_AUTO:
+            raise ValueError(f"--train-on {train_on} applies to text and chats; pre-tokenized records "
+                             "('input_ids') are trained as their 'labels' say (every token without labels)")
+        return "all", "train on: the records' own labels (pre-tokenized 'input_ids')"
+    if train_on != TRAIN_ON_AUTO:
+        return train_on, f"train on: {_TRAINED[train_on]} (--train-on {train_on})"
+    if kind == "messages":
+        return "assistant", (f"train on: {_TRAINED['assistant']} (--train-on auto, for chats; --train-on all "
+                             "trains every token)")  # fmt: skip
+    if kind == "text":
+        return "all", f"train on: {_TRAINED['all']} (--train-on auto, for text)"
+    if Path(name).expanduser().is_file():
+        return "all", None
+    return "all", (f"train on: {_TRAINED['all']} (--train-on auto; the kind of the records is not known before "
+                   "reading them: pass --train-on assistant for chats)")  # fmt: skip
+
+
+def system_prompt_line(added: int, chats: int | None = None) -> str | None:
+    """``system prompt added to N chats ...`` when the chat template added one to any chat."""
+    if not added:
+        return None
+    of = f" of {chats:,}" if chats else ""
+    return (f"system prompt added to {added:,}{of} chats by the tokenizer's chat template (they have no system "
+            "message; --system-prompt none leaves it out)")
+
+
+def overlong_line(policy: str, max_length: int, over: int | None = None) -> str:
+    """``overlong: POLICY (...)``, what happens to sequences over ``--max-length``; ``over``: how many
+    there are, where known."""
+    from padless.planning.plan import OVERLONG_POLICIES
+
+    others = "|".join(p for p in OVERLONG_POLICIES if p != policy)
+    if over is None:
+        what = {"error": "the first sequence over --max-length {m} stops with an error",
+                "truncate": "a sequence over --max-length {m} keeps its first {m} tokens",
+                "split": "a sequence over --max-length {m} is cut into pieces of {m}",
+                "drop": "a sequence over --max-length {m} is left out"}[policy].format(m=max_length)  # fmt: skip
+    else:
+        what = f"{plural(over, 'sequence')} over --max-length {max_length}"
+    return f"overlong: {policy} ({what}; pass --overlong {others})"
+
+
+@dataclass
+class InputLengths:
+    """The lengths :func:`input_lengths` found, and what it says about them."""
+
+    lengths: np.ndarray
+    """``[n]`` int64 sequence lengths."""
+    source: str
+    """Where they came from, in a few words."""
+    notes: list[str] = field(default_factory=list)
+    """Lines printed before the lengths: the tokenizer, what is trained, the system prompt."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """The same for ``--json`` (empty unless ``--data``)."""
+
+
+_DATA_FLAGS = (("tokenizer", None, "--tokenizer"), ("model", None, "--model"),
+               ("train_on", TRAIN_ON_AUTO, "--train-on"), ("system_prompt", SYSTEM_PROMPT_DEFAULT, "--system-prompt"))
+
+
+def data_flags_given(args: argparse.Namespace) -> list[str]:
+    """The flags of :func:`add_data_arguments` given other values than their defaults."""
+    return [flag for name, default, flag in _DATA_FLAGS if getattr(args, name) != default]
+
+
+def input_lengths(args: argparse.Namespace, *, default_dist: str | None = "lognormal") -> InputLengths:
+    """The lengths the flags of :func:`add_lengths_arguments` ask for. Without ``--lengths``,
+    ``--data`` or ``--dist``: ``default_dist``, or an error when that is None. ``--data`` is tokenized
+    as :func:`add_data_arguments` says (by :func:`padless.data.load_corpus`, cached)."""
+    from padless.planning.lengths import DISTRIBUTIONS, load_lengths, synthetic_lengths
+
+    if args.data is None:
+        if given := data_flags_given(args):
+            raise ValueError(f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --data (the data to "
+                             "tokenize), not to --lengths or --dist")  # fmt: skip
     if args.lengths is not None:
         if not args.lengths.strip():
             raise ValueError("--lengths needs a file name, got ''")
         try:
-            return load_lengths(args.lengths), f"file {Path(args.lengths).name}"
+            return InputLengths(load_lengths(args.lengths), f"file {Path(args.lengths).name}")
         except ValueError as exc:
             raise ValueError(f"--lengths: {exc}") from None
     if args.data is not None:
-        if not args.data.strip():
-            raise ValueError("--data needs a corpus name or a data file, got ''")
-        try:
-            from padless.data import corpus_lengths
-        except ImportError as exc:
-            raise ValueError(f"--data needs padless.data.corpus_lengths, which is not available: {exc}") from None
-        return validate_lengths(corpus_lengths(args.data)), f"corpus {args.data}"
+        return _data_lengths(args)
     dist = args.dist or default_dist
     if dist is None:
         raise ValueError("no lengths given: pass --lengths FILE, --data CORPUS or --dist "
                          f"{'|'.join(DISTRIBUTIONS)} (with --num and --seed)")  # fmt: skip
-    return synthetic_lengths(dist, args.num, args.seed), f"{DISTRIBUTIONS[dist][1]}, seed {args.seed}"
+    return InputLengths(synthetic_lengths(dist, args.num, args.seed), f"{DISTRIBUTIONS[dist][1]}, seed {args.seed}")
 
 
-def add_lengths_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``padless stats`` and ``padless plan``: where the lengths come from and how to plan them."""
+def _data_lengths(args: argparse.Namespace) -> InputLengths:
+    from padless.planning.plan import validate_lengths
+
+    try:
+        from padless.data.load import load_corpus
+    except ImportError as exc:
+        raise ValueError(f"--data needs padless.data.load_corpus, which is not available: {exc}") from None
+
+    name = args.data
+    if not name.strip():
+        raise ValueError("--data needs a corpus name or a data file, got ''")
+    tok_name, origin = tokenizer_choice(args)
+    kind = data_kind(name)
+    train_on, train_line = train_on_choice(args.train_on, kind, name)
+    tok, tok_line = load_named_tokenizer(tok_name, origin)
+    try:
+        corpus = load_corpus(name, tok, train_on=train_on, system_prompt=args.system_prompt)  # type: ignore[arg-type]
+    except ValueError as exc:
+        message = as_flags(str(exc), ["train_on", "system_prompt"])
+        if name not in message:  # "line 3: ..." -> "f.jsonl, line 3: ...", as padless pack names a record
+            message = f"{name}, {message}" if message.startswith(("line ", "record ")) else f"--data {name}: {message}"
+        raise ValueError(message) from None
+    report = corpus.report
+    added = report.system_prompt_added
+    notes = [tok_line]
+    if train_line is not None:
+        trained = f"; {report.trained_tokens:,} of {report.tokens:,} tokens trained" if kind != "input_ids" else ""
+        notes.append(train_line + trained)
+    if (line := system_prompt_line(added, report.kept)) is not None:
+        notes.append(line)
+    data = {"tokenizer": tok_name, "vocab_size": len(tok), "kind": kind, "train_on": train_on,
+            "system_prompt": args.system_prompt, "system_prompt_added": added, "tokens": report.tokens,
+            "trained_tokens": report.trained_tokens}  # fmt: skip
+    where = "file" if Path(name).expanduser().exists() else "corpus"
+    return InputLengths(validate_lengths(corpus.lengths), f"{where} {name}", notes, data)
+
+
+def add_lengths_arguments(parser: argparse.ArgumentParser, *, default_dist: str | None = None) -> None:
+    """Flags of ``padless stats`` and ``padless plan``: where the lengths come from, how ``--data`` is
+    tokenized, and how to plan them (``default_dist``: the lengths without a source flag)."""
+    from padless.planning.checks import OVERLONG_DEFAULT
     from padless.planning.lengths import DISTRIBUTIONS
     from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES
 
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--lengths", metavar="FILE", help="lengths file: .npy, .txt (one per line) or .json list")
-    src.add_argument("--dist", choices=list(DISTRIBUTIONS), default=None, help="synthetic distribution")
-    src.add_argument("--data", metavar="CORPUS", help="a real corpus or data file, via padless.data.corpus_lengths")
-    parser.add_argument("--num", type=int_in(1), default=100_000, help="draws from --dist (default: 100000)")
+    src.add_argument("--dist", choices=list(DISTRIBUTIONS), default=None,
+                     help="synthetic distribution"
+                     + (f" (default: {default_dist}, without --lengths or --data)" if default_dist else ""))
+    src.add_argument("--data", metavar="DATA",
+                     help="a data file (.jsonl, .json, .csv, .tsv, .parquet with 'text', 'messages' or 'input_ids'), "
+                          "a datasets folder, or a built-in corpus (tweets, dialogues, toolcalls, agentic-rag)")
+    parser.add_argument("--num", type=int_in(1), default=100_000, help="draws from --dist")
     parser.add_argument("--seed", type=int_in(0), default=0, help="seed for --dist, bucketing and histogram_best_fit")
-    parser.add_argument("--max-length", type=int_in(1), default=2048, help="row capacity in tokens (default: 2048)")
+    parser.add_argument("--max-length", type=int_in(1), default=2048, help="row capacity in tokens")
     parser.add_argument("--strategy", choices=STRATEGIES, default="best_fit_decreasing", help="packing strategy")
-    parser.add_argument("--overlong", choices=OVERLONG_POLICIES, default="error", help="sequences over --max-length")
-    parser.add_argument("--max-per-row", type=int_in(1), default=None, help="cap on documents per row")
+    parser.add_argument("--overlong", choices=OVERLONG_POLICIES, default=OVERLONG_DEFAULT,
+                        help="what a sequence over --max-length does; one default with padless pack and the collators")
+    parser.add_argument("--max-per-row", type=int_in(1), default=None, help="cap on documents per row (default: none)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
+    add_data_arguments(parser, "--data")
+
+
+def overlong_refusal(over: int, args: argparse.Namespace) -> ValueError | None:
+    """The error for ``over`` sequences over ``--max-length`` under ``--overlong error``, else None."""
+    if not over or args.overlong != "error":
+        return None
+    return ValueError(f"{over:,} sequence{'s are' if over != 1 else ' is'} over --max-length {args.max_length} and "
+                      "--overlong is error (the default); pass --overlong truncate, split or drop to plan them, or a "
+                      "larger --max-length")  # fmt: skip
 
 
 def plan_from_args(args: argparse.Namespace, lengths: np.ndarray) -> PackPlan:
-    """The plan the flags of :func:`add_lengths_arguments` ask for."""
+    """The plan the flags of :func:`add_lengths_arguments` ask for (sequences over ``--max-length``
+    under ``--overlong error`` are refused with their count, as :func:`overlong_refusal` says)."""
     from padless.planning.plan import plan_packs
 
+    if (refusal := overlong_refusal(int((lengths > args.max_length).sum()), args)) is not None:
+        raise refusal
     return plan_packs(
         lengths, args.max_length, strategy=args.strategy, overlong=args.overlong,
         max_per_row=args.max_per_row, seed=args.seed,
     )  # fmt: skip
 
 
-def describe_plan(source: str, summary: LengthSummary, plan: PackPlan, args: argparse.Namespace) -> list[str]:
-    """Lines describing the lengths and the plan (``padless stats`` and ``padless plan``)."""
+def describe_lengths(found: InputLengths, summary: LengthSummary) -> list[str]:
+    """Lines describing the lengths and where they came from (``padless stats`` and ``padless plan``)."""
+    return [
+        *found.notes,
+        f"lengths: {found.source}",
+        f"  {plural(summary.count, 'sequence')}, {plural(summary.total, 'token')}; min {summary.min}, "
+        f"median {summary.median:g}, mean {summary.mean:.1f}, p90 {summary.p90:g}, p99 {summary.p99:g}, "
+        f"max {summary.max}",
+    ]
+
+
+def describe_plan(plan: PackPlan, args: argparse.Namespace) -> list[str]:
+    """Lines describing the plan (``padless stats`` and ``padless plan``)."""
     s = plan.stats
     return [
-        f"lengths: {source}",
-        f"  {summary.count:,} sequences, {summary.total:,} tokens; min {summary.min}, median {summary.median:g}, "
-        f"mean {summary.mean:.1f}, p90 {summary.p90:g}, p99 {summary.p99:g}, max {summary.max}",
         f"plan: {args.strategy}, max_length {plan.max_length}, overlong {args.overlong}"
         + (f", max {args.max_per_row} per row" if args.max_per_row else ""),
-        f"  {s.num_rows:,} rows (lower bound {s.lower_bound:,}, gap {s.gap_to_lower_bound:,} = {100 * s.relative_gap:.3f}%), "
+        f"  {plural(s.num_rows, 'row')} (lower bound {s.lower_bound:,}, gap {s.gap_to_lower_bound:,} = "
+        f"{100 * s.relative_gap:.3f}%), "
         f"efficiency {100 * s.efficiency:.3f}%, documents per row {s.mean_per_row:.1f} mean / {s.max_per_row} max",
         f"  truncated {s.truncated_sequences:,} ({s.truncated_tokens:,} tokens), split {s.split_sequences:,}, "
         f"dropped {s.dropped_sequences:,} ({s.dropped_tokens:,} tokens)",

@@ -1,20 +1,34 @@
-"""``padless pack``: tokenize if needed and pack a dataset into Parquet shards of packed rows."""
+"""``padless pack``: tokenize if needed and pack a dataset into Parquet shards of packed rows.
+
+Before packing it prints what it will do with the data, one line each: the input and its kind, the
+tokenizer (name and vocabulary), what is trained (``--train-on auto``: assistant turns for chats, every
+token for text) and what a sequence over ``--max-length`` does (``--overlong``, the one default of
+padless). A rerun with other flags names each flag that changed.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from padless.cli import as_flags, int_in
+from padless.cli._shared import (SYSTEM_PROMPT_DEFAULT, add_data_arguments, as_flags, data_flags_given, data_kind,
+                                 int_in, load_named_tokenizer, overlong_line, plural, system_prompt_line,
+                                 tokenizer_choice, train_on_choice)  # fmt: skip
+from padless.data.corpora import split_corpus_name
 from padless.data.inputs import open_input
 from padless.export.engine import ENGINES
 from padless.export.parquet import pack_to_parquet
+from padless.export.state import JobMismatch
+from padless.planning.checks import OVERLONG_DEFAULT
 from padless.planning.plan import OVERLONG_POLICIES
 
 # library argument -> flag, for messages
 FLAGS = {"input": "INPUT", "out": "--out", "synthetic": "--synthetic", "vocab_size": "--vocab-size",
          "max_length": "--max-length", "overlong": "--overlong", "rows_per_shard": "--rows-per-shard",
          "max_shards": "--max-shards", "shard_rows": "--shard-rows", "num_workers": "--num-workers",
-         "ray_address": "--ray-address", "engine": "--engine"}  # fmt: skip
+         "ray_address": "--ray-address", "engine": "--engine", "tokenizer": "--tokenizer", "train_on": "--train-on",
+         "system_prompt": "--system-prompt", "seed": "--seed"}  # fmt: skip
+KINDS = {"input_ids": "pre-tokenized ('input_ids')", "messages": "chats ('messages')", "text": "text ('text')"}
 
 
 def add_pack_arguments(parser: Any) -> None:
@@ -24,42 +38,88 @@ def add_pack_arguments(parser: Any) -> None:
         "histograms of its shards); the rows are the same for --engine local and ray and any --num-workers. "
         "Pre-tokenized input ('input_ids', optional 'labels') is packed as given in every format (.jsonl, .json, "
         ".csv, .tsv, .parquet): nothing is appended, and every id and label is checked against --vocab-size "
-        "(default: the vocabulary of --tokenizer). Text and chats are tokenized with --tokenizer and end with its "
-        "EOS. Ctrl-C keeps the finished shards: rerun to resume."
+        "(default: the vocabulary of --tokenizer). Text and chats are tokenized with --tokenizer (or the tokenizer "
+        "of --model) and end with its EOS. Ctrl-C keeps the finished shards: rerun to resume."
     )
     parser.add_argument("input", nargs="?", metavar="INPUT",
                         help="a .jsonl/.json/.csv/.tsv/.parquet file (pre-tokenized 'input_ids', or 'text' / 'messages' "
                              "to tokenize; one kind per file), a datasets folder, or a built-in corpus (tweets, ...)")
-    parser.add_argument("--out", required=True, help="output folder (shards, state.json, summary.json)")
+    parser.add_argument("--out", required=True,
+                        help="output folder (shards, state.json, summary.json): new, empty, or an earlier packing to "
+                             "resume")
     parser.add_argument("--max-length", type=int_in(1), required=True, help="tokens per packed row")
-    parser.add_argument("--overlong", default="error", choices=OVERLONG_POLICIES,
-                        help="what a sequence longer than --max-length does, counted in summary.json "
-                             "(default %(default)s)")
-    parser.add_argument("--rows-per-shard", type=int_in(1), default=8192,
-                        help="packed rows per Parquet file (default %(default)s)")
+    parser.add_argument("--overlong", default=OVERLONG_DEFAULT, choices=OVERLONG_POLICIES,
+                        help="what a sequence longer than --max-length does, counted in summary.json; one default "
+                             "with padless stats and the collators")
+    parser.add_argument("--rows-per-shard", type=int_in(1), default=8192, help="packed rows per Parquet file")
     parser.add_argument("--max-shards", type=int_in(1), default=None,
-                        help="stop after writing this many shards (a rerun continues where this one stopped)")
+                        help="stop after writing this many shards; a rerun continues where this one stopped (default: "
+                             "no limit)")
     parser.add_argument("--engine", default="local", choices=ENGINES,
                         help="local: this process; ray: Ray tasks (pip install 'padless[ray]'); same rows either way")
     parser.add_argument("--num-workers", type=int_in(1), default=None,
-                        help="--engine ray: tasks at once (and the CPUs of a local Ray; default: all CPUs)")
+                        help="--engine ray: tasks at once, and the CPUs of a local Ray (default: all CPUs)")
     parser.add_argument("--ray-address", default=None,
-                        help="--engine ray: an existing cluster (ray://HOST:10001, HOST:6379, or auto)")
+                        help="--engine ray: an existing cluster, ray://HOST:10001, HOST:6379 or auto (default: start a "
+                             "local Ray)")
     parser.add_argument("--shard-rows", type=int_in(1), default=65536,
-                        help="input records per unit of work (default %(default)s; the rows do not depend on it)")
+                        help="input records per unit of work (the rows do not depend on it)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="start over in an --out that holds a packing of another input or other flags")
+                        help="start over in an --out that holds a packing of another input or other flags, or pack "
+                             "into a non-empty folder padless did not write (its other files are kept)")
     parser.add_argument("--synthetic", metavar="DIST:N[:P1:P2...]", default=None,
-                        help="instead of INPUT: N random sequences, DIST lognormal (median, sigma, cap; default 60, 1, "
-                             "2048) or uniform (low, high; default 10, 500)")
+                        help="instead of INPUT: N random sequences, DIST lognormal (median, sigma, cap: 60, 1, 2048 "
+                             "unless given) or uniform (low, high: 10, 500 unless given)")
     parser.add_argument("--vocab-size", type=int_in(1), default=None,
-                        help="token ids lie in [0, this): checked for pre-tokenized INPUT (default: the --tokenizer's "
-                             "vocabulary), drawn for --synthetic (default 50257)")
+                        help="token ids lie in [0, this): checked for pre-tokenized INPUT, drawn for --synthetic "
+                             "(default: the --tokenizer's vocabulary; 50257 for --synthetic)")
     parser.add_argument("--seed", type=int_in(0), default=0, help="seed of --synthetic")
-    parser.add_argument("--tokenizer", default="gpt2",
-                        help="tokenizer of text and chat inputs, and the vocabulary of pre-tokenized ones (padless.data)")
-    parser.add_argument("--train-on", default="all", help="labels of chat inputs: all | assistant | completion")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    add_data_arguments(parser, "INPUT")
+
+
+def _describe(args: Any) -> tuple[str | None, str, list[str]]:
+    """``(tokenizer, train_on, lines)``: what pack will do with the input, resolved from the flags."""
+    if args.synthetic is not None:
+        if given := data_flags_given(args):
+            raise ValueError(f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to an INPUT to tokenize; "
+                             "--synthetic draws random token ids (below --vocab-size)")  # fmt: skip
+        return None, "all", [f"input: --synthetic {args.synthetic} (random token ids)",
+                             overlong_line(args.overlong, args.max_length)]  # fmt: skip
+    if not Path(args.input).expanduser().exists() and split_corpus_name(args.input) is None:
+        return None, "all", []  # opening it says what it is not
+    kind = data_kind(args.input)
+    train_on, train_line = train_on_choice(args.train_on, kind, args.input)
+    if args.system_prompt != SYSTEM_PROMPT_DEFAULT and kind in ("input_ids", "text"):
+        raise ValueError(f"--system-prompt {args.system_prompt} applies to chats; {args.input} holds {KINDS[kind]}")
+    lines = [f"input: {args.input}" + (f", {KINDS[kind]}" if kind else "")]
+    name, origin = tokenizer_choice(args)
+    if kind != "input_ids" or args.vocab_size is None:  # pre-tokenized ids with --vocab-size need no tokenizer
+        tok, tok_line = load_named_tokenizer(name, origin)
+        if kind == "input_ids":
+            tok_line = (f"vocabulary: ids checked against [0, {len(tok):,}), the vocabulary of tokenizer {name} "
+                        f"({origin}; or pass --vocab-size)")  # fmt: skip
+        lines.append(tok_line)
+    if train_line is not None:
+        lines.append(train_line)
+    lines.append(overlong_line(args.overlong, args.max_length))
+    return name, train_on, lines
+
+
+def _changed(exc: JobMismatch) -> str:
+    """A refused resume in flags: ``--max-length was 1024, now 2048; ...``."""
+
+    def shown(value: Any) -> str:
+        return "(not recorded)" if value is None else str(value)
+
+    said = []
+    for name, was, now in exc.changes:
+        if name == "input":
+            said.append("INPUT is not the input packed there (other content)")
+        else:
+            said.append(f"{FLAGS.get(name, name)} was {shown(was)}, now {shown(now)}")
+    return (f"--out {exc.out} holds a packing made with other flags: {'; '.join(said)}; rerun with the same flags, "
+            "choose another --out, or pass --overwrite to start over")  # fmt: skip
 
 
 def run_pack(args: Any) -> int:
@@ -68,29 +128,38 @@ def run_pack(args: Any) -> int:
         raise ValueError("give exactly one of INPUT and --synthetic")
     if args.engine == "local" and (args.num_workers is not None or args.ray_address is not None):
         raise ValueError("--num-workers and --ray-address need --engine ray")
+    tokenizer, train_on, lines = _describe(args)
+    if lines:
+        print("\n".join(lines), flush=True)
+    data = {} if tokenizer is None else {"tokenizer": tokenizer, "train_on": train_on,
+                                         "system_prompt": args.system_prompt}  # fmt: skip
     try:
         src = open_input(args.input, synthetic=args.synthetic, vocab_size=args.vocab_size, seed=args.seed,
-                         tokenizer=args.tokenizer, train_on=args.train_on, shard_rows=args.shard_rows,
-                         progress=args.progress)  # fmt: skip
+                         shard_rows=args.shard_rows, progress=args.progress, **data)  # fmt: skip
         summary = pack_to_parquet(
             src, args.out, args.max_length, rows_per_shard=args.rows_per_shard, max_shards=args.max_shards,
             overlong=args.overlong, shard_rows=args.shard_rows, engine=args.engine, num_workers=args.num_workers,
             ray_address=args.ray_address, overwrite=args.overwrite, progress=args.progress,
         )  # fmt: skip
+    except JobMismatch as exc:
+        raise ValueError(_changed(exc)) from None
     except ValueError as exc:
         message = as_flags(str(exc), FLAGS).replace("overwrite=True", "--overwrite")
         if "outside the vocabulary" in message and args.vocab_size is None:
-            message += f" of --tokenizer {args.tokenizer}; pass --vocab-size or --tokenizer for ids of another tokenizer"
+            message += f" of --tokenizer {tokenizer}; pass --vocab-size or --tokenizer for ids of another tokenizer"
         raise ValueError(message) from None
     s = summary["stats"]
     if summary.get("already_complete"):
-        print(f"{args.out} is already complete ({len(summary['shards'])} shards); nothing to do")
+        print(f"{args.out} is already complete ({plural(len(summary['shards']), 'shard')}); nothing to do")
         return 0
     run = summary["this_run"]
-    done = "packed" if summary["complete"] else "stopped after --max-shards; rerun to continue:"
-    print(f"{done} {s['num_sequences']} sequences into {s['num_rows']} rows of {args.max_length} tokens "
-          f"({len(summary['shards'])} shards in {args.out}), efficiency {s['efficiency']:.4f} "
-          f"({s['relative_gap']:.4%} over the lower bound), truncated {s['truncated_sequences']}, dropped "
-          f"{s['dropped_sequences']}; {run['engine']} engine, {run['workers']} workers, peak RSS "
-          f"{run['peak_rss_mib']} MiB, {run['wall_s']} s")  # fmt: skip
+    if (line := system_prompt_line(int(summary.get("system_prompt_added", 0)), s["num_sequences"])) is not None:
+        print(line)
+    done = "packed" if summary["complete"] else "stopped after --max-shards (rerun to continue):"
+    print(f"{done} {plural(s['num_sequences'], 'sequence')} into {plural(s['num_rows'], 'row')} of "
+          f"{args.max_length} tokens, {plural(len(summary['shards']), 'shard')} in {args.out}\n"
+          f"  efficiency {s['efficiency']:.2%} ({s['relative_gap']:.2%} over the lower bound); truncated "
+          f"{s['truncated_sequences']:,}, split {s['split_sequences']:,}, dropped {s['dropped_sequences']:,}\n"
+          f"  {run['engine']} engine, {plural(run['workers'], 'worker')}, {run['wall_s']:.1f} s, peak RSS "
+          f"{run['peak_rss_mib']:,.0f} MiB")  # fmt: skip
     return 0

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from padless.cli._shared import add_lengths_arguments, describe_plan, input_lengths, plan_from_args
+from padless.cli._shared import add_lengths_arguments, describe_lengths, describe_plan, input_lengths, plan_from_args
 from padless.planning.lengths import summarize_lengths
 
 
@@ -20,14 +20,17 @@ def run_plan(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".npz" or not out.stem:
         raise ValueError(f"--out must end in .npz, got {out}")
-    lengths, source = input_lengths(args, default_dist=None)
-    plan = plan_from_args(args, lengths)
+    found = input_lengths(args, default_dist=None)
+    plan = plan_from_args(args, found.lengths)
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give a file name ending in .npz")
     out.parent.mkdir(parents=True, exist_ok=True)
     plan.save(str(out))
     if args.json:
-        print(json.dumps({"source": source, "out": str(out), "strategy": args.strategy, **plan.stats.as_dict()}, indent=2))
+        data = {"data": found.data} if found.data else {}
+        print(json.dumps({"source": found.source, **data, "out": str(out), "strategy": args.strategy,
+                          **plan.stats.as_dict()}, indent=2))  # fmt: skip
     else:
-        print("\n".join([*describe_plan(source, summarize_lengths(lengths), plan, args), f"wrote {out}"]))
+        lines = [*describe_lengths(found, summarize_lengths(found.lengths)), *describe_plan(plan, args)]
+        print("\n".join([*lines, f"wrote {out}"]))
     return 0

@@ -1,8 +1,10 @@
 """``padless stats``: length summary, plan statistics and what each way of batching would waste.
 
-Lengths come from a file (``--lengths``), a built-in synthetic distribution (``--dist``) or a real
-corpus (``--data``); the flags and the description shared with ``padless plan`` are in
-:mod:`padless.cli._shared`.
+Lengths come from a file (``--lengths``), a built-in synthetic distribution (``--dist``) or real data
+(``--data``: a data file or a built-in corpus, tokenized with ``--tokenizer`` or the tokenizer of
+``--model``); the flags and the description shared with ``padless plan`` are in
+:mod:`padless.cli._shared`. Sequences over ``--max-length`` follow ``--overlong`` with the one default
+of padless (``error``): stats prints what it found, then refuses as packing would.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from padless.cli._shared import add_lengths_arguments, describe_plan, input_lengths, int_in
+from padless.cli._shared import (add_lengths_arguments, describe_lengths, describe_plan, input_lengths, int_in,
+                                 overlong_line, overlong_refusal, plan_from_args)  # fmt: skip
 from padless.planning.lengths import compare_batching, overlong_costs, summarize_lengths
-from padless.planning.plan import plan_packs
 
 
 HIST_FORMATS = (".png", ".svg", ".pdf")
@@ -54,61 +56,74 @@ def _histogram(lengths: np.ndarray, max_length: int, path: Path, title: str) -> 
 
 
 def add_stats_arguments(parser: argparse.ArgumentParser) -> None:
-    add_lengths_arguments(parser)
-    parser.set_defaults(overlong=None)
-    parser.add_argument("--batch-size", type=int_in(1), default=8, help="batch size of the padding baselines (default: 8)")
-    parser.add_argument("--pad-to-multiple-of", type=int_in(1), default=None, help="round padded batches up to a multiple")
-    parser.add_argument("--hist", metavar="PNG", help="also draw a length histogram to this file (.png unless .svg/.pdf)")
+    add_lengths_arguments(parser, default_dist="lognormal")
+    parser.add_argument("--batch-size", type=int_in(1), default=8, help="batch size of the padding baselines")
+    parser.add_argument("--pad-to-multiple-of", type=int_in(1), default=None,
+                        help="round padded batches up to a multiple (default: no rounding)")
+    parser.add_argument("--hist", metavar="PNG",
+                        help="also draw a length histogram to this file (.png unless .svg/.pdf; default: none)")
     parser.description = (f"{parser.description}. Lengths: --lengths, --data or --dist (default: --dist lognormal). "
                           "Sequences over --max-length are counted, with what each --overlong policy would cost; "
-                          "without --overlong the plan truncates them, as the padding baselines do.")  # fmt: skip
+                          "with --overlong error, the default here as in padless pack and the collators, they stop "
+                          "the plan as they would stop packing.")  # fmt: skip
 
 
-def _overlong_lines(costs: dict[str, dict[str, int]], max_length: int, chosen: str) -> list[str]:
+def _overlong_lines(costs: dict[str, dict[str, int]], max_length: int, policy: str) -> list[str]:
     over = costs["overlong"]
     return [
-        f"overlong: {over['sequences']:,} sequences over --max-length {max_length} ({over['tokens']:,} tokens past it); "
-        f"the plan below uses --overlong {chosen}",
-        f"  error: packing stops at the first; truncate: loses {costs['truncate']['tokens_lost']:,} tokens; "
-        f"split: {costs['split']['pieces']:,} pieces, loses none; drop: loses {costs['drop']['tokens_lost']:,} tokens",
+        overlong_line(policy, max_length, over["sequences"]),
+        f"  {over['tokens']:,} tokens past it; error: stops at the first; truncate: loses "
+        f"{costs['truncate']['tokens_lost']:,} tokens; split: {costs['split']['pieces']:,} pieces, loses none; "
+        f"drop: loses {costs['drop']['tokens_lost']:,} tokens",
     ]
 
 
 def run_stats(args: argparse.Namespace) -> int:
     hist = _hist_path(args.hist) if args.hist is not None else None
-    lengths, source = input_lengths(args)
+    found = input_lengths(args)
+    lengths = found.lengths
     summary = summarize_lengths(lengths)
     costs = overlong_costs(lengths, args.max_length)
-    overlong = args.overlong or ("truncate" if costs["overlong"]["sequences"] else "error")
-    plan = plan_packs(lengths, args.max_length, strategy=args.strategy, overlong=overlong,
-                      max_per_row=args.max_per_row, seed=args.seed)  # fmt: skip
-    args.overlong = overlong  # describe_plan reports the policy used
-    batching = compare_batching(lengths, plan, args.batch_size, args.seed, args.pad_to_multiple_of)
+    over = costs["overlong"]["sequences"]
+    # as packing would, --overlong error refuses sequences over --max-length: print what is known, then refuse
+    plan = None if overlong_refusal(over, args) else plan_from_args(args, lengths)
+    batching = None if plan is None else compare_batching(lengths, plan, args.batch_size, args.seed,
+                                                          args.pad_to_multiple_of)  # fmt: skip
     if hist is not None:
-        _histogram(lengths, args.max_length, hist, source)
+        _histogram(lengths, args.max_length, hist, found.source)
     if args.json:
         doc: dict[str, Any] = {
-            "source": source, "batch_size": args.batch_size, "lengths": summary.as_dict(),
-            "overlong": {"policy_used": overlong, **costs},
-            "plan": {"strategy": args.strategy, "max_length": args.max_length, **plan.stats.as_dict()},
+            "source": found.source, **({"data": found.data} if found.data else {}), "batch_size": args.batch_size,
+            "lengths": summary.as_dict(), "overlong": {"policy_used": args.overlong, **costs},
+            "plan": None if plan is None else {"strategy": args.strategy, "max_length": args.max_length,
+                                               **plan.stats.as_dict()},
             "batching": batching,
         }  # fmt: skip
         if hist is not None:
             doc["histogram"] = str(hist)
         print(json.dumps(doc, indent=2))
-        return 0
-    lines = describe_plan(source, summary, plan, args)
-    if costs["overlong"]["sequences"]:
-        lines[2:2] = _overlong_lines(costs, args.max_length, overlong)
+    else:
+        lines = describe_lengths(found, summary)
+        if over:
+            lines += _overlong_lines(costs, args.max_length, args.overlong)
+        if plan is not None and batching is not None:
+            lines += describe_plan(plan, args)
+            lines += _batching_lines(batching, args)
+        if hist is not None:
+            lines.append(f"histogram: {hist}")
+        print("\n".join(lines))
+    if (refusal := overlong_refusal(over, args)) is not None:
+        raise refusal
+    return 0
+
+
+def _batching_lines(batching: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[str]:
     packed = batching["packed"]["tokens_computed"]
-    lines.append(f"batching at batch size {args.batch_size} (padding baselines truncate at {args.max_length}):")
-    lines.append(f"  {'':<30}{'padding':>9}{'tokens computed':>18}{'vs packed':>11}")
+    lines = [f"batching at batch size {args.batch_size} (padding baselines truncate at {args.max_length}):",
+             f"  {'':<30}{'padding':>9}{'tokens computed':>18}{'vs packed':>11}"]  # fmt: skip
     for name, label in (("pad_to_longest", "pad to longest"), ("bucketed", "bucketed (length-grouped)"),
                         ("packed", f"packed ({args.strategy})")):  # fmt: skip
         row = batching[name]
         ratio = f"{row['tokens_computed'] / packed:.2f}x" if packed else "-"
         lines.append(f"  {label:<30}{100 * row['padding_fraction']:>8.2f}%{row['tokens_computed']:>18,}{ratio:>11}")
-    if hist is not None:
-        lines.append(f"histogram: {hist}")
-    print("\n".join(lines))
-    return 0
+    return lines

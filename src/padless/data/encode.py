@@ -44,7 +44,7 @@ import numpy as np
 from padless.data.chat import SYSTEM_PROMPT, TRAIN_ON, SystemPrompt, TrainOn, check_messages, render_chat
 from padless.data.records import RecordError, Unit, check_text, check_tokens, record_kind, where
 from padless.layout import IGNORE_INDEX, append_separator
-from padless.planning.checks import check_choice, check_int, overlong_error
+from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, overlong_error
 from padless.planning.plan import OVERLONG_POLICIES, OverlongPolicy
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class EncodeOptions:
     token where it ends with one, else EOS appended (pre-tokenized ids are taken as given)."""
     max_length: int | None = None
     """Longest example allowed (tokens, EOS included); ``None`` for no limit."""
-    overlong: Overlong = "error"
+    overlong: Overlong = OVERLONG_DEFAULT
     """What a longer example does: ``error`` | ``truncate`` (the first tokens, ended again) | ``split``
     (consecutive examples, the end token in the last) | ``drop`` (left out); all but ``error`` are counted."""
     on_error: OnError = "raise"

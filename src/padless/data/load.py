@@ -28,7 +28,7 @@ from padless.data.raw import TOOL_SCHEMA
 from padless.data.records import Unit, numbered
 from padless.data.encode import EncodeCounts, EncodeOptions, OnError, Overlong, encode_records
 from padless.layout import IGNORE_INDEX
-from padless.planning.checks import check_int
+from padless.planning.checks import OVERLONG_DEFAULT, check_int
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -142,7 +142,7 @@ def load_corpus(
     *,
     train_on: TrainOn = "all",
     max_length: int | None = None,
-    overlong: Overlong = "error",
+    overlong: Overlong = OVERLONG_DEFAULT,
     limit: int | None = None,
     seed: int = 0,
     add_eos: bool = True,

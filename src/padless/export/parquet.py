@@ -29,9 +29,10 @@ Resume (:mod:`padless.export.state`): ``state.json`` records the input's content
 that change the rows, the plan's hash and a checksum per finished output shard; the token and
 placement files carry markers with checksums. A rerun skips every stage whose markers hold, rewrites
 any finished shard that is missing or whose checksum fails, and refuses another input or other flags
-naming what changed (``overwrite=True`` starts over). ``.lock`` keeps a second run out. Once every
-shard is written, ``summary.json`` holds the plan statistics and the counts (every input token is in
-a row, or counted as truncated or dropped) and the work folder is removed.
+naming every change, and a non-empty folder it did not write (``overwrite=True`` starts over).
+``.lock`` keeps a second run out. Once every shard is written, ``summary.json`` holds the plan
+statistics and the counts (every input token is in a row, or counted as truncated or dropped) and the
+work folder is removed.
 """
 
 from __future__ import annotations
@@ -51,14 +52,14 @@ from padless.export.engine import make_engine
 from padless.export.stages import (SHARD_PATTERN, checksum, histogram_of, map_shard, marker_ok, place_shard, prefix_histograms,
                                    write_json, write_shard)  # fmt: skip
 from padless.export.state import STATE_FILE, SUMMARY_FILE, WORK, FolderLock, check_job, clear
-from padless.planning.checks import check_choice, check_int
+from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
 from padless.planning.plan import OVERLONG_POLICIES
 from padless.planning.slots import plan_histogram
 
 MAX_ROW_LENGTH = 1 << 24
 """Longest row ``pack_to_parquet`` plans (the histogram holds ``max_length + 1`` counts)."""
 COUNTS = ("sequences", "tokens_in", "truncated_sequences", "truncated_tokens", "split_sequences",
-          "dropped_sequences", "dropped_tokens")  # fmt: skip
+          "dropped_sequences", "dropped_tokens", "system_prompt_added")  # fmt: skip
 
 
 def records_input(records: Sequence[Any], vocab_size: int | None = None, key: Any = None) -> PackInput:
@@ -75,7 +76,7 @@ def pack_to_parquet(
     *,
     rows_per_shard: int = 8192,
     max_shards: int | None = None,
-    overlong: str = "error",
+    overlong: str = OVERLONG_DEFAULT,
     shard_rows: int = 65536,
     engine: str = "local",
     num_workers: int | None = None,
@@ -88,10 +89,11 @@ def pack_to_parquet(
     """Pack ``source`` (an input of :func:`padless.data.inputs.open_input`, or a list of tokenized
     examples) into Parquet shards in ``out``; resume an earlier run there (see the module docstring).
 
-    ``overlong``: ``error`` | ``truncate`` | ``split`` | ``drop``. ``shard_rows``: records per input
-    shard (a unit of work; the rows do not depend on it). ``engine``: ``local`` (this process) or
-    ``ray`` (``num_workers`` tasks at once, on a local Ray of that many CPUs or the cluster at
-    ``ray_address``). ``max_shards`` stops after that many new output shards (a rerun continues).
+    ``overlong``: ``error`` (:data:`~padless.planning.checks.OVERLONG_DEFAULT`) | ``truncate`` | ``split``
+    | ``drop``. ``shard_rows``: records per input shard (a unit of work; the rows do not depend on it).
+    ``engine``: ``local`` (this process) or ``ray`` (``num_workers`` tasks at once, on a local Ray of
+    that many CPUs or the cluster at ``ray_address``). ``max_shards`` stops after that many new output
+    shards (a rerun continues).
     Returns the summary (also written to ``summary.json`` once every shard is written), or the
     progress so far with ``"complete": False``. A run that fails on a bad input before finishing a
     shard leaves nothing behind.
@@ -181,7 +183,7 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         def keep(index: int, marker: dict[str, Any]) -> None:
             hists[index] = histogram_of(marker, M)
             for k in COUNTS:
-                counts[k] += int(marker[k])
+                counts[k] += int(marker.get(k, 0))  # a marker of an older padless may lack a count
 
         todo = []
         for s in shards:
@@ -253,6 +255,7 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         "input_shards": len(shards),
         "tokens_in": counts["tokens_in"],
         "tokens_out": plan.tokens,
+        "system_prompt_added": counts["system_prompt_added"],
         # every input token is in a row, or counted as truncated or dropped
         "tokens_accounted": counts["tokens_in"] == plan.tokens + counts["truncated_tokens"] + counts["dropped_tokens"],
         "wall_s": round(state["wall_s"], 3),

@@ -88,19 +88,19 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
     toks = source.read(shard)
     lengths = toks.lengths
     starts = toks.offsets[:-1]
-    what = "line" if source.form == "jsonl" else "record"
     empty = np.flatnonzero(lengths == 0)
     if empty.size:
-        raise ValueError(f"{source.name}, {what} {int(toks.rows[empty[0]])} is an empty sequence; every sequence "
+        raise ValueError(f"{source.where(int(toks.rows[empty[0]]))} is an empty sequence; every sequence "
                          "needs at least one token")  # fmt: skip
     long = lengths > max_length
     counts = {"sequences": int(lengths.size), "tokens_in": int(lengths.sum()), "truncated_sequences": 0,
-              "truncated_tokens": 0, "split_sequences": 0, "dropped_sequences": 0, "dropped_tokens": 0}  # fmt: skip
+              "truncated_tokens": 0, "split_sequences": 0, "dropped_sequences": 0, "dropped_tokens": 0,
+              "system_prompt_added": int(toks.system_prompt_added)}  # fmt: skip
     if long.any():
         first = int(np.flatnonzero(long)[0])
         if overlong == "error":
             raise overlong_error(int(toks.rows[first]), int(lengths[first]), max_length, more=int(long.sum()) - 1,
-                                 what=f"{source.name}, {what}")  # fmt: skip
+                                 what=f"{source.name}, {source.unit}")  # rows name records as where() does
         if overlong == "truncate":
             counts.update(truncated_sequences=int(long.sum()), truncated_tokens=int((lengths[long] - max_length).sum()))
             lengths = np.minimum(lengths, max_length)

@@ -5,8 +5,12 @@
   lock whose process is gone (same host, no such pid) is taken over.
 - ``state.json``: the job (the input's content fingerprint and every flag that changes the rows), the
   plan's hash, and for each finished output shard its rows, tokens and BLAKE2b checksum. A rerun with
-  another job is refused naming the first difference (``overwrite`` starts over); a finished shard
-  that is missing or whose checksum fails is rewritten.
+  another job is refused with every difference (:class:`JobMismatch`; ``overwrite`` starts over); a
+  finished shard that is missing or whose checksum fails is rewritten.
+
+A folder padless wrote is one with a ``state.json`` (written before anything else). A folder without
+one that holds anything (but a lock) is someone else's and is refused, naming it; ``overwrite`` packs
+into it anyway, replacing only the names padless writes (:func:`clear`) and keeping every other file.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 STATE_FILE, SUMMARY_FILE, LOCK_FILE, WORK = "state.json", "summary.json", ".lock", ".work"
+INPUT_OPTIONS = ("synthetic", "tokenizer", "train_on", "system_prompt", "vocab_size", "seed")
+"""Keys of an input's key that are options of the packing; its other keys fingerprint its content."""
 
 
 def _alive(pid: int) -> bool:
@@ -69,16 +75,48 @@ class FolderLock:
             self.held = False
 
 
+class JobMismatch(ValueError):
+    """A rerun into a folder that holds a packing made with another job. ``changes``: every
+    ``(argument, was, now)`` that differs; ``input`` for the input's content (its fingerprint)."""
+
+    def __init__(self, out: Path, changes: list[tuple[str, Any, Any]]) -> None:
+        self.out, self.changes = out, changes
+        said = "; ".join(f"{name} was {was!r}, now {now!r}" for name, was, now in changes)
+        super().__init__(f"out={out} holds a packing made with other options ({said}); rerun with the same "
+                         "options, choose another out, or overwrite=True to start over")  # fmt: skip
+
+
+def job_changes(saved: dict[str, Any], job: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Every ``(argument, was, now)`` between a saved job and this one, in the job's order; the input's
+    options (:data:`INPUT_OPTIONS`) each by name, a change of its content as one ``input`` change."""
+    changes = []
+    for key, value in job.items():
+        was = saved.get(key)
+        if key == "input" and isinstance(value, dict) and isinstance(was, dict):
+            content = [k for k in {**was, **value} if k not in INPUT_OPTIONS and was.get(k) != value.get(k)]
+            if content:
+                changes.append(("input", {k: was.get(k) for k in content}, {k: value.get(k) for k in content}))
+            changes += [(k, was.get(k), value.get(k)) for k in INPUT_OPTIONS if was.get(k) != value.get(k)]
+        elif was != value:
+            changes.append((key, was, value))
+    return changes
+
+
 def check_job(out: Path, job: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
     """The saved state of an earlier run into ``out`` with the same job, None for a fresh start.
 
-    A state made with another job is refused naming the first difference, unless ``overwrite``, which
-    removes the earlier run's files (shards, state, summary, work folder) and starts over."""
+    A state made with another job is refused with every difference (:class:`JobMismatch`), and a
+    folder without a state that holds anything but a lock is refused naming what it holds, unless
+    ``overwrite``, which removes what padless wrote (shards, state, summary, work folder) and starts
+    over, keeping every other file."""
     state_path = out / STATE_FILE
     if not state_path.exists():
-        if any(out.glob("shard-*.parquet")) and not overwrite:
-            raise ValueError(f"out={out} holds shards but no {STATE_FILE}: not a resumable packing; use an empty "
-                             "folder, or overwrite=True to replace them")  # fmt: skip
+        held = [p.name for p in sorted(out.iterdir()) if p.name != LOCK_FILE]
+        if held and not overwrite:
+            shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+            raise ValueError(f"out={out} is not empty and has no {STATE_FILE}, so padless pack did not write it (it "
+                             f"holds {shown}); choose a new or empty folder, or overwrite=True to pack into it "
+                             "(files named like padless' own are replaced, other files are kept)")  # fmt: skip
         clear(out)
         return None
     try:
@@ -90,13 +128,12 @@ def check_job(out: Path, job: dict[str, Any], overwrite: bool) -> dict[str, Any]
             return None
         raise ValueError(f"out={out}: {STATE_FILE} is not a padless packing state; use an empty folder "
                          "(or overwrite=True)") from None  # fmt: skip
-    for key, value in job.items():
-        if saved.get(key) != value:
-            if overwrite:
-                clear(out)
-                return None
-            raise ValueError(f"out={out} holds a packing made with {key}={saved.get(key)!r}, not {value!r}; rerun "
-                             "with the same options, choose another out, or overwrite=True to start over")  # fmt: skip
+    changes = job_changes(saved, job)
+    if changes:
+        if overwrite:
+            clear(out)
+            return None
+        raise JobMismatch(out, changes)
     return state
 
 

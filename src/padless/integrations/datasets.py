@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from padless.planning.checks import OVERLONG_DEFAULT
 from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def resolve_strategy(strategy: str, overlong: str | None) -> tuple[str, str]:
     if implied is not None and overlong not in (None, implied):
         raise ValueError(f"strategy={strategy!r} splits overlong sequences; it cannot be combined with "
                          f"overlong={overlong!r} (use strategy='bfd' for that)")
-    return planner, overlong or implied or "error"
+    return planner, overlong or implied or OVERLONG_DEFAULT
 
 
 def plan_lengths(

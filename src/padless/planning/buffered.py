@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from padless.planning.checks import check_choice, check_int, overlong_error
+from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, overlong_error
 from padless.planning.plan import OVERLONG_POLICIES, OverlongPolicy, PackPlan, PlanStats, plan_packs, validate_lengths
 
 from padless.layout import Piece  # here: (position in the stream, start in the sequence, tokens)
@@ -53,7 +53,7 @@ class StreamOptions:
     """Row capacity in tokens."""
     buffer_size: int = 4096
     """Sequences (pieces, with ``overlong="split"``) held before the buffer is planned."""
-    overlong: OverlongPolicy = "error"
+    overlong: OverlongPolicy = OVERLONG_DEFAULT
     """Policy for a sequence longer than ``max_length``: ``error`` | ``truncate`` | ``split`` | ``drop``."""
     min_fill: float = 0.995
     """A planned row leaves the buffer once it holds at least this share of ``max_length``."""

@@ -4,6 +4,8 @@
 - :func:`check_choice`: one of a fixed vocabulary (``strategy``, ``overlong``, ``remainder``...).
 - :func:`overlong_error`: the error for a sequence longer than ``max_length`` under ``overlong="error"``,
   naming the other policies (``OVERLONG_POLICIES`` in :mod:`padless.planning.plan`).
+- :data:`OVERLONG_DEFAULT`: the one default policy of the planners, the collators, the trainers and the
+  command line.
 
 Messages name the argument (``max_length``), never a command-line flag: the CLI translates.
 """
@@ -11,8 +13,14 @@ Messages name the argument (``max_length``), never a command-line flag: the CLI 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
 import numpy as np
+
+OVERLONG_DEFAULT: Final = "error"  # Final: type checkers read it as Literal["error"], a valid OverlongPolicy
+"""What a sequence longer than ``max_length`` does unless told otherwise, everywhere (planners,
+collators, trainers, ``padless stats`` and ``padless pack``): refuse it, naming the other policies,
+so nothing is cut or lost without being asked for."""
 
 
 def check_int(value: object, name: str, minimum: int = 1) -> int:

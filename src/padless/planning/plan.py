@@ -47,7 +47,7 @@ from typing import Literal, get_args
 import numpy as np
 
 from padless.planning import _binpack
-from padless.planning.checks import check_choice, check_int, overlong_error
+from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, overlong_error
 
 Strategy = Literal["next_fit", "first_fit_decreasing", "best_fit_decreasing", "histogram_best_fit", "wrapped"]
 OverlongPolicy = Literal["error", "truncate", "split", "drop"]
@@ -345,7 +345,7 @@ def plan_packs(
     max_length: int,
     *,
     strategy: Strategy = "best_fit_decreasing",
-    overlong: OverlongPolicy = "error",
+    overlong: OverlongPolicy = OVERLONG_DEFAULT,
     max_per_row: int | None = None,
     seed: int = 0,
 ) -> PackPlan:

@@ -38,7 +38,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from padless.planning.checks import check_choice, check_int, overlong_error
+from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, overlong_error
 from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs, validate_lengths
 
 Remainder = Literal["empty", "repeat", "drop"]
@@ -137,7 +137,7 @@ def schedule_epoch(
     seed: int = 0,
     shuffle: bool = True,
     strategy: str = "best_fit_decreasing",
-    overlong: str = "error",
+    overlong: str = OVERLONG_DEFAULT,
     remainder: Remainder = "empty",
     max_per_row: int | None = None,
 ) -> EpochSchedule:
