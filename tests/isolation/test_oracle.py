@@ -19,7 +19,7 @@ BACKENDS = ["sdpa", "padless"]  # eager: transformers' eager attention takes its
 
 
 def _by_name(family):
-    report = verify_isolation(build_model(f"tiny-{family}", dtype=torch.float64), backends=BACKENDS)
+    report = verify_isolation(build_model(f"tiny-{family}", dtype=torch.float64), backends=BACKENDS, check="thorough")
     assert report.passed and report.dtype == "float64"
     return {r.backend: r for r in report.results}
 

@@ -1,14 +1,17 @@
 """``padless verify``: per backend, packed logits against each sequence alone and packed gradients
-against padded ones (padless.verify_isolation)."""
+against padded ones (padless.verify_isolation). Progress goes to stderr as it runs (the model, the
+rule's verdicts, what is sampled, each check); the report to stdout."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from typing import Any
 
 from padless.isolation.compare import NOISE_FACTOR
-from padless.isolation.verify import DEFAULT_BACKENDS, VerifyReport, random_sequences, verify_isolation
+from padless.isolation.verify import DEFAULT_BACKENDS, DEFAULT_MAX_LENGTH, VerifyReport, random_sequences, verify_isolation
 
 EXIT_PASS, EXIT_CONTAMINATED, EXIT_NOTHING_RAN = 0, 1, 3
 """Exit statuses of ``padless verify`` (2 is a bad input, as for every subcommand)."""
@@ -21,6 +24,15 @@ EPILOG = f"""judgment: per backend and dtype, the same documents right-padded in
   difference from each document run alone (exact in mathematics, not in floating point); packed rows
   pass when their logit and gradient differences stay within --factor (default {NOISE_FACTOR:g}) times that
   noise, or under the dtype's absolute floor (padless.TOLERANCES).
+
+columns: alone = each document run by itself (the reference); packed = the documents packed into
+  rows of --max-length; padded = the same documents right-padded, one per row (padding's own noise).
+
+sampled (default) vs --thorough: the default checks one row of --max-length tokens (seeded document
+  lengths), pads only its longest document for the noise, runs the documents alone once (on the first
+  backend that runs) and compares the gradients of the last block and the layers after it; --thorough
+  checks two rows, pads every document, runs them alone on each backend and compares every
+  parameter's gradient (several times longer). Both check every document's logits on every backend.
 
 exit status:
   0  PASS: every backend that ran kept packed documents isolated and trained like padding
@@ -42,7 +54,10 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--factor", type=float, default=NOISE_FACTOR, help="how many times padding's own noise packed rows may differ")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     parser.add_argument("--lengths", default=None, help="comma-separated sequence lengths (default: a built-in mix)")
-    parser.add_argument("--max-length", type=int, default=32, help="packed row length (0: one row for all)")
+    parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
+                        help="packed row length, capped at the model's positions (0: one row for all)")  # fmt: skip
+    parser.add_argument("--thorough", action="store_true",
+                        help="every document padded and run alone per backend, two rows, every parameter's gradient")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -107,26 +122,40 @@ def _run(args: argparse.Namespace, device: Any, lengths: list[int] | None, backe
     from padless.cli import as_flags
     from padless.models.factory import build_model
 
+    start = time.perf_counter()
     # eager attention builds for every model (some have no SDPA); each backend is switched on in turn
     model = build_model(args.model, dtype=getattr(torch, weights), attn_implementation="eager").to(device)
     sequences = None
     if lengths:
         sequences = [f["input_ids"] for f in random_sequences(lengths, model.config.vocab_size, args.seed)]
+    loaded = [f"; loaded in {time.perf_counter() - start:.1f} s"]  # told with the first line: errors stay one line
+
+    def progress(line: str) -> None:
+        print(line + (loaded.pop() if loaded else ""), file=sys.stderr, flush=True)
+
     try:
-        return verify_isolation(model, sequences, backends=backends, max_length=args.max_length or None, seed=args.seed,
-                                autocast=None if autocast is None else getattr(torch, autocast), factor=args.factor)  # fmt: skip
+        return verify_isolation(model, sequences, backends=backends, max_length=args.max_length or None,
+                                check="thorough" if args.thorough else "sampled", seed=args.seed,
+                                autocast=None if autocast is None else getattr(torch, autocast), factor=args.factor,
+                                progress=progress)  # fmt: skip
     except ValueError as exc:
         raise ValueError(as_flags(str(exc), ["max_length"])) from None
 
 
 def _print_report(report: VerifyReport) -> None:
     fmt = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
-    print(f"model {report.model} | {report.dtype} | {report.device} | lengths {report.lengths} | rows of {report.max_length}"
-          f" | limit: max({report.factor:g} x padding's noise, dtype floor)")  # fmt: skip
-    print(f"{'backend':<24} {'status':<12} {'max |dlogit|':>13} {'padded':>9} {'limit':>9} "
-          f"{'grad rel diff':>14} {'padded':>9} {'limit':>9}")  # fmt: skip
+    check = f" | {report.coverage.check} check" if report.coverage is not None else ""
+    print(f"model {report.model} | {report.dtype} | {report.device}{check} | lengths {report.lengths} | rows of "
+          f"{report.max_length} | limit: max({report.factor:g} x padded, dtype floor)")  # fmt: skip
+    if report.coverage is not None:
+        for line in report.coverage.describe():
+            print(line)
+    print(report.legend())
+    print(f"{'backend':<24} {'status':<12} {'logit packed':>12} {'padded':>9} {'limit':>9} "
+          f"{'grad packed':>12} {'padded':>9} {'limit':>9} {'seconds':>8}")  # fmt: skip
     for r in report.results:
-        print(f"{r.backend:<24} {r.status:<12} {fmt(r.max_logit_diff):>13} {fmt(r.logit_noise):>9} {fmt(r.logit_tolerance):>9} "
-              f"{fmt(r.grad_rel_diff):>14} {fmt(r.grad_noise):>9} {fmt(r.grad_tolerance):>9}  {r.detail}")  # fmt: skip
+        seconds = "-" if r.seconds is None else f"{r.seconds:.1f}"
+        print(f"{r.backend:<24} {r.status:<12} {fmt(r.max_logit_diff):>12} {fmt(r.logit_noise):>9} {fmt(r.logit_tolerance):>9} "
+              f"{fmt(r.grad_rel_diff):>12} {fmt(r.grad_noise):>9} {fmt(r.grad_tolerance):>9} {seconds:>8}  {r.detail}")  # fmt: skip
         for line in r.evidence:
             print(f"    {line}")

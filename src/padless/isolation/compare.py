@@ -191,8 +191,9 @@ class LogitCheck:
 
     documents: tuple[DocumentDiff, ...]
     """The checked batch's difference per document."""
-    noise: tuple[DocumentDiff, ...] | None
-    """The same documents right-padded into one batch (None: not measured)."""
+    noise: tuple[DocumentDiff | None, ...] | None
+    """The same documents right-padded into one batch (None: not measured; an entry None: that
+    document was not padded, as in the verifier's sampled check)."""
     judgment: Judgment
     """The largest document difference against ``factor x`` the largest padded one, or the floor."""
 
@@ -207,7 +208,8 @@ class LogitCheck:
         for k, doc in enumerate(self.documents):
             over = [i for i, d in enumerate(doc.positions) if d > limit]
             if over:
-                padded = None if self.noise is None else tuple(self.noise[k].positions[i] for i in over)
+                noise = None if self.noise is None else self.noise[k]
+                padded = None if noise is None else tuple(noise.positions[i] for i in over)
                 out.append(Evidence(doc.index, doc.row, tuple(over), tuple(doc.positions[i] for i in over), padded))
         return out
 
