@@ -301,3 +301,25 @@ def _copy_to(model, dtype):
     import copy
 
     return copy.deepcopy(model).to(dtype)
+
+
+@pytest.mark.parametrize(("flags", "backends"), [
+    ([], ["sdpa", "padless"]),
+    (["--thorough"], ["sdpa", "eager", "padless", "flash_attention_2", "flex_attention"]),
+    (["--backends", "eager"], ["eager"]),
+])  # fmt: skip
+def test_cli_default_backends_follow_the_check(monkeypatch, flags, backends):
+    """The sampled default checks transformers' default and padless' own backend; --thorough every one."""
+    import padless.cli.verify as cli_verify
+    from padless.cli import main
+    from padless.isolation.verify import VerifyReport
+
+    asked = []
+
+    def fake(model, sequences, **kw):
+        asked.append((kw["backends"], kw["check"]))
+        return VerifyReport("m", "float32", "cpu", [3], 32, [])
+
+    monkeypatch.setattr(cli_verify, "verify_isolation", fake)
+    main(["verify", "--model", "tiny-gpt2", *flags])
+    assert asked == [(backends, "thorough" if "--thorough" in flags else "sampled")]

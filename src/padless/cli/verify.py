@@ -10,8 +10,13 @@ import sys
 import time
 from typing import Any
 
+from padless.cli._shared import HelpFormatter
 from padless.isolation.compare import NOISE_FACTOR
 from padless.isolation.verify import DEFAULT_BACKENDS, DEFAULT_MAX_LENGTH, VerifyReport, random_sequences, verify_isolation
+
+SAMPLED_BACKENDS = ("sdpa", "padless")
+"""The backends the sampled default checks: transformers' default and padless' own (each backend is a
+forward and backward over the row; eager, FlexAttention and flash-attn are one ``--backends`` away)."""
 
 EXIT_PASS, EXIT_CONTAMINATED, EXIT_NOTHING_RAN = 0, 1, 3
 """Exit statuses of ``padless verify`` (2 is a bad input, as for every subcommand)."""
@@ -32,7 +37,8 @@ sampled (default) vs --thorough: the default checks one row of --max-length toke
   lengths), pads only its longest document for the noise, runs the documents alone once (on the first
   backend that runs) and compares the gradients of the last block and the layers after it; --thorough
   checks two rows, pads every document, runs them alone on each backend and compares every
-  parameter's gradient (several times longer). Both check every document's logits on every backend.
+  parameter's gradient (several times longer). Both check every document's logits on every backend
+  they run: by default sdpa and padless; with --thorough every backend padless knows.
 
 exit status:
   0  PASS: every backend that ran kept packed documents isolated and trained like padding
@@ -41,24 +47,30 @@ exit status:
   3  NOTHING RAN: every backend was refused or unavailable (the reasons are printed)"""
 
 
+class _Help(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every default shown, and the epilog's layout kept."""
+
+
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.formatter_class = _Help
     parser.add_argument("--model", default="tiny-gpt2",
                         help="tiny-<gpt2|llama|qwen2|mistral> (512-token test vocabulary), a GPT-2 size, smollm2-135m, or a local model folder")  # fmt: skip
-    parser.add_argument("--backends", default=",".join(DEFAULT_BACKENDS), help="comma-separated attention backends")
+    parser.add_argument("--backends", default=None,
+                        help=f"comma-separated attention backends (default: {','.join(SAMPLED_BACKENDS)}, "
+                             f"transformers' default and padless' own; with --thorough: {','.join(DEFAULT_BACKENDS)})")  # fmt: skip
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
                         help="weights' dtype; autocast-bf16/-fp16: float32 weights under torch.autocast, as Trainer(bf16=True)")  # fmt: skip
     parser.add_argument("--oracle", choices=["float64"], default=None,
                         help="also run the check with the model in float64, where float noise is ~1e-14 and any systematic difference shows")  # fmt: skip
     parser.add_argument("--factor", type=float, default=NOISE_FACTOR, help="how many times padding's own noise packed rows may differ")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    parser.add_argument("--lengths", default=None, help="comma-separated sequence lengths (default: a built-in mix)")
+    parser.add_argument("--lengths", default=None, help="comma-separated sequence lengths (default: seeded lengths that fill one row of --max-length)")
     parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
                         help="packed row length, capped at the model's positions (0: one row for all)")  # fmt: skip
     parser.add_argument("--thorough", action="store_true",
                         help="every document padded and run alone per backend, two rows, every parameter's gradient")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled document lengths and token ids")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -75,10 +87,14 @@ def _lengths(text: str) -> list[int]:
 def run_verify(args: argparse.Namespace) -> int:
     from padless.cli import as_flags
     from padless.devices import resolve_device
+    from padless.models.factory import check_model_name
 
+    check_model_name(args.model)  # an unknown name fails here, before torch loads
     if args.max_length < 0:
         raise ValueError(f"--max-length must be >= 1 (or 0 for one row holding every sequence), got {args.max_length}")
     lengths = _lengths(args.lengths) if args.lengths is not None else None
+    if args.backends is None:
+        args.backends = ",".join(DEFAULT_BACKENDS if args.thorough else SAMPLED_BACKENDS)
     if not [b for b in args.backends.split(",") if b.strip()]:
         raise ValueError(f"--backends names no backend; choose from {','.join(DEFAULT_BACKENDS)}")
     try:
