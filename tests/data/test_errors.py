@@ -145,7 +145,7 @@ def test_every_format_counts_its_records_from_1(tmp_path: Path) -> None:
     pq.write_table(pa.table({"messages": cells}), tmp_path / "d.parquet")
     for name, where in [("d.json", "record 2"), ("d.csv", "line 4"), ("d.parquet", "record 2")]:
         with pytest.raises(RecordError, match=re.escape(f"{where}: {MESSAGE}")):
-            load_corpus(tmp_path / name, gpt2())
+            load_corpus(tmp_path / name, gpt2(), train_on="all")  # the good chat has no assistant turn
 
 
 def test_pack_inputs_name_the_file_and_line(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def test_pack_inputs_name_the_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_text("messages\n" + "".join('"' + json.dumps(r["messages"]).replace('"', '""') + '"\n'
                                                            for r in (good, BAD_CHAT)))  # fmt: skip
     for name, where in [("d.jsonl", "line 3"), ("d.csv", "line 3")]:
-        src = open_input(str(tmp_path / name), shard_rows=1)
+        src = open_input(str(tmp_path / name), shard_rows=1, train_on="all")  # the good chats have no assistant turn
         with pytest.raises(ValueError, match=re.escape(f"{name}, {where}: {MESSAGE}")):
             list(iter_shards(src, 1))
     write_jsonl(tmp_path / "e.jsonl", [{"mesages": []}])

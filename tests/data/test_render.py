@@ -183,3 +183,22 @@ def test_system_prompt_is_checked_and_reported(tmp_path: Any) -> None:
     assert kept.report.system_prompt_added == 1 and "added a system prompt to 1 chats" in str(kept.report)
     none = load_corpus(path, tok("smollm2"), train_on="assistant", system_prompt="none", cache=False)
     assert none.report.system_prompt_added == 0 and len(none.input_ids[0]) < len(kept.input_ids[0])
+
+
+def test_the_default_trains_assistant_turns_of_chats_and_every_token_of_text(tmp_path):
+    """``train_on="auto"``, the loaders' default: a chat as with ``assistant``, a text as with ``all``."""
+    import json
+
+    from padless import load_corpus
+
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
+                                             {"role": "assistant", "content": "Hello there"}]}) + "\n")  # fmt: skip
+    text = tmp_path / "text.jsonl"
+    text.write_text(json.dumps({"text": "Hello there"}) + "\n")
+    auto, assistant = load_corpus(chat, "gpt2", cache=False), load_corpus(chat, "gpt2", train_on="assistant", cache=False)
+    assert auto.input_ids == assistant.input_ids and auto.labels == assistant.labels
+    assert any(label == -100 for label in auto.labels[0])
+    plain = load_corpus(text, "gpt2", cache=False)
+    assert plain.labels == load_corpus(text, "gpt2", train_on="all", cache=False).labels
+    assert -100 not in plain.labels[0]

@@ -62,7 +62,7 @@ def test_an_input_mixing_kinds_of_record_names_the_first_row_of_the_other_kind(t
         path.write_text(json.dumps(recs))
         where = "record 6"
     kind = next(iter(other))
-    src = open_input(str(path), shard_rows=3)
+    src = open_input(str(path), shard_rows=3, train_on="all")  # the chat has no assistant turn
     with pytest.raises(ValueError, match=f"{where} has '{kind}', but the input's first record has '{next(iter(first))}'"):
         pack_to_parquet(src, tmp_path / "out", 64, shard_rows=3, progress=False)
     assert not (tmp_path / "out").exists()  # a failed fresh run leaves nothing

@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 
 TrainOn = Literal["all", "assistant", "completion"]
 TRAIN_ON: tuple[str, ...] = ("all", "assistant", "completion")
+TrainOnChoice = Literal["auto", "all", "assistant", "completion"]
+TRAIN_ON_CHOICES: tuple[str, ...] = ("auto", *TRAIN_ON)
+"""What the loaders take: ``auto`` trains the assistant turns of a chat and every token of a text."""
 SystemPrompt = Literal["template", "none"]
 SYSTEM_PROMPT: tuple[str, ...] = ("template", "none")
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")

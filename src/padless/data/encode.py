@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from padless.data.chat import SYSTEM_PROMPT, TRAIN_ON, SystemPrompt, TrainOn, check_messages, render_chat
+from padless.data.chat import SYSTEM_PROMPT, TRAIN_ON_CHOICES, SystemPrompt, TrainOnChoice, check_messages, render_chat
 from padless.data.records import RecordError, Unit, check_text, check_tokens, record_kind, where
 from padless.layout import IGNORE_INDEX, append_separator
 from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, overlong_error
@@ -82,8 +82,9 @@ class EncodeCounts:
 class EncodeOptions:
     """How records become ids and labels."""
 
-    train_on: TrainOn = "all"
-    """``all`` | ``assistant`` | ``completion`` (see :mod:`padless.data.chat`)."""
+    train_on: TrainOnChoice = "auto"
+    """``auto`` (assistant turns of a chat, every token of a text) | ``all`` | ``assistant`` |
+    ``completion`` (see :mod:`padless.data.chat`)."""
     add_eos: bool = True
     """End every text and chat example with one end-of-document token: its own EOS or end-of-turn
     token where it ends with one, else EOS appended (pre-tokenized ids are taken as given)."""
@@ -104,8 +105,8 @@ class EncodeOptions:
     ``none`` leaves it out (see :mod:`padless.data.chat`)."""
 
     def __post_init__(self) -> None:
-        if self.train_on not in TRAIN_ON:
-            raise ValueError(f"train_on={self.train_on!r} is not one of {', '.join(TRAIN_ON)}")
+        if self.train_on not in TRAIN_ON_CHOICES:
+            raise ValueError(f"train_on={self.train_on!r} is not one of {', '.join(TRAIN_ON_CHOICES)}")
         check_choice(self.overlong, OVERLONG_POLICIES, "overlong policy")
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error={self.on_error!r} is not one of {', '.join(ON_ERROR)}")
@@ -121,12 +122,13 @@ def _plan(record: Any, at: str, tokenizer: PreTrainedTokenizerBase, opts: Encode
     if kind == "tokens":
         return "tokens", check_tokens(record, at, len(tokenizer))
     if kind == "text":
-        if opts.train_on != "all":  # a configuration error, never a skip
+        if opts.train_on not in ("all", "auto"):  # a configuration error, never a skip
             raise ValueError(f"{at} is plain text; train_on={opts.train_on!r} needs chats "
                              f"('messages'); use train_on='all'")
         return "text", check_text(record, at)
     messages = check_messages(record["messages"], at)
-    return "chat", render_chat(messages, tokenizer, opts.train_on, opts.chat_template, at, opts.system_prompt)
+    train_on = "assistant" if opts.train_on == "auto" else opts.train_on
+    return "chat", render_chat(messages, tokenizer, train_on, opts.chat_template, at, opts.system_prompt)
 
 
 def _tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], specials: bool) -> list[list[int]]:

@@ -164,7 +164,7 @@ class PackInput:
     """Ids and labels are checked against ``[0, vocab_size)`` (None: tokenized here)."""
     tokenizer: str = "gpt2"
     """Tokenizer of text and chats."""
-    train_on: str = "all"
+    train_on: str = "auto"
     """Labels of chats: ``all`` | ``assistant`` | ``completion``."""
     system_prompt: str = "template"
     """A system prompt the chat template adds: ``template`` keeps it, ``none`` leaves it out."""
@@ -403,7 +403,7 @@ def open_input(
     vocab_size: int | None = None,
     seed: int = 0,
     tokenizer: str = "gpt2",
-    train_on: str = "all",
+    train_on: str = "auto",
     system_prompt: str = "template",
     shard_rows: int = 65536,
     progress: bool = True,

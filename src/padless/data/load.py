@@ -22,7 +22,7 @@ import numpy as np
 
 from padless.data.assets import VADER_VERSION
 from padless.data.cache import cache_key, entry_path, load_entry, save_entry
-from padless.data.chat import SystemPrompt, TrainOn
+from padless.data.chat import SystemPrompt, TrainOnChoice
 from padless.data.corpora import split_corpus_name
 from padless.data.raw import TOOL_SCHEMA
 from padless.data.records import Unit, numbered
@@ -140,7 +140,7 @@ def load_corpus(
     name_or_path: str | Path,
     tokenizer: str | PreTrainedTokenizerBase = "gpt2",
     *,
-    train_on: TrainOn = "all",
+    train_on: TrainOnChoice = "auto",
     max_length: int | None = None,
     overlong: Overlong = OVERLONG_DEFAULT,
     limit: int | None = None,
@@ -157,8 +157,8 @@ def load_corpus(
 ) -> TokenizedCorpus:
     """Tokenize a built-in corpus (:data:`CORPORA`, e.g. ``"tweets:all"``) or a data file / dataset.
 
-    ``train_on`` picks the targets (``all`` | ``assistant`` | ``completion``, see
-    :mod:`padless.data.chat`); ``max_length`` with ``overlong`` (``error`` | ``truncate`` | ``split`` |
+    ``train_on`` picks the targets (``auto``: the assistant turns of chats, every token of texts; or
+    ``all`` | ``assistant`` | ``completion``, see :mod:`padless.data.chat`); ``max_length`` with ``overlong`` (``error`` | ``truncate`` | ``split`` |
     ``drop``, as in the planners) bounds the example length; ``on_error`` (``raise`` | ``skip``) decides what a bad record does;
     ``limit`` keeps a seeded random subset of that many records (in source order); ``seed`` also
     drives the recipes' choices; ``tool_schema`` (``half`` | ``always`` | ``never``; default: the
@@ -189,7 +189,7 @@ def load_corpus(
     if builtin is not None:
         recipe, selector = builtin
         tool_schema = tool_schema or recipe.tool_schema
-        if recipe.kind == "text" and train_on != "all":
+        if recipe.kind == "text" and train_on not in ("all", "auto"):
             raise ValueError(f"corpus {recipe.name!r} is plain text; train_on={train_on!r} needs chats; "
                              "use train_on='all'")
         key_parts["source"] = {"recipe": name, "version": RECIPES_VERSION, "assets": _asset_versions(),
