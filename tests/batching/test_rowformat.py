@@ -176,5 +176,6 @@ def test_for_model_for_an_autocast_run(backend):
         for d in docs:
             alone = model(input_ids=torch.tensor([d]), use_cache=False).logits[0]
             assert packed.dtype == alone.dtype == torch.bfloat16
-            torch.testing.assert_close(packed[at : at + len(d)], alone, atol=0, rtol=0)
+            # bf16 reductions over a 32-token row and a 5-token one may round apart by one ulp on some CPUs
+            torch.testing.assert_close(packed[at : at + len(d)], alone, atol=2**-8, rtol=2**-8)
             at += len(d)
