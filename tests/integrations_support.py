@@ -64,6 +64,19 @@ def num_rows(features: list[dict[str, Any]], max_length: int = MAX_LENGTH) -> in
     return schedule_epoch(lengths, max_length, world_size=1, rows_per_batch=1).plan.num_rows
 
 
+def add_2d_masks(trainer: Any) -> None:
+    """Give each of ``trainer``'s own training batches an all-ones 2D ``attention_mask`` on its way to the
+    step (what many pipelines add), by wrapping its train loader."""
+    loader = trainer.get_train_dataloader
+
+    class WithMask:
+        def __iter__(self):
+            for batch in loader():
+                yield {**batch, "attention_mask": batch["input_ids"].new_ones(batch["input_ids"].shape)}
+
+    trainer.get_train_dataloader = WithMask
+
+
 def grads(model: Any) -> dict[str, Any]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 

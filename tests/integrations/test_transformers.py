@@ -255,13 +255,6 @@ def test_a_collator_that_adds_a_2d_mask_to_packed_rows_is_refused(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1, disable_tqdm=True,
                              save_strategy="no", per_device_train_batch_size=1)  # fmt: skip
     trainer = PackedTrainer(model=support.model("sdpa", "tiny-llama"), args=args, train_dataset=feats, max_length=32)
-    loader = trainer.get_train_dataloader
-
-    class WithMask:  # the trainer's own batches, each given an all-ones 2D mask on the way
-        def __iter__(self):
-            for batch in loader():
-                yield {**batch, "attention_mask": batch["input_ids"].new_ones(batch["input_ids"].shape)}
-
-    trainer.get_train_dataloader = WithMask
+    support.add_2d_masks(trainer)
     with pytest.raises(ValueError, match="attention_mask"):
         trainer.train()

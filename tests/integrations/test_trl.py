@@ -312,13 +312,6 @@ def test_a_2d_mask_added_to_packed_rows_is_refused(tmp_path):
                          use_cpu=True, max_steps=1, bf16=False)  # fmt: skip
     trainer = SFTTrainer(model=support.model("sdpa"), args=args, train_dataset=support.dataset(support.examples()),
                          processing_class=support.tokenizer())  # fmt: skip
-    loader = trainer.get_train_dataloader
-
-    class WithMask:  # the trainer's own batches, each given an all-ones 2D mask on the way
-        def __iter__(self):
-            for batch in loader():
-                yield {**batch, "attention_mask": batch["input_ids"].new_ones(batch["input_ids"].shape)}
-
-    trainer.get_train_dataloader = WithMask
+    support.add_2d_masks(trainer)
     with pytest.raises(ValueError, match="attention_mask"):
         trainer.train()
