@@ -261,12 +261,17 @@ def test_unknown_backend_is_refused():
     assert report.results[1].status == "refused" and "unknown attention backend" in report.results[1].detail
 
 
+SMOLLM2_VOCAB = 4096
+
+
 @pytest.fixture(scope="module")
 def smollm2_trimmed():
     """The packaged pretrained smollm2-135m (real weights, logits up to ~30) cut to its first 2 decoder
-    layers, embeddings frozen (the 49k x 576 table dominates a CPU backward): the real model's scale of
-    logits and bf16 noise, at a test's cost. The full model is in docs/verify.md."""
+    layers and its first SMOLLM2_VOCAB tokens, embeddings frozen (the 49k x 576 table dominates a CPU
+    backward, in bf16 most of all): the real model's scale of logits and bf16 noise, at a test's cost.
+    The full model is in docs/verify.md."""
     model = build_model("smollm2-135m")
+    model.resize_token_embeddings(SMOLLM2_VOCAB)  # keeps the first rows; the head stays tied to them
     model.model.layers = model.model.layers[:2]
     model.config.num_hidden_layers = 2
     if getattr(model.config, "layer_types", None):
@@ -275,7 +280,7 @@ def smollm2_trimmed():
     return model
 
 
-SMOLLM2_SEQUENCES = [f["input_ids"] for f in random_sequences([1, 6, 11, 4, 9], 49152, seed=0)]
+SMOLLM2_SEQUENCES = [f["input_ids"] for f in random_sequences([1, 6, 11, 4, 9], SMOLLM2_VOCAB, seed=0)]
 
 
 @pytest.mark.slow

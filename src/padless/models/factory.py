@@ -10,8 +10,9 @@ forward and backward pass takes milliseconds on a CPU.
 15-30 s, so the first use writes an fp32 safetensors checkpoint (with its tokenizer) to
 ``<cache root>/models/smollm2-135m`` (or ``cache_dir``), which later loads in well under a second.
 ``save_pretrained`` refuses a GGUF-loaded model, so its weights are moved into a fresh model built
-from the same config (without the GGUF quantisation entry) and that one is saved; the weights are
-bit-identical.
+from the same config (without the GGUF quantisation entry) and that one is saved. Before the folder
+is moved into place, :func:`check_checkpoint` reloads it and requires bit-identical logits to the
+model dequantised from the GGUF; a checkpoint that differs is never cached.
 """
 
 from __future__ import annotations
@@ -179,10 +180,27 @@ def _convert_smollm2(target: Path) -> None:
     def fill(tmp: Path) -> None:
         fresh.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
+        check_checkpoint(loaded, tmp, tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"])
 
     if target.exists():  # an incomplete folder from an older layout: rebuild it
         shutil.rmtree(target)
     write_folder_atomically(target, fill)
+
+
+def check_checkpoint(reference: Any, folder: Path, input_ids: list[int]) -> None:
+    """Raise unless the checkpoint in ``folder``, loaded in fp32, gives exactly ``reference``'s logits on
+    ``input_ids``: the oracle of a converted model, run where the conversion writes it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    saved = _load_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
+    ids = torch.tensor([input_ids])
+    with torch.no_grad():
+        want = reference(input_ids=ids, use_cache=False).logits
+        got = saved(input_ids=ids, use_cache=False).logits
+    if not torch.equal(got, want):
+        raise RuntimeError(f"the checkpoint written to {folder} gives other logits than the model it was converted "
+                           f"from (max abs diff {(got - want).abs().max().item():.3g}); nothing was cached")  # fmt: skip
 
 
 def _load_pretrained(name: str, **kwargs: Any) -> PreTrainedModel:
