@@ -276,6 +276,7 @@ TEST_HOMES: dict[str, str] = {
     "padless.export.stages": "export/test_resume.py",
     "padless.export.state": "export/test_resume.py",
     "padless.data.inputs": "export/test_inputs.py",
+    "padless.integrations.trl_rl": "integrations/test_trl_grpo.py",
     "padless.isolation.audit": "integrations/test_exactness.py",
     "padless.models.fsdp": "integrations/test_fsdp.py",
     "padless.objectives.dpo": "batching/test_preference.py",

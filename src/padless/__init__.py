@@ -71,9 +71,12 @@ _EXPORTS: dict[str, str] = {
     "world_info": "padless.batching.samplers",
     "PackedIterableDataset": "padless.batching.stream",
     "PackedStream": "padless.batching.stream",
-    # objectives: losses, per-sequence log-probs, DPO, packed evaluation
+    # objectives: losses, per-sequence log-probs, DPO, GRPO-family losses, packed evaluation
     "dpo_loss": "padless.objectives.dpo",
     "EvalLoss": "padless.objectives.evaluation",
+    "grpo_loss": "padless.objectives.grpo",
+    "GRPOLossConfig": "padless.objectives.grpo",
+    "GRPOLossResult": "padless.objectives.grpo",
     "packed_eval_loss": "padless.objectives.evaluation",
     "sequence_logprobs": "padless.objectives.logprobs",
     "causal_lm_loss": "padless.objectives.loss",
@@ -150,6 +153,7 @@ if TYPE_CHECKING:  # pragma: no cover - the same table for static analysis (test
     from padless.batching.stream import PackedIterableDataset, PackedStream
     from padless.objectives.dpo import dpo_loss
     from padless.objectives.evaluation import EvalLoss, packed_eval_loss
+    from padless.objectives.grpo import grpo_loss, GRPOLossConfig, GRPOLossResult
     from padless.objectives.logprobs import sequence_logprobs
     from padless.objectives.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
     from padless.isolation.guard import IsolationError, IsolationGuard

@@ -183,7 +183,16 @@ def check_attention_mask(batch: Mapping[str, Any]) -> None:
         if shape is not None and (got[0] not in (1, shape[0]) or got[2:] != (shape[1], shape[1])):
             raise ValueError(f"the batch's 4D attention_mask has shape {got}, its input_ids {shape}; it must be "
                              f"[{shape[0]}, 1, {shape[1]}, {shape[1]}]; {_MASK_FIX}")  # fmt: skip
-        _check_blocks(batch, m)
+        if not is_tree(batch):  # a shared prompt's tree mask shows the prompt to every completion, by design
+            _check_blocks(batch, m)
+
+
+def is_tree(batch: Mapping[str, Any]) -> bool:
+    """Whether the batch's placements put a completion after a shared prompt (a piece whose first token
+    is predicted from somewhere other than the token just before it)."""
+    pl = getattr(batch, "placements", None)
+    prev = getattr(pl, "prev_offset", None)
+    return prev is not None and bool((np.asarray(prev) != np.asarray(pl.offset) - 1).any())
 
 
 def _tokens_shape(batch: Mapping[str, Any]) -> tuple[int, int] | None:

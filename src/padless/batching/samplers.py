@@ -11,6 +11,9 @@
     for epoch in range(epochs):
         sampler.set_epoch(epoch)          # a new plan each epoch
         ...
+
+  ``balance="cost", cost_a=model.config`` deals each step's rows so that rank costs (``a * l + l**2``
+  per document, :mod:`padless.planning.balance`), not token counts, are even.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from padless.planning.balance import Balance, check_balance
 from padless.planning.checks import OVERLONG_DEFAULT, check_int
 from padless.planning.lengths import group_by_length
 from padless.planning.plan import validate_lengths
@@ -164,6 +169,12 @@ class DistributedPackedBatchSampler:
     """Cap on documents per row, passed to the planner."""
     epoch: int = 0
     """Current epoch (:meth:`set_epoch`)."""
+    balance: Balance = "tokens"
+    """What each step's deal to ranks evens out: row tokens, or row cost (``"cost"``, with ``cost_a``);
+    :data:`padless.planning.balance.BALANCES`."""
+    cost_a: Any = None
+    """``a`` of the row cost ``a * l + l**2`` (``balance="cost"`` only): a number, or the model's config
+    (``12 * hidden_size``), read once and kept as the number."""
     _cache: tuple[int, EpochSchedule] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -172,6 +183,7 @@ class DistributedPackedBatchSampler:
         check_int(self.rows_per_batch, "rows_per_batch", 1)
         check_int(self.seed, "seed", 0)
         check_choices(self.strategy, self.overlong, self.remainder)
+        self.cost_a = check_balance(self.balance, self.cost_a)
         if self.num_replicas is None or self.rank is None:
             rank, world = world_info()
             self.num_replicas = world if self.num_replicas is None else self.num_replicas
@@ -192,6 +204,7 @@ class DistributedPackedBatchSampler:
                 self.lengths, self.max_length, world_size=self.num_replicas, rows_per_batch=self.rows_per_batch,
                 epoch=self.epoch, seed=self.seed, shuffle=self.shuffle, strategy=self.strategy,
                 overlong=self.overlong, remainder=self.remainder, max_per_row=self.max_per_row,
+                balance=self.balance, cost_a=self.cost_a,
             )  # fmt: skip
             self._cache = (self.epoch, sched)
         return self._cache[1]

@@ -38,6 +38,9 @@ has, not with a ``KeyError`` from inside ``datasets.map``. padless' errors raise
 trainer argument (``SFTTrainer(overlong=...)``, ``SFTConfig(max_length=...)``: :data:`SFT_WORDS`).
 ``train`` first logs one line: model, attention backend, row layout, the one rule's verdict, rows and
 documents per row (:func:`padless.integrations.transformers.start_line`).
+
+``GRPOTrainer`` and ``DPOTrainer`` are imported from here too: TRL's RL trainers whose log-prob passes
+run on packed rows (:mod:`padless.integrations.trl_rl`).
 """
 
 from __future__ import annotations
@@ -377,3 +380,5 @@ class PackedSFTTrainer(trl.SFTTrainer):
 
 SFTTrainer = PackedSFTTrainer
 """The drop-in name: ``from padless.integrations.trl import SFTTrainer``."""
+
+from padless.integrations.trl_rl import DPOTrainer, GRPOTrainer  # noqa: E402,F401  (the RL drop-ins, same import)

@@ -3,5 +3,7 @@
 - ``loss``: token / sequence / weighted causal-LM loss across micro-batches and ranks, and ``trained_logits`` (the LM head on trained positions only).
 - ``logprobs``: per-sequence log-probabilities read back from packed rows.
 - ``dpo``: the DPO loss from the log-probs of packed preference pairs.
+- ``rollouts``: per-token log-probs (and TRL's other per-token stats) of rollout completions from packed rows, in TRL's ``(B, T)`` layout.
+- ``grpo``: TRL's GRPO-family policy losses (grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo) on the ``(B, T)`` completion layout.
 - ``evaluation``: per-example evaluation loss computed from packed rows.
 """

@@ -5,6 +5,7 @@
 - ``slots``: one plan from merged length histograms, and the rule placing each shard's sequences.
 - ``buffered``: the streaming planner (lengths arriving one by one, bounded buffer).
 - ``schedule``: the per-epoch schedule of packed rows for data-parallel training.
+- ``balance``: ranks and micro-batches balanced by cost (``a * l + l**2``) or tokens, the partition behind ``balance="cost"``.
 - ``lengths``: length statistics, padding fractions, synthetic lengths, length grouping.
 - ``partition``: the optimal partition of lengths into padded groups (bucketing, grouped attention).
 - ``checks``: the argument checks and the overlong error every stage shares.

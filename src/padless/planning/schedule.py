@@ -11,6 +11,19 @@ as possible (longest row first, to the rank with the fewest tokens that has room
     step 1    rank 0: rows 1, 5      rank 1: rows 0, 8
     step 2    rank 0: row 3          rank 1: (empty row)     remainder="empty"
 
+``balance`` (:data:`padless.planning.balance.BALANCES`) says what the steps and the deal even out:
+
+* ``tokens`` (default): as above, by row tokens.
+* ``cost``: by row cost, ``sum over the row's documents of (a * l + l**2)``
+  (:func:`padless.planning.balance.row_costs`; ``a`` from ``cost_a``, a number or the model's config):
+  a row of one long document costs more than a row of the same tokens in short ones, since
+  attention is quadratic in the document. Rows are sorted by cost and cut into steps, and each
+  step's rows are split into ``world_size`` parts of ``rows_per_batch`` rows by Karmarkar-Karp's
+  largest differencing (:func:`padless.planning.balance.partition_many`, all steps at once), which
+  bounds each step's ``max - min`` rank cost by the widest cost gap among ``world_size`` rows of
+  consecutive cost. Part ``p`` of the ``s``-th step goes to rank ``(p + s) % world_size``, so every
+  rank takes a step's heaviest part equally often and the epoch's rank totals stay even.
+
 Every rank runs the same number of steps, so no rank waits forever in a collective. The rows that do
 not fill a last step follow ``remainder`` (:data:`REMAINDERS`), and :class:`EpochSchedule` counts them:
 
@@ -34,10 +47,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
+from padless.planning.balance import Balance, check_balance, partition_many, row_costs
 from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, overlong_error
 from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, plan_packs, validate_lengths
 
@@ -75,6 +89,10 @@ class EpochSchedule:
     """Empty rows given to ranks left without a row in the last step (``remainder="empty"``)."""
     tokens_per_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """int64 ``[world_size]``: row tokens each rank trains on over the epoch (repeats included)."""
+    balance: str = "tokens"
+    """What the steps and the deal to ranks even out (:data:`padless.planning.balance.BALANCES`)."""
+    cost_a: float | None = None
+    """``a`` of the row cost ``a * l + l**2`` with ``balance="cost"``; ``None`` with ``"tokens"``."""
 
     @property
     def num_steps(self) -> int:
@@ -87,6 +105,16 @@ class EpochSchedule:
             return ()
         index, start, length = self.plan.row(row)
         return tuple(zip(index.tolist(), start.tolist(), length.tolist()))
+
+    def step_loads(self, row_values: Sequence[float] | np.ndarray) -> np.ndarray:
+        """``[num_steps, world_size]``: the sum of ``row_values`` (one per row of :attr:`plan`: its tokens,
+        its :func:`~padless.planning.balance.row_costs`) over each rank's rows at each step; an empty
+        row adds 0."""
+        values = np.asarray(row_values)
+        if values.shape != (self.plan.num_rows,):
+            raise ValueError(f"row_values must have one entry per row ({self.plan.num_rows}), got shape {values.shape}")
+        padded = np.concatenate([values, np.zeros(1, dtype=values.dtype)])  # EMPTY_ROW (-1) reads the 0
+        return np.array([[padded[rows].sum() for rows in step] for step in self.batches])
 
     def rank_batches(self, rank: int) -> list[list[RowKey]]:
         """Row keys of every micro-batch of ``rank``, in order."""
@@ -108,6 +136,31 @@ def _deal(rows: np.ndarray, tokens: np.ndarray, world_size: int) -> list[list[in
         if len(out[rank]) < capacity:
             heapq.heappush(heap, (load + int(tokens[row]), rank))
     return [rows_of_rank or [EMPTY_ROW] for rows_of_rank in out]
+
+
+def _deal_by_cost(steps: list[np.ndarray], costs: np.ndarray, world_size: int) -> list[list[list[int]]]:
+    """Deal each step's rows (in descending cost) to ``world_size`` ranks by largest differencing with
+    equal counts (at most ``ceil(len / world_size)`` rows a rank); part ``p`` of the ``s``-th step to
+    rank ``(p + s) % world_size``. A rank left without a row gets an empty row."""
+    out: list[list[list[int]]] = []
+    start = 0
+    while start < len(steps):  # runs of steps of one size: the full steps, then a partial last one
+        stop = start
+        while stop < len(steps) and steps[stop].size == steps[start].size:
+            stop += 1
+        rows = np.stack(steps[start:stop])  # [steps, rows of a step]
+        rank = (partition_many(costs[rows], world_size) + np.arange(start, stop)[:, None]) % world_size
+        # one stable sort by (step, rank) for all steps: each rank's rows keep their descending cost
+        key = (np.arange(stop - start)[:, None] * world_size + rank).ravel()
+        flat = rows.ravel()[np.argsort(key, kind="stable")]
+        if rows.shape[1] % world_size == 0:  # full steps: equal counts means rows_per_batch rows each
+            out += flat.reshape(stop - start, world_size, -1).tolist()
+        else:
+            ends = np.cumsum(np.bincount(key, minlength=(stop - start) * world_size)).tolist()
+            parts = [flat[b:e].tolist() or [EMPTY_ROW] for b, e in zip([0, *ends[:-1]], ends)]
+            out += [parts[i : i + world_size] for i in range(0, len(parts), world_size)]
+        start = stop
+    return out
 
 
 def _renumber(plan: PackPlan, perm: np.ndarray) -> PackPlan:
@@ -140,13 +193,17 @@ def schedule_epoch(
     overlong: str = OVERLONG_DEFAULT,
     remainder: Remainder = "empty",
     max_per_row: int | None = None,
+    balance: Balance = "tokens",
+    cost_a: Any = None,
 ) -> EpochSchedule:
     """Plan one epoch of packed rows and deal them to ``world_size`` ranks, ``rows_per_batch`` rows per
     rank and step. A pure function of its arguments: every rank computes the same schedule.
 
     ``shuffle`` shuffles the sequences before planning (so equal-length sequences meet different
     partners each epoch), and the rows and steps after; the random stream is seeded with
-    ``(seed, epoch)``, so epochs never share a stream with another seed.
+    ``(seed, epoch)``, so epochs never share a stream with another seed. ``balance`` evens out row
+    tokens (``"tokens"``) or row costs (``"cost"``, with ``cost_a``: a number or the model's config);
+    see the module docstring.
     """
     lengths = validate_lengths(lengths)
     world_size = check_int(world_size, "world_size", 1)
@@ -154,6 +211,7 @@ def schedule_epoch(
     epoch = check_int(epoch, "epoch", 0)
     max_length = check_int(max_length, "max_length", 1)
     check_choices(strategy, overlong, remainder)
+    a = check_balance(balance, cost_a)
     if overlong == "error" and lengths.size and lengths.max() > max_length:
         # raised here, before the shuffle, so the message names the dataset's own index
         i = int(np.argmax(lengths > max_length))
@@ -183,20 +241,24 @@ def schedule_epoch(
         counts = {"repeated_rows": int(extra.size), "repeated_tokens": int(tokens[extra].sum())}
         order = np.concatenate([order, extra])
     # Steps of rows of similar size, so that no rank of a step waits on a fuller one: sort by tokens
-    # (stable: rows of equal size, most of a good plan, keep their shuffled order), cut into steps,
-    # shuffle the full steps; a partial step (remainder="empty") holds the smallest rows and comes last.
-    order = order[np.argsort(-tokens[order], kind="stable")]
+    # or cost (stable: rows of equal size, most of a good plan, keep their shuffled order), cut into
+    # steps, shuffle the full steps; a partial step (remainder="empty") holds the smallest rows, last.
+    size = tokens if a is None else row_costs(plan, a)
+    order = order[np.argsort(-size[order], kind="stable")]
     steps = [order[s : s + per_step] for s in range(0, order.size, per_step)]
     num_full = order.size // per_step
     step_order = rng.permutation(num_full) if shuffle else np.arange(num_full)
     steps = [steps[i] for i in step_order] + steps[num_full:]
-    batches = [_deal(rows, tokens, world_size) for rows in steps]
+    if a is None:
+        batches = [_deal(rows, tokens, world_size) for rows in steps]
+    else:
+        batches = _deal_by_cost(steps, size, world_size)
     if remainder == "empty":
         counts["empty_rows"] = sum(step[r] == [EMPTY_ROW] for step in batches for r in range(world_size))
     padded = np.concatenate([tokens, [0]])  # EMPTY_ROW (-1) reads the trailing 0
     per_rank = np.array([sum(int(padded[step[r]].sum()) for step in batches) for r in range(world_size)],
                         dtype=np.int64)
     return EpochSchedule(plan=plan, batches=batches, world_size=world_size, remainder=remainder,
-                         tokens_per_rank=per_rank, **counts)
+                         tokens_per_rank=per_rank, balance=balance, cost_a=a, **counts)
 
 
