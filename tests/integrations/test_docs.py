@@ -13,9 +13,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import integrations_support as support  # noqa: E402
 
 DOCS = support.ROOT / "docs" / "integrations"
-PAGES = ("trainer.md", "trl.md", "accelerate.md", "pytorch.md", "exactness.md", "fsdp.md")
+PAGES = ("trainer.md", "trl.md", "trl_rl.md", "accelerate.md", "pytorch.md", "exactness.md", "fsdp.md")
 UNDER_TORCHRUN = ("fsdp.md",)
 """Pages whose snippet needs a process group: tests/integrations/test_fsdp.py runs them under torchrun."""
+RUN_ELSEWHERE = ("trl_rl.md",)
+"""Pages whose snippet another test runs with what it needs: tests/integrations/test_trl_grpo.py (a
+tiny tokenizer built in code, HF generate)."""
 
 
 def code_of(page: Path) -> str:
@@ -29,7 +32,7 @@ def test_every_page_is_listed():
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
-@pytest.mark.parametrize("page", [p for p in PAGES if p not in UNDER_TORCHRUN])
+@pytest.mark.parametrize("page", [p for p in PAGES if p not in UNDER_TORCHRUN + RUN_ELSEWHERE])
 def test_page_snippet_runs(page, tmp_path, monkeypatch, capsys):
     if page in ("trl.md", "exactness.md"):
         pytest.importorskip("trl")
