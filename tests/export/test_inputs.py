@@ -82,7 +82,7 @@ def test_an_empty_sequence_is_refused_naming_its_row(tmp_path):
 def test_parquet_token_columns_are_checked_like_the_token_validator(tmp_path):
     pq.write_table(pa.table({"input_ids": [[1, 2], [3, 4]], "labels": [[-100, 2], [3, -7]]}), tmp_path / "d.parquet")
     src = open_input(str(tmp_path / "d.parquet"), vocab_size=10)
-    with pytest.raises(ValueError, match="record 2: label -7 is neither -100"):
+    with pytest.raises(ValueError, match=r"record 2: label -7 \(labels\[1\]\) is neither -100"):  # the validator's
         src.read(src.shards(10)[0])
     pq.write_table(pa.table({"input_ids": [[1, 2], [3, 40]]}), tmp_path / "e.parquet")
     src = open_input(str(tmp_path / "e.parquet"), vocab_size=10)
@@ -98,3 +98,50 @@ def test_synthetic_shards_are_the_sequence_cut(tmp_path):
     tokens = src.read(shards[1])
     assert np.array_equal(tokens.lengths, ref.lengths()[8192:])
     assert tokens.ids[tokens.offsets[5] : tokens.offsets[6]].tolist() == ref[8197]["input_ids"].tolist()
+
+
+def test_parquet_token_columns_are_refused_not_cast_when_they_are_not_integer_lists(tmp_path):
+    pq.write_table(pa.table({"input_ids": [[1, 2], [3, None]]}), tmp_path / "n.parquet")  # a null inside a list
+    src = open_input(str(tmp_path / "n.parquet"), vocab_size=10)
+    with pytest.raises(ValueError, match=r"n.parquet, record 2: input_ids must be integer token ids, got dtype float"):
+        src.read(src.shards(10)[0])
+    pq.write_table(pa.table({"input_ids": [[1.0, 2.0], [3.0], [4.5]]}), tmp_path / "f.parquet")
+    src = open_input(str(tmp_path / "f.parquet"), vocab_size=10)
+    assert src.read(src.shards(2)[0]).ids.tolist() == [1, 2, 3]  # whole floats are the integers they hold
+    with pytest.raises(ValueError, match=r"f.parquet, record 3: input_ids must be integer token ids"):
+        src.read(src.shards(2)[1])
+    pq.write_table(pa.table({"input_ids": ["[1, 2]"]}), tmp_path / "s.parquet")
+    src = open_input(str(tmp_path / "s.parquet"), vocab_size=10)
+    with pytest.raises(ValueError, match=r"s.parquet: column 'input_ids' is string, not a list of token ids"):
+        src.read(src.shards(1)[0])
+    pq.write_table(pa.table({"input_ids": [[1, 2], [3]], "labels": [[1, 2], [3, 3]]}), tmp_path / "l.parquet")
+    src = open_input(str(tmp_path / "l.parquet"), vocab_size=10)
+    with pytest.raises(ValueError, match=r"l.parquet, record 2: labels has 2 tokens but input_ids has 1"):
+        src.read(src.shards(10)[0])
+
+
+def test_an_input_of_one_form_is_read_by_one_reader(tmp_path):
+    from padless.data.inputs import JsonlInput, ParquetInput, RecordsInput, SyntheticInput
+
+    lines_file(tmp_path / "d.jsonl", [json.dumps({"input_ids": [1]})])
+    (tmp_path / "d.json").write_text(json.dumps([{"input_ids": [1]}]))
+    pq.write_table(pa.table({"input_ids": [[1]]}), tmp_path / "d.parquet")
+    opened = [open_input(str(tmp_path / n), vocab_size=5) for n in ("d.jsonl", "d.parquet", "d.json")]
+    opened.append(open_input(None, synthetic="uniform:3", vocab_size=5))
+    assert [type(s) for s in opened] == [JsonlInput, ParquetInput, RecordsInput, SyntheticInput]
+    assert [s.unit for s in opened] == ["line", "record", "record", "record"]
+    with pytest.raises(ValueError, match="opened for shards of 65536 lines, not 10"):
+        opened[0].shards(10)
+
+
+def test_the_kind_of_an_input_follows_the_one_record_rule(tmp_path):
+    """A field whose value is null does not make a record (padless.data.records.record_field): the
+    first record below is text, as load_corpus and the command line read it."""
+    from padless.data.records import record_field
+
+    first = {"input_ids": None, "text": "a b"}
+    path = lines_file(tmp_path / "d.jsonl", [json.dumps(first), json.dumps({"text": "c"})])
+    src = open_input(str(path), train_on="all")
+    assert src.kind == record_field(first, "here") == "text"
+    (tmp_path / "d.json").write_text(json.dumps([first]))
+    assert open_input(str(tmp_path / "d.json"), train_on="all").kind == "text"

@@ -176,7 +176,7 @@ def data_kind(name: str) -> str | None:
     (its first record's, as the library decides; an input holds one kind), None where it cannot be told
     without reading the whole input or the first record is bad (the library then names the problem)."""
     from padless.data.corpora import split_corpus_name
-    from padless.data.records import RECORD_FIELDS
+    from padless.data.records import RecordError, record_field
 
     path = Path(name).expanduser()
     if path.is_file():
@@ -196,9 +196,10 @@ def data_kind(name: str) -> str | None:
         except ValueError:
             return None
         first = rows[0][1] if rows else None
-    if not isinstance(first, dict):
+    try:
+        return record_field(first, "the first record")
+    except RecordError:
         return None
-    return next((f for f in RECORD_FIELDS if first.get(f) is not None), None)
 
 
 def train_on_choice(train_on: str, kind: str | None, name: str) -> tuple[str, str | None]:

@@ -8,7 +8,9 @@ calls, agent traces), the user's files, chat templates with assistant-only label
 - ``assets``: where the offline assets live; ``raw``: their raw readers; ``bfcl``: the BFCL data.
 - ``corpora``: the built-in corpora as named recipes; ``agentic``: the synthetic agentic-RAG traces.
 - ``files``: the user's JSONL / CSV / Parquet / ``datasets`` inputs; ``records``: the record kinds.
-- ``inputs``: the inputs of ``padless pack``, cut into logical shards by the data and read shard by shard.
+- ``inputs``: the inputs of ``padless pack``, one reader per form (JSON lines, Parquet, records held
+  whole), chosen by ``open_input``; ``shards``: what every reader shares (the shard, its tokens, the
+  base class, records -> tokens); ``synthetic``: random token sequences (``--synthetic DIST:N``).
 - ``chat``: chats and agent traces rendered with trained / untrained pieces.
 - ``tokenizer``: tokenizers by name, offline; ``encode``: records -> token ids and labels.
 - ``load``: ``load_corpus``, the cached tokenized corpus; ``cache``: the on-disk token cache.

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from padless.data.chat import SYSTEM_PROMPT, TRAIN_ON_CHOICES, SystemPrompt, TrainOnChoice, check_messages, render_chat
-from padless.data.records import RecordError, Unit, check_text, check_tokens, record_kind, where
+from padless.data.records import RecordError, Unit, check_text, record_kind, record_tokens, where
 from padless.layout import IGNORE_INDEX, append_separator
 from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, overlong_error
 from padless.planning.plan import OVERLONG_POLICIES, OverlongPolicy
@@ -120,7 +120,7 @@ def _plan(record: Any, at: str, tokenizer: PreTrainedTokenizerBase, opts: Encode
     """``("text", str)``, ``("chat", (pieces, system prompt added))`` or ``("tokens", (ids, labels or None))``."""
     kind = record_kind(record, at, opts.field)
     if kind == "tokens":
-        return "tokens", check_tokens(record, at, len(tokenizer))
+        return "tokens", record_tokens(record, at, len(tokenizer))
     if kind == "text":
         if opts.train_on not in ("all", "auto"):  # a configuration error, never a skip
             raise ValueError(f"{at} is plain text; train_on={opts.train_on!r} needs chats "

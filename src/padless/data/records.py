@@ -1,7 +1,7 @@
 """The three kinds of training record every source is reduced to, how records are named in messages,
 and the error a bad record raises.
 
-A record is a dict with one of these fields (checked in this order):
+A record is a dict with one of these fields, the first not None in this order (:func:`record_field`):
 
 - ``input_ids``: pre-tokenized ids, optionally with ``labels`` of the same length;
 - ``messages``: a chat, a list of ``{"role", "content", "tool_calls"?}`` (see :mod:`padless.data.chat`);
@@ -60,9 +60,10 @@ def fields_hint(mapping: Mapping[str, Any], wanted: Iterable[str] = ()) -> str:
     return f"fields: {has}" + (f"; did you mean {close[0]!r}?" if close else "")
 
 
-def record_kind(record: Any, at: str, field: str | None = None) -> RecordKind:
-    """Which kind ``record`` (named ``at``) is: the forced ``field`` if given, else the first of
-    :data:`RECORD_FIELDS`."""
+def record_field(record: Any, at: str, field: str | None = None) -> str:
+    """The field that makes ``record`` (named ``at``): the forced ``field`` if given, else the first of
+    :data:`RECORD_FIELDS` whose value is not None. The one rule for what a record is; an input of
+    ``padless pack`` names its kind by this field, the encoders by :func:`record_kind`."""
     if not isinstance(record, Mapping):
         raise RecordError("not_a_record", f"{at} is a {type(record).__name__}, not an object with fields")
     if field is not None:
@@ -71,11 +72,20 @@ def record_kind(record: Any, at: str, field: str | None = None) -> RecordKind:
         if record.get(field) is None:
             raise RecordError("missing_field", f"{at}: no {field!r} field, which field={field!r} asks for "
                               f"({fields_hint(record, [field])})")
-        return _KIND_OF_FIELD[field]
+        return field
     for name in RECORD_FIELDS:
         if record.get(name) is not None:
-            return _KIND_OF_FIELD[name]
+            return name
+    null = [name for name in RECORD_FIELDS if name in record]
+    if null:
+        raise RecordError("bad_type", f"{at}: {null[0]} is null; expected "
+                          + ("a list of integer token ids" if null[0] == "input_ids" else "a value"))
     raise RecordError("missing_field", f"{at}: no {_ACCEPTED} field ({fields_hint(record, RECORD_FIELDS)})")
+
+
+def record_kind(record: Any, at: str, field: str | None = None) -> RecordKind:
+    """Which kind ``record`` (named ``at``) is: the kind of its :func:`record_field`."""
+    return _KIND_OF_FIELD[record_field(record, at, field)]
 
 
 def check_text(record: Mapping[str, Any], at: str) -> str:
@@ -88,9 +98,11 @@ def check_text(record: Mapping[str, Any], at: str) -> str:
     return text
 
 
-def check_tokens(record: Mapping[str, Any], at: str, vocab_size: int) -> tuple[list[int], list[int] | None]:
-    """Pre-tokenized ``(input_ids, labels or None)``, validated by :func:`padless.layout.check_tokens`
-    (the one token validator): ids inside the vocabulary, labels of the same length, each -100 or an id."""
+def record_tokens(record: Mapping[str, Any], at: str, vocab_size: int) -> tuple[list[int], list[int] | None]:
+    """The record's pre-tokenized ``(input_ids, labels or None)``, as :func:`check_text` gives its text:
+    validated by :func:`padless.layout.check_tokens` (the one token validator: ids inside the
+    vocabulary, labels of the same length, each -100 or an id), whose refusal becomes a
+    :class:`RecordError` of the same reason, so ``on_error="skip"`` counts it."""
     from padless.layout import TokenError
     from padless.layout import check_tokens as validate
 
@@ -100,3 +112,4 @@ def check_tokens(record: Mapping[str, Any], at: str, vocab_size: int) -> tuple[l
     except TokenError as err:
         raise RecordError(err.reason, str(err)) from None
     return ids.tolist(), (None if labels is None else checked.tolist())
+

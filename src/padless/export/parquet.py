@@ -47,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from padless.data.inputs import PackInput
+from padless.data.inputs import RecordsInput
+from padless.data.shards import PackInput
 from padless.export.engine import make_engine
 from padless.export.stages import (SHARD_PATTERN, checksum, histogram_of, map_shard, marker_ok, place_shard, prefix_histograms,
                                    write_json, write_shard)  # fmt: skip
@@ -65,8 +66,8 @@ COUNTS = ("sequences", "tokens_in", "truncated_sequences", "truncated_tokens", "
 def records_input(records: Sequence[Any], vocab_size: int | None = None, key: Any = None) -> PackInput:
     """A list of tokenized examples (``{"input_ids", "labels"?}``) as an input of :func:`pack_to_parquet`."""
     records = list(records)
-    return PackInput("records", "records", {"records": key if key is not None else len(records)}, "input_ids",
-                     vocab_size, total=len(records), records=records)  # fmt: skip
+    return RecordsInput(name="records", key={"records": key if key is not None else len(records)}, kind="input_ids",
+                        vocab_size=vocab_size, records=records)  # fmt: skip
 
 
 def pack_to_parquet(

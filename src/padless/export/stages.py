@@ -10,7 +10,7 @@ ran. Files live in ``OUT/.work`` while a packing is unfinished::
     tokens/00003.json        the marker: histogram, counts, checksums of the files above
     place/00003.*.npy        each sequence's row and offset, sorted by row (+ the order), and a marker
 
-- :func:`map_shard`: read and tokenize an input shard (:meth:`padless.data.inputs.PackInput.read`),
+- :func:`map_shard`: read and tokenize an input shard (:meth:`padless.data.shards.PackInput.read`),
   apply the overlong policy (counted), write the token files and return the length histogram.
 - :func:`place_shard`: the deterministic rule of :meth:`padless.planning.slots.SlotPlan.place`.
 - :func:`write_shard`: output shard ``o`` holds rows ``o * rows_per_shard ...``; it takes from every
@@ -30,7 +30,7 @@ import numpy as np
 
 from padless._optional import require
 from padless.atomic import atomic_write
-from padless.data.inputs import InputShard, PackInput
+from padless.data.shards import InputShard, PackInput
 from padless.planning.checks import overlong_error
 from padless.planning.slots import SlotPlan, by_row
 

@@ -34,7 +34,7 @@ LENGTH_PARAMETERS: dict[str, dict[str, float]] = {
 ``lognormal``: short texts (tweets, chat turns, instructions): ``round(exp(N(log median, sigma)))``
 clipped to ``[1, cap]``; median 60 tokens, mean ~99, a long right tail. ``uniform``: integers
 ``low..high``. These defaults stand behind the planner figures of the README and ``benchmarks/
-planners.py``; ``padless pack --synthetic`` (:class:`padless.data.inputs.SyntheticTokens`) draws
+planners.py``; ``padless pack --synthetic`` (:class:`padless.data.synthetic.SyntheticTokens`) draws
 from the same generator, so a distribution name means the same lengths everywhere."""
 
 

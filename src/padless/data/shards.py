@@ -1,0 +1,191 @@
+"""An input of ``padless pack`` as logical shards: the shard, its tokens, and what every reader shares.
+
+Each form of input is a :class:`PackInput` with two methods (:mod:`padless.data.inputs`: JSON lines,
+Parquet, records read whole; :mod:`padless.data.synthetic`): :meth:`~PackInput.shards` cuts it every
+``rows`` records by the data alone, never by the number of workers, and :meth:`~PackInput.read` turns
+one shard into :class:`ShardTokens` in any process. Readers of records hand them to
+:func:`encode_shard` (one kind of record per input; pre-tokenized ids checked, text and chats
+tokenized); readers of flat token columns use :func:`check_flat`. Both validate with
+:func:`padless.layout.check_tokens`, the one token validator, so a bad token gets the same message
+from every form, prefixed with where it is (``d.jsonl, line 3``, ``d.parquet, record 3``).
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from padless.data.records import RecordError, Unit, record_field, where
+from padless.layout import TokenError, check_tokens
+
+INT32_IDS = 2**31
+"""Shards store ids as int32: ids given without a vocabulary are checked against ``[0, 2**31)``."""
+
+
+@dataclass(frozen=True)
+class InputShard:
+    """One logical shard of an input: a range of records (or, for JSON lines, of bytes)."""
+
+    index: int
+    """The shard's number, from 0."""
+    begin: int
+    """First record (JSON lines: byte offset of the first line)."""
+    end: int
+    """One past the last record (JSON lines: byte offset after the last line)."""
+    first_row: int
+    """The number naming the shard's first record, from 1 (JSON lines and CSV: its line)."""
+
+
+@dataclass(frozen=True)
+class ShardTokens:
+    """The sequences of one shard, flat: sequence ``i`` is ``ids[offsets[i]:offsets[i + 1]]``."""
+
+    ids: np.ndarray
+    """int32 token ids of every sequence, one after another."""
+    labels: np.ndarray | None
+    """int32 labels aligned with ``ids``, or None when every label is its id (nothing masked)."""
+    offsets: np.ndarray
+    """``[n + 1]`` int64 token offsets."""
+    rows: np.ndarray
+    """``[n]`` int64: the number naming each sequence's record (:meth:`PackInput.where`)."""
+    system_prompt_added: int = 0
+    """Chats of the shard that carry a system prompt their chat template added (see
+    :class:`padless.data.encode.EncodeCounts`)."""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackInput(ABC):
+    """An opened input of ``padless pack``: what identifies it, what its records are, how it is cut and
+    read (:meth:`shards`, :meth:`read`: one subclass per form of input)."""
+
+    name: str
+    """The input as named by the user (a path, a corpus, a synthetic spec), for messages."""
+    key: dict[str, Any]
+    """What identifies the input's content (a hash of a file's bytes, a spec): a resume must see the same."""
+    kind: str
+    """The field that makes its records (:data:`padless.data.records.RECORD_FIELDS`)."""
+    vocab_size: int | None = None
+    """Ids and labels are checked against ``[0, vocab_size)`` (None: ``[0, 2**31)``, or tokenized here)."""
+    unit: Unit = "record"
+    """How records are named in messages: ``line`` (JSON lines, CSV) or ``record``."""
+    tokenizer: str = "gpt2"
+    """Tokenizer of text and chats."""
+    train_on: str = "auto"
+    """Labels of chats: ``auto`` | ``all`` | ``assistant`` | ``completion``."""
+    system_prompt: str = "template"
+    """A system prompt the chat template adds: ``template`` keeps it, ``none`` leaves it out."""
+
+    @property
+    def pretokenized(self) -> bool:
+        return self.kind == "input_ids"
+
+    @abstractmethod
+    def shards(self, rows: int) -> list[InputShard]:
+        """The input cut every ``rows`` records, by the data alone."""
+
+    @abstractmethod
+    def read(self, shard: InputShard) -> ShardTokens:
+        """The shard's sequences, tokenized and checked (a bad record raises ``ValueError`` naming its row)."""
+
+    def where(self, row: int) -> str:
+        """``"d.jsonl, line 3"``: how the record numbered ``row`` (:attr:`ShardTokens.rows`) is named."""
+        return f"{self.name}, {where(row, self.unit)}"
+
+
+def cut_records(total: int, rows: int, numbers: Sequence[int] | None = None) -> list[InputShard]:
+    """``total`` records cut every ``rows``: shard ``i`` holds records ``i * rows ...`` (positions from
+    0), its first named ``numbers[i * rows]`` (default: its position from 1)."""
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    return [InputShard(i, b, min(b + rows, total), numbers[b] if numbers is not None else b + 1)
+            for i, b in enumerate(range(0, total, rows))]  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4)
+def cached_tokenizer(name: str) -> Any:
+    """One tokenizer per process and name (a worker reading many shards loads it once)."""
+    from padless.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(name)
+
+
+def encode_shard(source: PackInput, rows: Sequence[int], records: Sequence[Any]) -> ShardTokens:
+    """The tokens of ``records`` of ``source`` (named ``rows``), one sequence per record.
+
+    Every record must be of the input's kind (its first record's): another kind is an error naming
+    its row. Pre-tokenized ids are taken as given (nothing appended) and checked by
+    :func:`padless.layout.check_tokens`; text and chats are tokenized by :mod:`padless.data.encode`
+    (each ends with one end-of-document token; no ``max_length`` here: the packer applies the
+    overlong policy)."""
+    for row, record in zip(rows, records):
+        field = record_field(record, source.where(row))
+        if field != source.kind:
+            raise ValueError(f"{source.where(row)} has {field!r}, but the input's first record has {source.kind!r}: "
+                             "an input holds one kind of record (write each kind to its own file)")  # fmt: skip
+    added = 0
+    if source.kind == "input_ids":
+        vocab = source.vocab_size if source.vocab_size is not None else INT32_IDS
+        pairs = [check_tokens(r["input_ids"], r.get("labels"), vocab_size=vocab, where=source.where(row))
+                 for row, r in zip(rows, records)]  # fmt: skip
+        ids: Sequence[Any] = [x for x, _ in pairs]
+        labels: Sequence[Any] = [y for _, y in pairs]
+    else:
+        from padless.data.encode import EncodeOptions, encode_records
+
+        opts = EncodeOptions(train_on=source.train_on, system_prompt=source.system_prompt)  # type: ignore[arg-type]
+        tok = cached_tokenizer(source.tokenizer)
+        try:
+            ids, labels, counts = encode_records(records, tok, opts, numbers=rows, unit=source.unit, progress=False)
+        except RecordError as err:
+            raise ValueError(f"{source.name}, {err}") from None
+        added = counts.system_prompt_added
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    flat = np.concatenate(ids).astype(np.int32) if len(ids) else np.zeros(0, dtype=np.int32)
+    flat_labels = np.concatenate(labels).astype(np.int32) if len(labels) else np.zeros(0, dtype=np.int32)
+    same = np.array_equal(flat, flat_labels)
+    return ShardTokens(flat, None if same else flat_labels, offsets, np.asarray(rows, dtype=np.int64), added)
+
+
+def check_flat(
+    ids: np.ndarray,
+    offsets: np.ndarray,
+    labels: np.ndarray | None = None,
+    label_offsets: np.ndarray | None = None,
+    *,
+    vocab_size: int | None,
+    name: Callable[[int], str],
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """int64 ``(ids, labels or None)`` of sequences held flat (sequence ``i`` is
+    ``ids[offsets[i]:offsets[i + 1]]``, its labels ``labels[label_offsets[i]:label_offsets[i + 1]]``,
+    by default at the same offsets), checked by :func:`padless.layout.check_tokens` as if one sequence
+    at a time: the first it refuses raises its message, named ``name(i)``.
+
+    Every rule of the validator holds token by token (a dtype is the whole array's, which the
+    sequences share), so the flat arrays pass exactly when every sequence does: one vectorised call
+    checks a whole shard. Only a refused shard (or an empty sequence, or labels of other lengths) is
+    checked sequence by sequence, to name the first bad one."""
+    vocab = vocab_size if vocab_size is not None else INT32_IDS
+    lab_offsets = offsets if label_offsets is None else label_offsets
+    n = offsets.size - 1
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), (None if labels is None else np.zeros(0, dtype=np.int64))
+    if int(np.diff(offsets).min()) > 0 and np.array_equal(lab_offsets, offsets):
+        try:
+            flat_ids, flat_labels = check_tokens(ids, labels, vocab_size=vocab, where="shard")
+            return flat_ids, (None if labels is None else flat_labels)
+        except TokenError:
+            pass  # name the first bad sequence below
+    for i in range(n):
+        seq_labels = None if labels is None else labels[lab_offsets[i] : lab_offsets[i + 1]]
+        check_tokens(ids[offsets[i] : offsets[i + 1]], seq_labels, vocab_size=vocab, where=name(i))
+    raise AssertionError("the flat token check refused sequences that each pass it")
