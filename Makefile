@@ -3,6 +3,9 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.padless-installed
+# the tests run in two pytest-xdist workers (the 2 cores of the CI machine; each worker one torch thread:
+# tests/conftest.py); `make test TEST_WORKERS=0` runs them in this process
+TEST_WORKERS ?= 2
 
 .PHONY: demo test setup clean
 
@@ -16,7 +19,7 @@ demo: $(STAMP)
 	$(VENV)/bin/padless bench --out runs/default
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

@@ -21,7 +21,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "padless")
 def _torch_threads():
     import torch
 
-    # under pytest-xdist (make test runs one worker per core) each worker takes one core
+    # under pytest-xdist (make test runs two workers on the 2-core CI machine) each worker takes one core
     torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
     torch.use_deterministic_algorithms(False)
 
