@@ -1,8 +1,11 @@
-"""Planners: literal cases, item-by-item textbook references, brute-force optimum, properties."""
+"""Planners: literal cases, against the item-by-item references (``reference.py``) and the brute-force
+optimum, properties."""
 
 from __future__ import annotations
 
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,96 +15,16 @@ from hypothesis import strategies as st
 from padless.planning import _binpack
 from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, PlanStats, plan_packs
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reference import (  # noqa: E402
+    optimum, ref_best_fit_decreasing, ref_histogram_items, ref_next_fit, ref_wrapped,
+)  # fmt: skip
+
 FAST = settings(max_examples=60, deadline=None)
 
 
 def rows_of(plan: PackPlan) -> list[list[int]]:
     return [r.tolist() for r in plan.rows()]
-
-
-# ---------------------------------------------------------------- slow, obviously-correct references
-
-
-def ref_next_fit(sizes: list[int], cap: int, per_row: int | None) -> list[list[int]]:
-    rows: list[list[int]] = []
-    for i, s in enumerate(sizes):
-        if rows and sum(sizes[j] for j in rows[-1]) + s <= cap and (per_row is None or len(rows[-1]) < per_row):
-            rows[-1].append(i)
-        else:
-            rows.append([i])
-    return rows
-
-
-def ref_fit_decreasing(sizes: list[int], cap: int, per_row: int | None, best: bool) -> list[list[int]]:
-    """Textbook FFD / BFD one item at a time: longest first (ties by index); first row that fits, or
-    the fullest row that fits (ties to the lowest-numbered)."""
-    rows: list[list[int]] = []
-    free: list[int] = []
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        fits = [r for r in range(len(rows)) if free[r] >= sizes[i] and (per_row is None or len(rows[r]) < per_row)]
-        if not fits:
-            rows.append([])
-            free.append(cap)
-            fits = [len(rows) - 1]
-        r = min(fits, key=lambda r: (free[r], r)) if best else fits[0]
-        rows[r].append(i)
-        free[r] -= sizes[i]
-    return rows
-
-
-def ref_wrapped(sizes: list[int], cap: int, per_row: int | None) -> list[list[tuple[int, int, int]]]:
-    """Pour the token stream into rows one piece at a time."""
-    rows: list[list[tuple[int, int, int]]] = [[]]
-    room = cap
-    for i, s in enumerate(sizes):
-        done = 0
-        while done < s:
-            if room == 0 or (per_row is not None and len(rows[-1]) == per_row):
-                rows.append([])
-                room = cap
-            take = min(room, s - done)
-            rows[-1].append((i, done, take))
-            done, room = done + take, room - take
-    return rows if sizes else []
-
-
-def ref_histogram_items(sizes: list[int], slot_sizes: list[int], seed: int) -> list[int]:
-    """Which item fills each slot of histogram_best_fit's rows (slot sizes in row order): slot by
-    slot, the k-th slot of size s takes the k-th item of size s (in index order) counted cyclically
-    from a seeded start, default_rng(seed).integers(0, count) over the distinct sizes, ascending."""
-    values = sorted(set(sizes))
-    items = {s: [i for i, x in enumerate(sizes) if x == s] for s in values}
-    starts = np.random.default_rng(seed).integers(0, [len(items[s]) for s in values]).tolist() if values else []
-    start = dict(zip(values, starts))
-    taken = dict.fromkeys(values, 0)
-    out = []
-    for s in slot_sizes:
-        out.append(items[s][(start[s] + taken[s]) % len(items[s])])
-        taken[s] += 1
-    return out
-
-
-def optimum(sizes: list[int], cap: int) -> int:
-    """Fewest bins, by exhaustive search (items placed longest first into an existing or a new bin)."""
-    items = sorted(sizes, reverse=True)
-    best = len(items)
-
-    def place(k: int, bins: list[int]) -> None:
-        nonlocal best
-        if len(bins) >= best:
-            return
-        if k == len(items):
-            best = len(bins)
-            return
-        for b in range(len(bins)):
-            if bins[b] + items[k] <= cap and bins[b] not in bins[:b]:  # equal loads are symmetric
-                bins[b] += items[k]
-                place(k + 1, bins)
-                bins[b] -= items[k]
-        place(k + 1, [*bins, items[k]])
-
-    place(0, [])
-    return best if items else 0
 
 
 # ---------------------------------------------------------------------------------- literal cases
@@ -110,10 +33,9 @@ def optimum(sizes: list[int], cap: int) -> int:
 LITERAL = [
     ([5, 3, 6, 2], 8, "next_fit", [[0, 1], [2, 3]]),
     ([6, 3, 2, 7], 8, "next_fit", [[0], [1, 2], [3]]),
-    ([4, 4, 7, 2], 10, "first_fit_decreasing", [[2, 3], [0, 1]]),  # 2 goes to the first row with room
     ([4, 4, 7, 2], 10, "best_fit_decreasing", [[2], [0, 1, 3]]),  # 2 goes to the fullest row
     ([2, 5, 4, 7, 1, 3, 8], 10, "best_fit_decreasing", [[6, 0], [3, 5], [1, 2, 4]]),
-    ([2, 5, 4, 7, 1, 3, 8], 10, "first_fit_decreasing", [[6, 0], [3, 5], [1, 2, 4]]),
+    ([4, 4, 7, 2], 10, "first_fit_decreasing", [[2], [0, 1, 3]]),  # a name for best fit now
     ([5, 3, 6, 2], 8, "histogram_best_fit", [[2, 3], [0, 1]]),
     ([5, 3, 6, 2], 8, "wrapped", [[0, 1], [2, 3]]),
 ]
@@ -246,8 +168,7 @@ def test_matches_textbook_item_by_item(lengths, cap, per_row):
     sizes = [min(x, cap) for x in lengths]
     for strategy, ref in (
         ("next_fit", ref_next_fit(sizes, cap, per_row)),
-        ("first_fit_decreasing", ref_fit_decreasing(sizes, cap, per_row, best=False)),
-        ("best_fit_decreasing", ref_fit_decreasing(sizes, cap, per_row, best=True)),
+        ("best_fit_decreasing", ref_best_fit_decreasing(sizes, cap, per_row)),
     ):
         assert rows_of(plan_packs(sizes, cap, strategy=strategy, max_per_row=per_row)) == ref, strategy
     wrapped = plan_packs(sizes, cap, strategy="wrapped", max_per_row=per_row)
@@ -260,7 +181,7 @@ def test_matches_textbook_item_by_item(lengths, cap, per_row):
 def test_histogram_makes_the_rows_of_best_fit(lengths, cap, seed):
     sizes = [min(x, cap) for x in lengths]
     hist = plan_packs(sizes, cap, strategy="histogram_best_fit", seed=seed)
-    bfd = ref_fit_decreasing(sizes, cap, None, best=True)
+    bfd = ref_best_fit_decreasing(sizes, cap, None)
     # Rows of equal free room are interchangeable in best fit, so the fills match whatever the ties.
     assert hist.num_rows == len(bfd)
     assert sorted(hist.row_lengths.tolist()) == sorted(sum(sizes[i] for i in r) for r in bfd)
@@ -281,9 +202,46 @@ def spread(counted: list[tuple[int, int]], order_seed: int) -> list[int]:
        st.integers(0, 9), st.sampled_from([None, 2, 7]))  # fmt: skip
 def test_decreasing_engines_match_textbook_on_longer_runs(counted, order_seed, per_row):
     sizes = spread(counted, order_seed)
-    for strategy, best in (("first_fit_decreasing", False), ("best_fit_decreasing", True)):
-        plan = plan_packs(sizes, 64, strategy=strategy, max_per_row=per_row)
-        assert rows_of(plan) == ref_fit_decreasing(sizes, 64, per_row, best=best), strategy
+    plan = plan_packs(sizes, 64, strategy="best_fit_decreasing", max_per_row=per_row)
+    assert rows_of(plan) == ref_best_fit_decreasing(sizes, 64, per_row)
+
+
+@pytest.mark.parametrize(
+    ("dist", "max_length", "per_row"),
+    [("lognormal", 2048, None), ("lognormal", 256, 4), ("uniform", 1024, None), ("uniform", 2048, 7)],
+)
+def test_best_fit_equals_the_reference_on_many_lengths(dist, max_length, per_row):
+    """Tens of thousands of lengths, item for item against the one-at-a-time reference."""
+    from padless.planning.lengths import synthetic_lengths
+
+    sizes = np.minimum(synthetic_lengths(dist, 30_000, seed=1), max_length)
+    ref = ref_best_fit_decreasing(sizes.tolist(), max_length, per_row)
+    plan = plan_packs(sizes, max_length, strategy="best_fit_decreasing", max_per_row=per_row)
+    assert plan.index.tolist() == [i for r in ref for i in r]
+    assert np.diff(plan.row_offsets).tolist() == [len(r) for r in ref]
+    if per_row is None:  # rows of equal free room are interchangeable: the histogram's fills are best fit's
+        hist = plan_packs(sizes, max_length, strategy="histogram_best_fit", seed=3)
+        assert sorted(hist.row_lengths.tolist()) == sorted(sum(int(sizes[i]) for i in r) for r in ref)
+
+
+@FAST
+@given(lengths_st, cap_st, per_row_st, st.integers(0, 2))
+def test_first_fit_decreasing_is_kept_as_a_name_for_best_fit(lengths, cap, per_row, seed):
+    """First fit made no fewer rows than best fit and was slower (plan.py's docstring); code that names
+    it gets best fit decreasing's plan."""
+    sizes = [min(x, cap) for x in lengths]
+    ffd = plan_packs(sizes, cap, strategy="first_fit_decreasing", max_per_row=per_row, seed=seed)
+    bfd = plan_packs(sizes, cap, strategy="best_fit_decreasing", max_per_row=per_row)
+    for name in ("index", "start", "length", "row_offsets"):
+        assert np.array_equal(getattr(ffd, name), getattr(bfd, name)), name
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_plan_leaves_the_callers_lengths_alone(strategy):
+    lengths = np.array([5, 3, 6, 2], dtype=np.int64)
+    plan = plan_packs(lengths, 8, strategy=strategy)
+    lengths[0] = 4  # still writable: the plan froze arrays of its own, not the caller's
+    assert int(plan.length.sum()) == 16 and plan.index.size == 4
 
 
 @settings(max_examples=40, deadline=None)
@@ -381,3 +339,7 @@ def test_strategy_table_is_complete():
 
     assert tuple(_PLANNERS) == STRATEGIES
     assert OVERLONG_POLICIES == ("error", "truncate", "split", "drop")
+    for name, planner in _PLANNERS.items():  # every packer returns one shape
+        out = planner(np.array([5, 3, 6, 2], dtype=np.int64), 8, None, 0)
+        assert type(out) is _binpack.Rows and all(a.dtype == np.int64 for a in out), name
+        assert int(out.length.sum()) == 16 and out.row_offsets[-1] == out.item.size == out.offset.size, name

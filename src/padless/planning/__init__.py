@@ -1,7 +1,7 @@
 """Planning: sequence lengths -> which sequences share a row. Pure numpy: no tokens, no torch.
 
 - ``plan``: the planners, overlong policies, :class:`~padless.planning.plan.PackPlan` and its stats.
-- ``_binpack``: the bin-packing engines behind ``plan``.
+- ``_binpack``: the bin-packing engines behind ``plan`` (best fit decreasing on the length histogram, next fit, wrapped).
 - ``slots``: one plan from merged length histograms, and the rule placing each shard's sequences.
 - ``buffered``: the streaming planner (lengths arriving one by one, bounded buffer).
 - ``schedule``: the per-epoch schedule of packed rows for data-parallel training.

@@ -11,25 +11,30 @@ planner can be tested on a list of ints and plans a million sequences in well un
 Strategies (``STRATEGIES``; rows in the order they were opened, pieces in a row in placement order):
 
 * ``next_fit``: keeps the input order; opens a new row when the next sequence does not fit.
-* ``first_fit_decreasing``: longest first, into the lowest-numbered row with room.
-* ``best_fit_decreasing``: longest first, into the fullest row with room (ties: lowest-numbered).
-* ``histogram_best_fit``: the same best fit run on the histogram of lengths (Krell et al. 2021,
-  SPFHP), whole groups of identical rows at a time, then laid out with counting sorts only: O(n)
-  with a small constant. Without ``max_per_row`` it makes as many rows as ``best_fit_decreasing``,
-  with the same fills (which sequences share a row may differ where rows tie on free room); rows
-  come grouped by pattern. The fastest planner here (see below). The only strategy that uses
-  ``seed``: for each length, it rotates which sequence of that length fills the first slot of that
-  length (so the seed changes which sequences share a row, not the rows' shape).
+* ``best_fit_decreasing`` (the default): textbook best fit decreasing, longest first, each sequence
+  into the fullest row with room (ties: the lowest-numbered row). Planned on the histogram of lengths
+  (Krell et al. 2021, SPFHP): whole groups of identical rows at a time, laid out with counting sorts
+  only, O(n) with a small constant, yet the same rows, item for item, as the one-at-a-time algorithm
+  (the tests hold it to that reference), ``max_per_row`` included.
+* ``histogram_best_fit``: the same engine with ties to the oldest group of rows. Without
+  ``max_per_row`` it makes as many rows as ``best_fit_decreasing``, with the same fills (which
+  sequences share a row may differ where rows tie on free room); rows come grouped by pattern. The
+  only strategy that uses ``seed``: for each length, it rotates which sequence of that length fills
+  the first slot of that length (so the seed changes which sequences share a row, not the rows' shape).
+* ``first_fit_decreasing``: a name kept so that code passing it still runs; it plans as
+  ``best_fit_decreasing``. First fit earned no place: on the built-in corpora and 1M synthetic
+  lengths (rows of 512-4096, with and without ``max_per_row``) it made the same rows as best fit in
+  1.2-23x the time of the histogram engine, and on 20,000 small random inputs more rows 22 times,
+  fewer never.
 * ``wrapped``: concatenates in order and cuts every ``max_length`` tokens; a cut sequence continues
   as a separate document in the next row (``start`` says where each piece begins).
 
-Which to use: ``histogram_best_fit``, the fastest at every size measured, with as many rows as
-``best_fit_decreasing``; ``best_fit_decreasing`` (the default) for textbook BFD rows in the order
-they were opened. Measured in one run (``benchmarks/planners.py``, output in
-``docs/bench/planners.txt``; 2 cores shared with other jobs, load average 2-4; lognormal lengths,
-median 60, rows of 2048, both 0.002% over the lower bound): 1M lengths in 0.049 s
-(``best_fit_decreasing`` 0.118 s, seqpacker's Rust ``obfd`` 0.193 s, TRL's ``bfd`` 24 s), 10M in
-0.42 s (0.66 s, 2.15 s), 16M in 1.05 s (1.73 s, 3.15 s).
+Which to use: the default. Measured in one run (``benchmarks/planners.py``, output in
+``docs/bench/planners.txt``; 2 cores shared with other jobs, load average 6-8; rows of 2048, every
+plan at most 0.0081% over the lower bound, as many rows as seqpacker's Rust ``obfd``):
+``best_fit_decreasing`` plans 1M lognormal lengths (median 60) in 0.063 s (``histogram_best_fit``
+0.071 s, seqpacker 0.17 s, TRL's ``bfd`` 22 s), 10M in 0.45 s (0.34 s, 2.3 s) and 16M in 0.68 s
+(0.69 s, 3.5 s): 2.6-8.5x as fast as seqpacker at every size, on lognormal and uniform lengths.
 
 Sequences longer than ``max_length`` follow ``overlong`` (``OVERLONG_POLICIES``), applied before any
 strategy: ``error`` raises, ``truncate`` keeps the first ``max_length`` tokens, ``split`` cuts into
@@ -55,31 +60,21 @@ OverlongPolicy = Literal["error", "truncate", "split", "drop"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 OVERLONG_POLICIES: tuple[str, ...] = get_args(OverlongPolicy)
 
-# planner(sizes, capacity, max_per_row, seed) -> (item, offset inside the item, length, row_offsets)
-Planner = Callable[[np.ndarray, int, "int | None", int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+# planner(sizes, capacity, max_per_row, seed) -> Rows(item, offset inside the item, length, row_offsets)
+Planner = Callable[[np.ndarray, int, "int | None", int], _binpack.Rows]
 
 
-def _whole(engine: Callable[..., tuple[np.ndarray, ...]], *, seeded: bool = False) -> Planner:
-    """Adapt an engine that keeps items whole (one piece per item) to the planner signature.
-
-    An engine returns ``(order, row_offsets)``, or ``(order, sizes[order], row_offsets)`` when it
-    knows the sizes in row order already (a gather of ``m`` scattered sizes costs as much as a sort).
-    """
-
-    def planner(sizes: np.ndarray, capacity: int, max_per_row: int | None, seed: int):  # type: ignore[no-untyped-def]
-        out = engine(sizes, capacity, max_per_row, *((seed,) if seeded else ()))
-        order, length, row_offsets = out if len(out) == 3 else (out[0], sizes[out[0]], out[1])
-        return order, np.zeros(order.size, dtype=np.int64), length, row_offsets
-
-    return planner
+def _unseeded(engine: Callable[[np.ndarray, int, "int | None"], _binpack.Rows]) -> Planner:
+    """An engine that takes no seed, as a planner (the seed is not used)."""
+    return lambda sizes, capacity, max_per_row, seed: engine(sizes, capacity, max_per_row)
 
 
 _PLANNERS: dict[str, Planner] = {
-    "next_fit": _whole(_binpack.next_fit),
-    "first_fit_decreasing": _whole(_binpack.first_fit_decreasing),
-    "best_fit_decreasing": _whole(_binpack.best_fit_decreasing),
-    "histogram_best_fit": _whole(_binpack.histogram_best_fit, seeded=True),
-    "wrapped": lambda sizes, capacity, max_per_row, seed: _binpack.wrapped(sizes, capacity, max_per_row),
+    "next_fit": _unseeded(_binpack.next_fit),
+    "first_fit_decreasing": _unseeded(_binpack.best_fit_decreasing),  # a name kept (module docstring)
+    "best_fit_decreasing": _unseeded(_binpack.best_fit_decreasing),
+    "histogram_best_fit": _binpack.histogram_best_fit,
+    "wrapped": _unseeded(_binpack.wrapped),
 }
 
 

@@ -146,7 +146,7 @@ def plan_histogram(counts: np.ndarray, max_length: int) -> SlotPlan:
     if counts[0] or (counts < 0).any():
         raise ValueError("counts[0] must be 0 and no count negative (empty sequences have no slot)")
     values = np.flatnonzero(counts)
-    groups, patterns = _binpack.histogram_groups(values, counts[values], max_length, None)
+    groups, patterns = _binpack.histogram_groups(values, counts[values], max_length, None, row_order=False)
     parent, size, copies, _ = (np.array(patterns, dtype=np.int64).reshape(-1, 4).T if patterns else
                                np.zeros((4, 0), dtype=np.int64))  # fmt: skip
     # token offset where each pattern's last run ends (a pattern is its parent plus one run)
@@ -156,7 +156,7 @@ def plan_histogram(counts: np.ndarray, max_length: int) -> SlotPlan:
         tok_end[p] = tok_end[parent[p]] + size[p] * copies[p]
         pieces[p] = pieces[parent[p]] + copies[p]
     g = np.array(groups, dtype=np.int64).reshape(-1, 4)
-    g_rows, g_pattern = g[:, 0], g[:, 2]
+    g_rows, g_pattern = g[:, 1], g[:, 3]  # groups: [key, rows, free slots, pattern], in row order
     g_row0 = np.cumsum(g_rows) - g_rows
     bands = []  # (size, rows, copies, row0, start) for every run on every group's pattern path
     for rows, node, row0 in zip(g_rows.tolist(), g_pattern.tolist(), g_row0.tolist()):
