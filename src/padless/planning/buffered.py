@@ -3,7 +3,8 @@
 The planner behind :class:`padless.batching.stream.PackedStream`, with no tokens, so that it can be tested and
 measured on a list of ints like the offline planners. Up to ``buffer_size`` sequences wait in a
 buffer; when it is full the buffer is planned with best-fit decreasing (:func:`padless.plan_packs`,
-``histogram_best_fit``: the same rows, several times faster on a buffer of thousands) and
+``histogram_best_fit``: the histogram engine with its oldest-group-first ties, which the resume
+positions of streamed plans are recorded against) and
 
 * a row leaves when it is *full enough* (``>= min_fill * max_length`` tokens);
 * if the rows left behind would still hold more than half the buffer, the fullest of them leave too
