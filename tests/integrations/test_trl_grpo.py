@@ -2,7 +2,8 @@
 3 optimiser steps ends at TRL's parameters, with the prompt shared and not, and with LoRA (the reference
 being the adapter disabled); every log-prob pass (policy, old policy, reference) ran on packed rows and
 none through TRL's padded pass. Also: TRL's rows become groups, refusals name the argument, the start
-line, and the snippet of docs/integrations/trl_rl.md runs."""
+line, and the snippet of docs/integrations/trl_rl.md runs. With balance="cost" the forward chunks are dealt by
+cost (groups reordered, written back to TRL's rows) and training still ends at TRL's parameters."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("trl")
@@ -199,6 +201,79 @@ def test_three_steps_end_at_trls_parameters(trl_full, tmp_path, monkeypatch, cap
                     f"on packed rows, one row per forward chunk, {layout}"]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def trl_pairs(tmp_path_factory):
+    """TRL's GRPOTrainer with 2 generations a prompt: a generation batch of 8 rollouts is 4 groups, which
+    the old-policy and reference passes (chunks of 4 completions) can deal in more than one way."""
+    import trl
+
+    tmp = tmp_path_factory.mktemp("trl-grpo-pairs")
+    path = saved_model(tmp)
+    trainer, before = train(trl.GRPOTrainer, grpo_config(tmp / "out", num_generations=2), path)
+    return path, before, parameters(trainer)
+
+
+def test_chunks_balanced_by_cost_end_at_trls_parameters(trl_pairs, tmp_path, monkeypatch, caplog):
+    """balance="cost" deals the groups to the forward chunks by cost, in another order than TRL's; the
+    log-probs go back to TRL's rows, so the old-policy and reference log-probs (importance ratio and KL of
+    the loss) are TRL's and the parameters end where TRL's do. Every pass's chunks: max/mean cost no higher
+    than the order-preserving chunks'."""
+    import padless.integrations.trl_rl as trl_rl
+    from padless.integrations.trl import GRPOTrainer
+    from padless.planning.balance import group_loads
+
+    path, initial, want = trl_pairs
+    seen, forward_chunks = [], trl_rl._forward_chunks
+
+    def spy(features, size, **kwargs):
+        chunks = forward_chunks(features, size, **kwargs)
+        seen.append((features, size, kwargs, chunks))
+        return chunks
+
+    monkeypatch.setattr(trl_rl, "_forward_chunks", spy)
+    caplog.set_level(logging.INFO, logger="padless.integrations.transformers")
+    trainer, before = train(GRPOTrainer, grpo_config(tmp_path, num_generations=2), path, balance="cost")
+    assert all(torch.equal(before[n], p) for n, p in initial.items())
+    assert_same_training(parameters(trainer), want, initial)
+    reordered = 0
+    for features, size, kwargs, chunks in seen:
+        assert kwargs["balance"] == "cost" and kwargs["cost_a"] == 12 * 32  # the policy's hidden_size
+        in_order = forward_chunks(features, size)
+        assert len(chunks) == len(in_order)  # as many chunks as TRL's order makes
+        assert sorted(i for c in chunks for i in c) == list(range(len(features)))  # every group once, whole
+        _, costs = group_loads([len(f["prompt_ids"]) for f in features],
+                               [[len(c) for c in f["completion_ids"]] for f in features],
+                               share_prompt=kwargs["share_prompt"], cost_a=kwargs["cost_a"])  # fmt: skip
+        spread = {k: max(costs[c].sum() for c in v) / costs.sum() * len(v) for k, v in
+                  (("cost", chunks), ("tokens", in_order))}  # fmt: skip
+        assert spread["cost"] <= spread["tokens"] + 1e-12, spread
+        reordered += chunks != in_order
+    assert reordered  # some pass ran its groups in another order than TRL's
+    said = [r.getMessage() for r in caplog.records if r.name == "padless.integrations.transformers"]
+    assert len(said) == 1 and said[0].endswith(", forward chunks balanced by cost a*l + l**2 (a=384)"), said
+
+
+def test_forward_chunks_by_cost_are_as_many_and_no_less_even():
+    """A long-tailed generation batch: TRL's order puts the long groups together; by cost they spread."""
+    from padless.integrations.trl_rl import _forward_chunks
+    from padless.planning.balance import group_loads
+
+    rng = np.random.default_rng(0)
+    prompts = [int(p) for p in np.clip(rng.lognormal(np.log(20), 1.0, 24), 1, 200)]
+    completions = [[int(c) for c in np.clip(rng.lognormal(np.log(30), 1.2, 4), 1, 400)] for _ in prompts]
+    features = [{"prompt_ids": [5] * p, "completion_ids": [[6] * c for c in cs]} for p, cs in zip(prompts, completions)]
+    in_order = _forward_chunks(features, 8)
+    assert in_order == [[2 * k, 2 * k + 1] for k in range(12)]  # 2 groups of 4 completions a chunk, in order
+    assert _forward_chunks(features[:1], 2) == [[0]]  # a group of more than size completions: a chunk of its own
+    for share in (False, True):
+        by_cost = _forward_chunks(features, 8, balance="cost", share_prompt=share, cost_a=768.0)
+        assert len(by_cost) == 12 and sorted(i for c in by_cost for i in c) == list(range(24))
+        _, costs = group_loads(prompts, completions, share_prompt=share, cost_a=768.0)
+        ratio = {k: max(costs[c].sum() for c in v) * len(v) / costs.sum() for k, v in
+                 (("cost", by_cost), ("tokens", in_order))}  # fmt: skip
+        assert ratio["cost"] < ratio["tokens"], ratio
+
+
 def test_with_lora_the_reference_is_the_adapter_disabled(tmp_path, monkeypatch):
     peft = pytest.importorskip("peft")
     import trl
@@ -308,6 +383,10 @@ def test_a_shared_prompt_the_backend_cannot_run_is_refused_or_left_out(tmp_path)
         GRPOTrainer(model=MistralForCausalLM(config), share_prompt="yes", **kwargs)
     with pytest.raises(ValueError, match=r"GRPOTrainer\(max_length=...\) must be"):
         GRPOTrainer(model=MistralForCausalLM(config), max_length=0, **kwargs)
+    with pytest.raises(ValueError, match=re.escape("unknown GRPOTrainer(balance='flops'); choose one of tokens, cost")):
+        GRPOTrainer(model=MistralForCausalLM(config), balance="flops", **kwargs)
+    with pytest.raises(ValueError, match=re.escape("cost_a is used only with GRPOTrainer(balance='cost')")):
+        GRPOTrainer(model=MistralForCausalLM(config), cost_a=100, **kwargs)
 
 
 # ------------------------------------------------------------------ the docs page

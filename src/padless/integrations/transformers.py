@@ -17,6 +17,10 @@ padless to Trainer (transformers 5.24, read from its sources):
    would deal the already rank-aware batches out a second time, and it skips Trainer's column removal,
    which would strip ``seq_lengths``. Trainer calls ``set_epoch`` on the loader every epoch; the
    sampler then re-plans (equal-length sequences meet new partners, rows go to new steps and ranks).
+   ``balance="cost"`` deals each step's rows so that the ranks' costs ``sum(a * l + l**2)`` over their
+   documents are even, not their tokens (``a = 12 * hidden_size`` from the model's config unless
+   ``cost_a`` is given; :mod:`padless.planning.balance`, docs/balance.md). Either way every rank runs the
+   same number of micro-batches and every row is trained once per epoch (``remainder="empty"``).
 2. Attention. The model's attention backend must isolate documents for this model, device and dtype
    (:func:`padless.resolve_backend` decides, else ``ValueError`` naming one that can); the collator
    (:meth:`padless.PackingCollator.for_model`) sends what that backend needs: ``cu_seq_lens_q/k``
@@ -59,7 +63,8 @@ from transformers import Trainer  # noqa: E402
 from padless.batching.collate import PackingCollator
 from padless.batching.samplers import DistributedPackedBatchSampler
 from padless.batching.rows import PackedRowView
-from padless.planning.checks import OVERLONG_DEFAULT, check_int
+from padless.planning.balance import BALANCES, check_balance, cost_a_from_config
+from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
 from padless.planning.schedule import RowKey, check_choices
 from padless.layout import IGNORE_INDEX  # noqa: E402
 from padless.models.fsdp import compute_dtype, is_sharded
@@ -141,16 +146,23 @@ def packed_batches(
     overlong: str = OVERLONG_DEFAULT,
     remainder: str = "empty",
     pad_token_id: int = 0,
+    balance: str = "tokens",
+    cost_a: float | None = None,
 ) -> tuple[DistributedPackedBatchSampler, Any]:
     """The batch sampler of this rank's packed rows and the view that turns its keys into rows.
 
     Sequences are planned into rows of ``max_length`` tokens (re-planned every epoch); a dataset packed
-    beforehand keeps its rows (one per key, each at most ``max_length`` tokens)."""
+    beforehand keeps its rows (one per key, each at most ``max_length`` tokens). ``balance``/``cost_a``:
+    what each step's deal to the ranks evens out (:func:`balance_options`)."""
     from padless.integrations.datasets import sequence_lengths
 
     lengths = sequence_lengths(dataset)
-    common = dict(num_replicas=world_size, rank=rank, seed=seed, remainder=remainder)
+    common = dict(num_replicas=world_size, rank=rank, seed=seed, remainder=remainder, balance=balance, cost_a=cost_a)
     if is_prepacked(dataset):
+        if balance == "cost":  # the schedule sees one length per row: it would price a row as one document
+            raise ValueError("balance='cost' prices a row by its documents, and rows packed beforehand (seq_lengths) "
+                             "are dealt as one length each; pass the sequences unpacked (the trainer plans the "
+                             "rows), or balance='tokens'")  # fmt: skip
         if lengths.size and int(lengths.max()) > max_length:
             row = int(np.argmax(lengths))
             raise ValueError(f"packed row {row} holds {int(lengths[row])} tokens, more than max_length={max_length}")
@@ -162,6 +174,28 @@ def packed_batches(
         view = PackedRowView(dataset, pad_token_id=pad_token_id)
     sampler.schedule()  # plan now: an overlong sequence fails here, not at the first step
     return sampler, view
+
+
+def balance_options(model: Any, balance: object, cost_a: Any) -> dict[str, Any]:
+    """``balance`` and ``cost_a`` for :class:`padless.DistributedPackedBatchSampler`, checked
+    (:func:`padless.planning.balance.check_balance`): ``"tokens"`` with no ``cost_a``, or ``"cost"`` with
+    ``cost_a`` a number, else read once from ``model``'s config (``12 * hidden_size``:
+    :func:`padless.planning.balance.cost_a_from_config`; a PEFT model's base model). ``ValueError`` names
+    ``balance`` or ``cost_a``."""
+    from padless.attention.adapters import base_model_of
+
+    check_choice(balance, BALANCES, "balance")
+    if balance == "cost" and cost_a is None:
+        cost_a = cost_a_from_config(base_model_of(model).config)
+    return {"balance": balance, "cost_a": check_balance(balance, cost_a)}
+
+
+def balance_said(options: Mapping[str, Any]) -> str:
+    """What the start line adds for :func:`balance_options`' ``options``: nothing for ``"tokens"`` (the
+    default), else ``", ranks balanced by cost a*l + l**2 (a=768)"``."""
+    if options.get("balance", "tokens") == "tokens":
+        return ""
+    return f", ranks balanced by cost a*l + l**2 (a={options['cost_a']:g})"
 
 
 def exact_collator(
@@ -418,7 +452,8 @@ PACKED_TRAINER_WORDS: dict[str, str] = {
     "max_length": "PackedTrainer.max_length", "rows_per_batch": "PackedTrainer.rows_per_batch",
     "strategy": "PackedTrainer.strategy", "overlong": "PackedTrainer.overlong",
     "overlong policy": "PackedTrainer.overlong", "remainder": "PackedTrainer.remainder",
-    "pad_token_id": "PackedTrainer.pad_token_id", "backend": "attn_implementation='{backend}' when loading the model",
+    "pad_token_id": "PackedTrainer.pad_token_id", "balance": "PackedTrainer.balance", "cost_a": "PackedTrainer.cost_a",
+    "backend": "attn_implementation='{backend}' when loading the model",
 }  # fmt: skip
 """Library argument -> ``PackedTrainer`` argument, for :func:`in_trainer_words`."""
 
@@ -449,7 +484,9 @@ class PackedTrainer(Trainer):
     Takes Trainer's arguments plus, keyword-only: ``max_length`` (tokens per row), ``rows_per_batch``
     (rows per micro-batch; default ``args.per_device_train_batch_size``), ``strategy`` and ``overlong``
     (:func:`padless.plan_packs`), ``remainder`` (:data:`padless.planning.schedule.REMAINDERS`) and
-    ``pad_token_id`` (default: :func:`pad_token_id_for`). ``data_collator`` may be a
+    ``pad_token_id`` (default: :func:`pad_token_id_for`), ``balance`` (``"tokens"``, default, or ``"cost"``:
+    each step's rows dealt so that the ranks' costs ``sum(a * l + l**2)`` are even, docs/balance.md) and
+    ``cost_a`` (``"cost"`` only; default ``12 * hidden_size`` of the model's config). ``data_collator`` may be a
     :class:`padless.PackingCollator` (default: one for the model's backend); evaluation batches go
     through it too. The plan's seed is ``args.data_seed`` or ``args.seed``.
 
@@ -475,6 +512,8 @@ class PackedTrainer(Trainer):
         overlong: str = OVERLONG_DEFAULT,
         remainder: str = "empty",
         pad_token_id: int | None = None,
+        balance: str = "tokens",
+        cost_a: float | None = None,
         **trainer_kwargs: Any,
     ) -> None:
         with trainer_words(PACKED_TRAINER_WORDS):
@@ -484,6 +523,7 @@ class PackedTrainer(Trainer):
             if rows_per_batch is not None:
                 check_int(rows_per_batch, "rows_per_batch")
             check_choices(strategy, overlong, remainder)
+            balanced = balance_options(model, balance, cost_a)
             if data_collator is not None and not isinstance(data_collator, PackingCollator):
                 raise ValueError(f"PackedTrainer(data_collator=...) must be a padless PackingCollator (or None), got "
                                  f"{type(data_collator).__name__}: another collator cannot place planned rows exactly")
@@ -496,7 +536,7 @@ class PackedTrainer(Trainer):
                              *trainer_args, **trainer_kwargs)  # fmt: skip
             self.max_length = max_length
             self.rows_per_batch = rows_per_batch or self.args.per_device_train_batch_size
-            self.plan_options = dict(strategy=strategy, overlong=overlong, remainder=remainder)
+            self.plan_options = dict(strategy=strategy, overlong=overlong, remainder=remainder, **balanced)
             self.pad_token_id = pad_token_id_for(model, processing_class) if pad_token_id is None else pad_token_id
             if data_collator is not None:  # the user's collator may not know the model: its batches must fit it
                 from padless.batching.rowformat import check_collator
@@ -532,7 +572,8 @@ class PackedTrainer(Trainer):
         with trainer_words(PACKED_TRAINER_WORDS):
             sampler, _ = self._packed_rows()
         per_row = planned_documents_per_row(self.train_dataset, sampler)
-        return start_line(self.model, self.data_collator, rows=f"{self.max_length}-token rows",
+        rows = f"{self.max_length}-token rows{balance_said(self.plan_options)}"
+        return start_line(self.model, self.data_collator, rows=rows,
                           documents=f"{per_row:.1f} documents per row (planned rows)")  # fmt: skip
 
     def train(self, *args: Any, **kwargs: Any) -> Any:

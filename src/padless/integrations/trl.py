@@ -13,6 +13,8 @@ The same class, the same ``SFTConfig``; what ``packing``, ``padding_free`` and `
   micro-batch. ``packing_strategy`` maps to padless' planners: ``"bfd"`` best fit decreasing,
   ``"bfd_split"`` the same with overlong sequences split, ``"wrapped"`` cuts at row ends but keeps
   every piece its own document. An evaluation dataset is packed once by :func:`padless.pack_dataset`.
+  ``balance="cost"`` (an argument of this trainer, as ``overlong`` is) deals each step's rows so that the
+  ranks' costs ``sum(a * l + l**2)`` are even rather than their tokens (docs/balance.md).
 * ``padding_free=True`` without packing: each micro-batch's examples become one row (as TRL does).
 * neither: TRL's padded batches, unchanged.
 
@@ -58,6 +60,8 @@ import trl  # noqa: E402
 from padless.integrations.datasets import pack_dataset, resolve_strategy  # noqa: E402
 from padless.integrations.transformers import (  # noqa: E402
     announce,
+    balance_options,
+    balance_said,
     count_shifted_labels,
     exact_collator,
     first_without,
@@ -77,7 +81,7 @@ SFT_WORDS: dict[str, str] = {
     "max_length": "SFTConfig.max_length", "seq_length": "SFTConfig.max_length",
     "strategy": "SFTConfig.packing_strategy", "overlong": "SFTTrainer.overlong",
     "overlong policy": "SFTTrainer.overlong", "rows_per_batch": "SFTConfig.per_device_train_batch_size",
-    "truncation_mode": "SFTConfig.truncation_mode",
+    "truncation_mode": "SFTConfig.truncation_mode", "balance": "SFTTrainer.balance", "cost_a": "SFTTrainer.cost_a",
     "backend": "attn_implementation='{backend}' when loading the model, or in SFTConfig.model_init_kwargs",
 }  # fmt: skip
 """Library argument -> where ``SFTTrainer`` takes it (``SFTConfig`` field or trainer argument), for
@@ -206,7 +210,10 @@ def _no_max_length(args: Any):
 
 class PackedSFTTrainer(trl.SFTTrainer):
     """``trl.SFTTrainer`` with padless packing (module docstring). Takes ``SFTTrainer``'s arguments
-    plus ``overlong`` (keyword-only): what a sequence longer than ``max_length`` does when packing."""
+    plus, keyword-only: ``overlong`` (what a sequence longer than ``max_length`` does when packing),
+    ``balance`` (``"tokens"``, default, or ``"cost"``: with ``packing=True``, each step's rows dealt so
+    that the ranks' costs ``sum(a * l + l**2)`` are even, docs/balance.md) and ``cost_a`` (``"cost"``
+    only; default ``12 * hidden_size`` of the model's config)."""
 
     def __init__(
         self,
@@ -218,9 +225,17 @@ class PackedSFTTrainer(trl.SFTTrainer):
         processing_class: Any = None,
         *trl_args: Any,
         overlong: str | None = None,
+        balance: str = "tokens",
+        cost_a: float | None = None,
         **trl_kwargs: Any,
     ) -> None:
         with trainer_words(SFT_WORDS):
+            from padless.planning.balance import BALANCES, check_balance
+            from padless.planning.checks import check_choice
+
+            check_choice(balance, BALANCES, "balance")  # before TRL's set-up: a bad argument fails at once
+            if cost_a is not None:
+                check_balance(balance, cost_a)
             self._padless_checked: list[Any] = []
             train_dataset = self._checked(train_dataset, "train_dataset", args, trl_kwargs)
             if isinstance(eval_dataset, Mapping):
@@ -239,6 +254,9 @@ class PackedSFTTrainer(trl.SFTTrainer):
                 padding_free = args is not None and getattr(args, "padding_free", False)
                 self._padless_mode = "padding_free" if padding_free else None
                 self._padless_plan = {}
+                if balance != "tokens":
+                    raise ValueError(f"balance={balance!r} deals packed rows to the ranks; it needs SFTConfig("
+                                     "packing=True) (padding-free and padded batches follow TRL's own sampler)")
             if not isinstance(model, str):
                 count_shifted_labels(model)  # before Trainer reads loss_type
             super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, *trl_args,
@@ -247,6 +265,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
 
             inner = base_model_of(self.model)  # peft_config=...: TRL wrapped the model in a PeftModel
             count_shifted_labels(inner)
+            self._padless_balance = balance_options(inner, balance, cost_a)  # a model named by a string: loaded now
             if hasattr(self, "_loss_shifts_labels"):  # a model loaded by TRL from a name: read loss_type again
                 self._loss_shifts_labels = shifts_labels(inner)
             self._rows: tuple[Any, Any, Any] | None = None
@@ -308,7 +327,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
             sampler, view = packed_batches(
                 self.train_dataset, args.max_length, args.per_device_train_batch_size, world_size=args.world_size,
                 rank=args.process_index, seed=args.data_seed if args.data_seed is not None else args.seed,
-                pad_token_id=self._tokenizer.pad_token_id, **self._padless_plan,
+                pad_token_id=self._tokenizer.pad_token_id, **self._padless_plan, **self._padless_balance,
             )  # fmt: skip
             self._rows = (self.train_dataset, sampler, view)
         return self._rows[1], self._rows[2]
@@ -333,7 +352,8 @@ class PackedSFTTrainer(trl.SFTTrainer):
             with trainer_words(SFT_WORDS):
                 sampler, _ = self._packed_rows()
             per_row = planned_documents_per_row(self.train_dataset, sampler)
-            return start_line(self.model, self.data_collator, rows=f"{self.args.max_length}-token rows",
+            rows = f"{self.args.max_length}-token rows{balance_said(self._padless_balance)}"
+            return start_line(self.model, self.data_collator, rows=rows,
                               documents=f"{per_row:.1f} documents per row (planned rows)")  # fmt: skip
         if self._padless_mode == "padding_free":
             return start_line(self.model, self.data_collator, rows="one row per micro-batch",

@@ -12,7 +12,10 @@ head that divides the logits by the temperature. Here each pass reads the same t
   prompt and completion from TRL's masks, groups the rows that share prompt ids (:func:`_rollout_groups`),
   packs the groups with :class:`padless.RolloutCollator` for the model and returns TRL's ``(B, T)``
   log-probs and entropies (:func:`padless.objectives.rollouts.completion_token_stats`). Generation,
-  rewards, advantages and the loss stay TRL's.
+  rewards, advantages and the loss stay TRL's. A pass runs in forward chunks of at most TRL's
+  ``batch_size`` completions, in TRL's order; ``balance="cost"`` (an argument of the trainer) deals the
+  groups to as many chunks by cost ``a * l + l**2`` instead (:func:`_forward_chunks`, docs/balance.md),
+  and each chunk's log-probs go back to their TRL rows, so the loss is the same.
 * DPO: while TRL's ``compute_loss`` and ``compute_ref_log_probs`` run, the fused forward TRL put on
   the policy (and the reference model) answers ``model(..., labels=..., fused_lm_head=True)`` from
   pairs packed by :class:`padless.PreferenceCollator` (:meth:`PackedDPOTrainer._packed_forward`),
@@ -56,6 +59,7 @@ from padless.integrations.transformers import announce, start_line, trainer_word
 
 GRPO_WORDS: dict[str, str] = {
     "max_length": "GRPOTrainer.max_length", "share_prompt": "GRPOTrainer.share_prompt",
+    "balance": "GRPOTrainer.balance", "cost_a": "GRPOTrainer.cost_a",
     "backend": "attn_implementation='{backend}' when loading the model, or in GRPOConfig.model_init_kwargs",
 }  # fmt: skip
 """Library argument -> where ``GRPOTrainer`` takes it (:func:`padless.integrations.transformers.in_trainer_words`)."""
@@ -109,20 +113,36 @@ def _rollout_groups(
     return features, rows
 
 
-def _chunks(features: list[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
-    """Rollout ``features`` in runs of at most ``size`` completions, whole groups only; a group of more
-    than ``size`` completions is a run of its own."""
-    run: list[dict[str, Any]] = []
-    count = 0
-    for f in features:
+def _forward_chunks(features: list[dict[str, Any]], size: int, *, balance: str = "tokens", share_prompt: bool = False,
+                    cost_a: float | None = None) -> list[list[int]]:  # fmt: skip
+    """Indices of the rollout ``features`` of each forward chunk, whole groups only.
+
+    * ``balance="tokens"``: in order, runs of at most ``size`` completions (a group of more than ``size``
+      completions is a run of its own).
+    * ``balance="cost"``: the groups dealt to as many chunks as ``"tokens"`` makes, so that the chunks'
+      costs (:func:`padless.planning.balance.group_loads` with ``share_prompt`` and ``cost_a``) are even:
+      :func:`padless.planning.balance.balance_groups`, free counts, a group never split. A chunk may
+      then hold more than ``size`` completions (many short ones); its cost is within the largest
+      group's of the mean (the bound in :mod:`padless.planning.balance`). Each chunk's indices ascend.
+    """
+    runs, run, count = [], [], 0
+    for i, f in enumerate(features):  # TRL's order: runs of at most size completions
         n = len(f["completion_ids"])
         if run and count + n > size:
-            yield run
+            runs.append(run)
             run, count = [], 0
-        run.append(f)
+        run.append(i)
         count += n
     if run:
-        yield run
+        runs.append(run)
+    if balance == "tokens" or len(runs) <= 1:
+        return runs
+    from padless.planning.balance import balance_groups
+
+    got = balance_groups([len(f["prompt_ids"]) for f in features],
+                         [[len(c) for c in f["completion_ids"]] for f in features], (1, len(runs)),
+                         share_prompt=share_prompt, balance="cost", cost_a=cost_a)  # fmt: skip
+    return [got.items(0, m).tolist() for m in range(len(runs))]
 
 
 def _check_group_sizes(features: list[dict[str, Any]], max_length: int | None, share_prompt: bool, trainer: str) -> None:
@@ -228,24 +248,42 @@ def _refuse_multimodal(trainer: str, processing_class: Any) -> None:
 
 class PackedGRPOTrainer(_PackedLogprobs, trl.GRPOTrainer):
     """``trl.GRPOTrainer`` whose log-prob passes run on packed rows (module docstring). Takes
-    ``GRPOTrainer``'s arguments plus, keyword-only, ``share_prompt`` and ``max_length``."""
+    ``GRPOTrainer``'s arguments plus, keyword-only, ``share_prompt``, ``max_length``, ``balance``
+    (``"tokens"``, default: forward chunks in TRL's order; ``"cost"``: groups dealt to the same number of
+    chunks so that their costs are even, :func:`_forward_chunks`) and ``cost_a`` (``"cost"`` only;
+    default ``12 * hidden_size`` of the policy's config)."""
 
     _padless_trainer_name = "GRPO"
     _padless_words = GRPO_WORDS
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, *trl_args: Any,
-                 share_prompt: bool | None = None, max_length: int | None = None, **trl_kwargs: Any) -> None:  # fmt: skip
+                 share_prompt: bool | None = None, max_length: int | None = None, balance: str = "tokens",
+                 cost_a: float | None = None, **trl_kwargs: Any) -> None:  # fmt: skip
         from padless.batching.preference import RolloutCollator
+        from padless.integrations.transformers import balance_options
+        from padless.planning.balance import BALANCES, check_balance
+        from padless.planning.checks import check_choice
 
         self._padless_collator_type = RolloutCollator
         with trainer_words(GRPO_WORDS):
             self._padless_check(share_prompt, max_length)
+            check_choice(balance, BALANCES, "balance")
+            if cost_a is not None:
+                check_balance(balance, cost_a)
             _refuse_multimodal("GRPOTrainer", trl_kwargs.get("processing_class"))
             super().__init__(model, reward_funcs, args, *trl_args, **trl_kwargs)
             if self.aux_loss_enabled:
                 raise ValueError("GRPOTrainer: the MoE load-balancing loss (output_router_logits) is not computed on "
                                  "packed rows yet; set GRPOConfig(router_aux_loss_coef=0.0) or train with trl.GRPOTrainer")  # fmt: skip
+            self._padless_balance = balance_options(self.model, balance, cost_a)  # a model named by a string: loaded now
             self._padless_setup(share_prompt, max_length)
+
+    def start_line(self) -> str:
+        """:meth:`_PackedLogprobs.start_line`, saying so when the forward chunks are balanced by cost."""
+        line = super().start_line()
+        if self._padless_balance["balance"] == "cost":
+            line += f", forward chunks balanced by cost a*l + l**2 (a={self._padless_balance['cost_a']:g})"
+        return line
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,
                                            batch_size: int | None = None, compute_entropy: bool = False,
@@ -254,7 +292,8 @@ class PackedGRPOTrainer(_PackedLogprobs, trl.GRPOTrainer):
         ``input_ids`` ``[B, P + T]`` (``[prompt | completion]``, ``attention_mask`` the two masks side by
         side), computed on packed rows: ``(B, T)`` float32, 0 where the completion mask is 0; entropies
         only with ``compute_entropy``; aux loss None. Forward chunks hold at most ``batch_size``
-        completions, whole groups only."""
+        completions, whole groups only; with ``balance="cost"`` as many chunks, of even cost
+        (:func:`_forward_chunks`). Each chunk's log-probs go back to their TRL rows."""
         import torch
 
         from padless.batching.batch import batch_to
@@ -277,13 +316,18 @@ class PackedGRPOTrainer(_PackedLogprobs, trl.GRPOTrainer):
             _check_group_sizes(features, self._padless_max_length, collator.share_prompt, "GRPOTrainer")
         outputs = ("log_probs", "entropy") if compute_entropy else ("log_probs",)
         pieces: dict[str, list[Any]] = {name: [] for name in outputs}
-        for chunk in _chunks(features, batch_size or input_ids.size(0)):
-            batch = batch_to(collator(chunk), input_ids.device)
+        first = np.cumsum([0] + [len(f["completion_ids"]) for f in features])  # feature i: rows[first[i]:first[i + 1]]
+        chunks = _forward_chunks(features, batch_size or input_ids.size(0), share_prompt=collator.share_prompt,
+                                 **self._padless_balance)  # fmt: skip
+        order = []  # the TRL row of each completion, in the order the chunks return them
+        for chunk in chunks:
+            batch = batch_to(collator([features[i] for i in chunk]), input_ids.device)
             with self.accelerator.autocast():
                 stats = completion_token_stats(model, batch, width=t, temperature=self.temperature, outputs=outputs)
             for name in outputs:
                 pieces[name].append(stats[name])
-        index = torch.from_numpy(rows).to(input_ids.device)
+            order.extend(rows[first[i] : first[i + 1]] for i in chunk)
+        index = torch.from_numpy(np.concatenate(order)).to(input_ids.device)
         full = {name: torch.cat(p).new_zeros(input_ids.size(0), t).index_copy(0, index, torch.cat(p))
                 for name, p in pieces.items()}  # fmt: skip
         return full["log_probs"], full.get("entropy"), None
