@@ -1,6 +1,6 @@
 """FSDP2 on packed rows, on whatever the machine has: the check and a short timed run, under torchrun.
 
-1. Exactness (fp32): the model sharded with :func:`padless.shard_model`, one optimiser step of
+1. Exactness (fp32): the model sharded with :func:`padless.models.fsdp.shard_model`, one optimiser step of
    :class:`padless.DistributedPackedBatchSampler`'s rows (``--accum`` micro-batches per rank, gradients
    kept local until the last) with the token-normalised loss; its gathered gradients against one
    unsharded replica on rank 0 over every rank's rows in one batch. Prints the largest difference over
@@ -30,13 +30,16 @@ from torch.utils.data import DataLoader
 import padless
 from padless.batching.batch import batch_to
 from padless.devices import is_half_precision, resolve_dtype
+from padless.models.fsdp import full_tensors, init_distributed, shard_model, sync_gradients
+from padless.objectives.loss import trained_tokens
+from padless.planning.lengths import synthetic_lengths
 from padless.planning.schedule import schedule_epoch
 
 
 def features(n: int, vocab: int, max_length: int, seed: int) -> list[dict[str, list[int]]]:
     """``n`` random documents of lognormal lengths (at most ``max_length``), first quarter untrained."""
     rng = np.random.default_rng(seed)
-    lengths = np.clip(padless.synthetic_lengths("lognormal", n, seed=seed), 2, max_length)
+    lengths = np.clip(synthetic_lengths("lognormal", n, seed=seed), 2, max_length)
     out = []
     for length in lengths.tolist():
         ids = rng.integers(0, vocab, length).tolist()
@@ -51,25 +54,25 @@ def check(args: argparse.Namespace, device: torch.device, feats: list[dict[str, 
     model = padless.build_model(args.model, attn_implementation=args.attn, seed=0).to(device)
     reference = copy.deepcopy(model) if rank == 0 else None
     collator = padless.PackingCollator.for_model(model, max_length=args.max_length)
-    padless.shard_model(model)
+    shard_model(model)
     sampler = padless.DistributedPackedBatchSampler(lengths, args.max_length, args.rows, seed=0)
     micro = [batch_to(b, device) for b, _ in zip(DataLoader(padless.PackedRowView(feats), batch_sampler=sampler,
                                                             collate_fn=collator), range(args.accum))]  # fmt: skip
     num_items = padless.step_num_items(micro)
     for i, batch in enumerate(micro):
-        with padless.sync_gradients(model, i == len(micro) - 1):
+        with sync_gradients(model, i == len(micro) - 1):
             padless.model_loss(model, batch, num_items, world_size=world).backward()
-    grads = padless.full_tensors(model, grads=True)
+    grads = full_tensors(model, grads=True)
     gap = torch.zeros((), dtype=torch.float64)
     if rank == 0:
         sched = schedule_epoch(lengths, args.max_length, world_size=world, rows_per_batch=args.rows, seed=0)
         view = padless.PackedRowView(feats)
         rows = [view[key] for r in range(world) for step in sched.rank_batches(r)[: args.accum] for key in step]
         batch = batch_to(collator(rows), device)
-        total = padless.trained_tokens(batch["labels"])
+        total = trained_tokens(batch["labels"])
         assert int(total) == int(num_items), (int(total), int(num_items))
         padless.model_loss(reference, batch, total).backward()
-        want = padless.full_tensors(reference, grads=True)
+        want = full_tensors(reference, grads=True)
         scale = max(g.abs().max().item() for g in want.values())
         gap.fill_(max((grads[n] - g).abs().max().item() for n, g in want.items()) / scale)
     dist.broadcast(gap, 0)
@@ -84,7 +87,7 @@ def train(args: argparse.Namespace, device: torch.device, feats: list[dict[str, 
     model = padless.build_model(args.model, attn_implementation=args.attn, seed=0).to(device)
     collator = padless.PackingCollator.for_model(model, max_length=args.max_length)
     half = is_half_precision(dtype)
-    padless.shard_model(model, param_dtype=dtype if half else None, reduce_dtype=torch.float32 if half else None)
+    shard_model(model, param_dtype=dtype if half else None, reduce_dtype=torch.float32 if half else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     sampler = padless.DistributedPackedBatchSampler(lengths, args.max_length, args.rows, seed=1)
     batches = iter(DataLoader(padless.PackedRowView(feats), batch_sampler=sampler, collate_fn=collator))
@@ -96,7 +99,7 @@ def train(args: argparse.Namespace, device: torch.device, feats: list[dict[str, 
         start = time.perf_counter()
         num_items = padless.step_num_items(micro)
         for i, batch in enumerate(micro):
-            with padless.sync_gradients(model, i == len(micro) - 1):
+            with sync_gradients(model, i == len(micro) - 1):
                 padless.model_loss(model, batch, num_items, world_size=world).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -125,7 +128,7 @@ def main() -> int:
     ap.add_argument("--tolerance", type=float, default=1e-4, help="of the largest gradient")
     args = ap.parse_args()
 
-    device = padless.init_distributed(args.device)
+    device = init_distributed(args.device)
     if not dist.is_initialized():
         raise SystemExit("run under torchrun: torchrun --nproc-per-node N benchmarks/fsdp.py")
     torch.manual_seed(0)

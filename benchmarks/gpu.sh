@@ -4,7 +4,7 @@
 #   env        python, torch, CUDA, the GPU, the packages found                    -> env.json
 #   setup      padless importable (PYTHONPATH=src, nothing installed into the system); missing
 #              packages installed from $WHEELS (carried wheels), else from PyPI where pip reaches it
-#   parity     benchmarks/kernel_parity.py: every kernel of padless.varlen_attention (torch-varlen,
+#   parity     benchmarks/kernel_parity.py: every kernel of padless.attention.varlen.varlen_attention (torch-varlen,
 #              grouped SDPA, flash-attn, auto) against reference_varlen_attention, outputs and gradients:
 #              bf16 and fp32, MHA and GQA, sliding windows, 1-token documents, head_dim 64 / 72 / 100 /
 #              320 (320: the varlen kernels must refuse, auto fall back)           -> parity.json

@@ -6,7 +6,7 @@ mixers), LFM2 (short convolutions). Each step trains the same 16 documents of lo
 (median 120, sigma 0.7, at most 512 tokens) in four ways, measured interleaved in one process:
 
 - ``packed``: rows of 512 tokens from :class:`padless.PackingCollator` with the padless attention
-  backend (``cu_seq_lens``) and :func:`padless.enable_per_document_mixers`: each mixer runs per
+  backend (``cu_seq_lens``) and :func:`padless.attention.mixers.enable_per_document_mixers`: each mixer runs per
   document, documents of similar length batched and right-padded
 - ``packed-sdpa``: the same rows with SDPA and the 4D block mask
 - ``padded``: one batch of all 16 documents padded to the longest (SDPA, 2D padding mask)

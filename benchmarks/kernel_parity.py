@@ -3,7 +3,7 @@
 For each kernel (``grouped_sdpa``, ``torch_varlen``, ``flash_attn`` and the automatic choice), dtype,
 head size (64, 72, 100, 320: 100 is not a multiple of 8, 320 is over 256), heads (MHA and GQA),
 sliding window and a layout with 1-token documents: forward and backward against
-:func:`padless.reference_varlen_attention` (float32 oracle; relative max difference per tensor). A kernel that cannot run a case must
+:func:`padless.attention.varlen.reference_varlen_attention` (float32 oracle; relative max difference per tensor). A kernel that cannot run a case must
 refuse it with a ``ValueError`` naming the reason (``refused``), and the automatic choice must then
 pick one that runs. One line per case; exit status 1 if any case FAILED (a wrong result, or a crash
 that is not a refusal)::

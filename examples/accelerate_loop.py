@@ -16,12 +16,12 @@ Four pieces, each a few lines of :func:`train`:
 3. Loss: :func:`padless.step_num_items` counts the trained tokens of the whole optimiser step (all
    micro-batches, all-reduced over ranks) *before* the forwards; :func:`padless.model_loss` divides each
    micro-batch's summed cross-entropy by it and multiplies by the world size (DDP averages gradients).
-4. Accumulation: gradients stay local on every micro-batch but the last (:func:`padless.sync_gradients`:
+4. Accumulation: gradients stay local on every micro-batch but the last (:func:`padless.models.fsdp.sync_gradients`:
    DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``), so they are reduced once per step. The
    ``Accelerator`` keeps ``gradient_accumulation_steps=1``: its ``backward`` divides the loss by that
    number, which would turn the token-normalised loss back into a mean of micro-batch means.
 
-Sharding: with ``--fsdp`` (``train(..., fsdp=True)``) :func:`padless.shard_model` applies FSDP2's
+Sharding: with ``--fsdp`` (``train(..., fsdp=True)``) :func:`padless.models.fsdp.shard_model` applies FSDP2's
 ``fully_shard`` to each decoder layer and the root, and the model is not handed to
 ``accelerator.prepare`` (which would wrap it in DDP); the loss and the loop stay as they are, since
 FSDP2 averages gradients over the ranks as DDP does. Under ``accelerate launch`` with an FSDP2 config
@@ -48,11 +48,10 @@ from padless import (
     load_corpus,
     model_loss,
     register_padless_attention,
-    shard_model,
     step_num_items,
-    sync_gradients,
 )
 from padless.batching.batch import batch_to
+from padless.models.fsdp import shard_model, sync_gradients
 
 
 def train(
@@ -72,7 +71,7 @@ def train(
 ) -> list[float]:
     """Train ``steps`` optimiser steps of ``grad_accum`` micro-batches of ``rows_per_batch`` packed rows
     per rank; returns each step's loss (per trained token, over all ranks). ``fsdp``: shard the model
-    with FSDP2 (:func:`padless.shard_model`) instead of DDP. ``before_step(step, model, num_items)``
+    with FSDP2 (:func:`padless.models.fsdp.shard_model`) instead of DDP. ``before_step(step, model, num_items)``
     runs after the gradients of a step are complete, before the optimiser uses them."""
     lengths = [len(f["input_ids"]) for f in features]
     sampler = DistributedPackedBatchSampler(lengths, max_length, rows_per_batch, seed=seed,

@@ -85,7 +85,7 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
                grad_accum: int = 1, features: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Loss (summed over this rank's micro-batches), gradients and ``num_items_in_batch`` of the first
     optimiser step. ``kind``: ``trainer-padded``, ``trainer-packed``, ``trainer-fsdp`` (PackedTrainer on a
-    model sharded by :func:`padless.shard_model`), ``trainer-fsdp-plugin`` (sharded by accelerate's FSDP2
+    model sharded by :func:`padless.models.fsdp.shard_model`), ``trainer-fsdp-plugin`` (sharded by accelerate's FSDP2
     plugin, :func:`force_accelerate_fsdp2`: last in a process), ``sft-padded``, ``sft-packed``,
     ``sft-padding-free`` or ``trl-padded`` (TRL's own SFTTrainer, no fix)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments

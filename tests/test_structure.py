@@ -140,8 +140,11 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 @pytest.mark.parametrize("name", PUBLIC_API_0_1_0 + PUBLIC_API_ADDED)
 def test_every_listed_public_name_imports_from_padless(name: str) -> None:
-    assert name in padless.__all__
-    assert getattr(padless, name) is not None
+    if name in padless.__all__:
+        assert getattr(padless, name) is not None
+    else:  # moved to its subpackage (tests/test_api.py): still resolves, with a warning naming its home
+        with pytest.warns(DeprecationWarning, match=f"padless.{name} moved: import it from padless"):
+            assert getattr(padless, name) is not None
 
 
 def test_only_cli_parses_flags_and_prints() -> None:
@@ -173,7 +176,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
-FLOOR = {"padless.layout", "padless.devices", "padless.atomic", "padless._optional", "padless.hub"}
+FLOOR = {"padless.layout", "padless.devices", "padless.atomic", "padless._optional", "padless.hub", "padless._lazy"}
 """Top-level modules every stage may import: they import nothing of padless but each other."""
 
 MAY_IMPORT: dict[str, set[str]] = {
@@ -236,7 +239,7 @@ def test_no_module_imports_another_folders_private_names() -> None:
             for alias in node.names:
                 private = alias.name.startswith("_") and not alias.name.startswith("__")
                 if private or any(p.startswith("_") and not p.startswith("__") for p in base.split(".")[1:]):
-                    if not (base == "padless._optional"):
+                    if base not in ("padless._optional", "padless._lazy"):
                         wrong.append(f"{name}:{node.lineno} imports {base}.{alias.name}")
     assert wrong == [], "private names imported across folders:\n" + "\n".join(wrong)
 
@@ -244,11 +247,13 @@ def test_no_module_imports_another_folders_private_names() -> None:
 TEST_HOMES: dict[str, str] = {
     # module -> the test file that covers it, where the mirrored name (tests/<folder>/test_<module>.py) is not it
     "padless._optional": "integrations/test_packaging.py",
+    "padless._lazy": "test_api.py",
     "padless.hub": "cli/test_bad_input.py",
     "padless.attention.backend": "attention/test_varlen.py",
     "padless.attention.rules": "attention/test_windows.py",
     "padless.attention.select": "attention/test_windows.py",
     "padless.attention.tree": "batching/test_preference.py",
+    "padless.attention.verdict": "attention/test_facts.py",
     "padless.batching.rows": "batching/test_distributed.py",
     "padless.batching.weights": "objectives/test_loss_weighting.py",
     "padless.bench.child": "bench/test_bench.py",
@@ -276,7 +281,7 @@ TEST_HOMES: dict[str, str] = {
     "padless.export.stages": "export/test_resume.py",
     "padless.export.state": "export/test_resume.py",
     "padless.data.inputs": "export/test_inputs.py",
-    "padless.integrations.trl_rl": "integrations/test_trl_grpo.py",
+    "padless.integrations.trl_rl": "integrations/test_trl_grpo.py",  # also test_trl_dpo.py, test_trl_grpo_tools.py
     "padless.isolation.audit": "integrations/test_exactness.py",
     "padless.models.fsdp": "integrations/test_fsdp.py",
     "padless.objectives.dpo": "batching/test_preference.py",

@@ -2,11 +2,19 @@
 
 Dtype names (``float32``, ``bfloat16``) as padless writes them in reports and tolerance tables,
 whether a dtype is half precision, and a device or dtype from its name (``auto`` included).
+
+The one device of a model and the one compute dtype live here too: :func:`device_of` (the device of a
+model's parameters), :func:`compute_target` (where a training step's attention runs and in which dtype:
+an explicit device / dtype, else the model's; autocast for that device, and FSDP2's mixed-precision
+``param_dtype``, count) and :func:`compute_dtype` (the dtype a forward computed in). The exactness
+rule's model facts (:mod:`padless.attention.facts`), the collators, the isolation checks and the
+trainers ask these, so a model's device and compute dtype are decided in one place.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -74,3 +82,60 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype {name!r} is not a torch floating dtype (auto, float32, bfloat16, float16)")
     return dtype
+
+
+def device_of(model: Any) -> Any:
+    """The device of ``model``'s parameters (``model.device`` where it has one), ``cpu`` for a model without any."""
+    device = getattr(model, "device", None)
+    if device is None:
+        device = next((p.device for p in model.parameters()), "cpu") if hasattr(model, "parameters") else "cpu"
+    return device
+
+
+def sharded_param_dtype(model: Any) -> torch.dtype | None:
+    """The dtype a sharded model computes in when FSDP2's mixed precision casts its parameters
+    (``param_dtype`` of :func:`padless.models.fsdp.shard_model`), else ``None`` (the parameters' own).
+    Read from FSDP2's state of the root module (torch 2.13); ``torch.distributed.fsdp`` is never
+    imported here: where it is absent, nothing is sharded."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    sharded = getattr(fsdp, "FSDPModule", None)
+    inner = getattr(model, "module", model)
+    if sharded is None or not isinstance(inner, sharded):
+        return None
+    policy = getattr(inner._get_fsdp_state(), "_mp_policy", None)
+    return getattr(policy, "param_dtype", None)
+
+
+def compute_target(model_or_config: Any, device: Any = None, dtype: Any = None) -> tuple[torch.device, torch.dtype]:
+    """Where the attention of a training step will run: ``(device, compute dtype)``.
+
+    ``device`` defaults to the device of the model's parameters (the CPU for a config), ``dtype`` to
+    the model's compute dtype (an FSDP2 model's ``param_dtype``, else ``model.dtype``; float32 for a
+    config). Give both when the weights are not yet where training runs: a collator built before
+    ``model.to("cuda")``, under DeepSpeed, or for fp32 master weights trained under bf16 autocast
+    (``Trainer(bf16=True)``). Autocast enabled for the device's type when this is called counts too:
+    its dtype is the compute dtype."""
+    import torch
+
+    device = torch.device(device_of(model_or_config) if device is None else device)
+    if torch.is_autocast_enabled(device.type):
+        return device, torch.get_autocast_dtype(device.type)
+    if dtype is None and hasattr(model_or_config, "forward"):
+        dtype = sharded_param_dtype(model_or_config) or getattr(model_or_config, "dtype", None)
+    if dtype is None:
+        dtype = torch.float32
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch dtype (torch.bfloat16, ...), got {dtype!r}")
+    return device, dtype
+
+
+def compute_dtype(model: Any, logits: torch.Tensor | None = None) -> torch.dtype:
+    """The dtype the model computes in: the autocast dtype when autocast is on for the model's
+    device, else the dtype of ``logits`` when given (fp32 master weights under autocast give bf16
+    logits), else the model's own (:func:`compute_target`)."""
+    import torch
+
+    device_type = next(model.parameters()).device.type
+    if logits is not None and not torch.is_autocast_enabled(device_type):
+        return logits.dtype
+    return compute_target(model)[1]

@@ -9,17 +9,40 @@ A packed row of ``L`` tokens holding documents of lengths ``[3, 2, 4]`` (L = 9) 
 Padding at the end of a row is its own document (position ids restart at 0 there too), so a row
 stays a valid packed row and padding never joins the last real document. Functions take numpy or
 python ints and return numpy int64 arrays; the collators turn them into tensors.
+
+The row vocabulary (:data:`AttentionInputs`, :data:`Layout`, :data:`MaskWindows`) lives here too, below
+both the batching that builds rows and the attention that judges them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 IGNORE_INDEX = -100
 """The label value that cross-entropy ignores (``torch.nn.CrossEntropyLoss``'s default)."""
+
+# The row vocabulary: what a packed row carries for attention and how it is laid out. Batching builds
+# rows with these words and attention judges them, so both import them from here, below both.
+AttentionInputs = Literal["mask4d", "varlen", "position_ids"]
+"""What a packed batch carries so the attention backend isolates documents:
+``mask4d`` a 4D additive block-causal float mask (SDPA, eager); ``varlen`` cumulative sequence
+lengths ``cu_seq_lens_q/k`` and ``max_length_q/k`` (padless varlen, flash-attn); ``position_ids``
+restarted position ids alone (flash-attn's own detection)."""
+ATTENTION_INPUTS: tuple[str, ...] = ("mask4d", "varlen", "position_ids")
+
+Layout = Literal["documents", "shared_prompt"]
+"""How a row is laid out: ``documents`` (each document attends to itself only: SFT packing, preference
+pairs with ``share_prompt=False``) or ``shared_prompt`` (a prompt once, several completions attending
+to it and not to each other: :class:`padless.PreferenceCollator`, :class:`padless.RolloutCollator`)."""
+LAYOUTS: tuple[str, ...] = ("documents", "shared_prompt")
+
+MaskWindows = int | dict[str, int | None] | None
+"""What the 4D mask path sends: ``None`` one block-causal mask for every layer; ``w`` one mask with
+a window of ``w`` tokens for every layer; a dict layer type -> window (``None``: no window), sent as
+a dict of masks that the model picks from per layer."""
 
 
 def _as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ A configuration is one of:
 
 Windows and chunks are set to :data:`WINDOW` tokens, shorter than most documents (:data:`LENGTHS`),
 so a mask that lost a window shows as a difference. Each document alone runs with its position ids
-stated (:func:`padless.packed_documents`): padless attention never guesses that an unmarked row is
+stated (:func:`padless.attention.backend.packed_documents`): padless attention never guesses that an unmarked row is
 one document.
 """
 

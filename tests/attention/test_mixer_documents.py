@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import padless
 from padless.attention import mixer_documents
+from padless.attention.backend import packed_documents
 from padless.attention.mixer_documents import Documents, layer_documents
 
 HIDDEN = torch.zeros(2, 6, 3)  # [B, L, H]
@@ -33,7 +33,7 @@ def test_cu_seq_lens_among_the_layer_arguments_are_sent():
 @pytest.mark.parametrize("kind", ["position_ids", "cu_seqlens"])
 def test_packed_documents_context_is_sent(kind):
     given = {"position_ids": RESTARTS} if kind == "position_ids" else {"cu_seqlens": torch.tensor(EXPECTED)}
-    with padless.packed_documents(**given):
+    with packed_documents(**given):
         found = layer_documents(HIDDEN, {})
     assert offsets(found) == EXPECTED and found.explicit
 

@@ -13,6 +13,7 @@ from conftest import make_features
 
 import padless
 from padless.attention import mixers
+from padless.attention.backend import packed_documents
 from padless.attention.mixers import (
     KERNEL,
     PER_DOCUMENT,
@@ -118,7 +119,7 @@ def packed_logits(model, batch: dict, attn: str | None) -> torch.Tensor:
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     if attn is None:  # the forward takes no position_ids: boundaries from the context
         position_ids = inputs.pop("position_ids")
-        with padless.packed_documents(position_ids=position_ids):
+        with packed_documents(position_ids=position_ids):
             return model(**inputs).logits
     return model(**inputs).logits
 
@@ -266,7 +267,7 @@ def test_unpacked_batch_runs_unchanged(family):
         enable_per_document_mixers(model)
         assert torch.equal(model(ids, use_cache=False).logits, plain)
         positions = torch.arange(17).expand(2, -1)
-        with padless.packed_documents(position_ids=positions):
+        with packed_documents(position_ids=positions):
             assert torch.equal(model(ids, use_cache=False).logits, plain)
 
 
@@ -309,7 +310,7 @@ def test_documents_from_packed_documents_cu_seqlens():
     enable_per_document_mixers(model)
     cu = torch.tensor(np.concatenate([[0], np.cumsum(LENGTHS)]), dtype=torch.int32)
     with torch.no_grad():
-        with padless.packed_documents(cu_seqlens=cu):
+        with packed_documents(cu_seqlens=cu):
             logits = model(input_ids=batch["input_ids"], use_cache=False).logits
         assert (logits - alone_logits(model, batch)).abs().max().item() <= EXACT
 
@@ -319,7 +320,7 @@ def test_positions_of_another_length_are_refused():
     enable_per_document_mixers(model)
     ids = torch.randint(3, VOCAB, (1, 12))
     positions = torch.tensor([[0, 1, 2, 0, 1]])
-    with padless.packed_documents(position_ids=positions), pytest.raises(ValueError, match="cover 5 tokens"):
+    with packed_documents(position_ids=positions), pytest.raises(ValueError, match="cover 5 tokens"):
         model(ids)
 
 

@@ -11,8 +11,9 @@ from conftest import make_features
 from test_mixers import CONTAMINATED, EXACT, LENGTHS, NO_ATTENTION, VOCAB, alone_logits, assert_packed_grads_equal_alone, build
 
 import padless
-from padless.attention.mixers import disable_per_document_mixers, mixer_refusal
+from padless.attention.mixers import disable_per_document_mixers, enable_per_document_mixers, mixer_refusal
 from padless.attention.select import BACKENDS, attention_free
+from padless.layout import lengths_from_position_ids
 
 SSM = sorted(NO_ATTENTION)
 
@@ -32,7 +33,7 @@ def test_for_model_packs_exactly_through_position_ids(family):
     assert collator.attention == "position_ids" and attention_free(model)
     batch = collator(make_features(LENGTHS, vocab_size=VOCAB, seed=5))
     assert "attention_mask" not in batch and batch["use_cache"] is False  # a 2D mask would read as padding
-    rows = [padless.lengths_from_position_ids(row.numpy()) for row in batch["position_ids"]]
+    rows = [lengths_from_position_ids(row.numpy()) for row in batch["position_ids"]]
     assert len(rows) > 1 and max(map(len, rows)) > 1  # several rows, documents sharing one
     padless.check_batch(model, batch)
     alone = alone_logits(model, batch)
@@ -49,7 +50,7 @@ def test_for_model_packs_exactly_through_position_ids(family):
 def test_every_backend_name_is_exact_and_a_bare_config_is_not(family):
     """No attention runs, so ``attn_implementation`` does not matter; a config cannot show its mixers."""
     model = build(family, None)
-    padless.enable_per_document_mixers(model)
+    enable_per_document_mixers(model)
     for backend in BACKENDS:
         padless.check_exact(model, backend, device="cpu", dtype=torch.float32)
     with pytest.raises(ValueError, match="takes no position_ids"):
@@ -65,7 +66,7 @@ def test_packed_gradients_equal_alone_through_position_ids():
     assert batch["input_ids"].shape[0] == 1
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    lengths = padless.lengths_from_position_ids(batch["position_ids"][0].numpy()).tolist()
+    lengths = lengths_from_position_ids(batch["position_ids"][0].numpy()).tolist()
     assert_packed_grads_equal_alone(model, lambda: model(**inputs).logits, batch["input_ids"], lengths)
 
 
@@ -74,7 +75,7 @@ def test_verify_isolation_runs_once_the_mixers_are_patched(family):
     model = build(family, None)
     report = padless.verify_isolation(model)
     assert not report.passed and all(r.status == "refused" for r in report.results)
-    padless.enable_per_document_mixers(model)
+    enable_per_document_mixers(model)
     report = padless.verify_isolation(model)
     passed = [r.backend for r in report.results if r.status == "pass"]
     assert report.passed and "eager" in passed, report

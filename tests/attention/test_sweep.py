@@ -70,7 +70,8 @@ def test_quick_sweep_knows_what_is_exact_and_what_is_refused(quick):
     # pure state-space models: restarted position_ids through **kwargs reach the per-document mixers
     for backend in ("eager", "padless"):
         assert status[("mamba", "for_model", backend)].status == "exact", status[("mamba", "for_model", backend)]
-    # hybrids: for_model runs their token mixers on each document alone (padless.enable_per_document_mixers)
+    # hybrids: for_model runs their token mixers on each document alone
+    # (padless.attention.mixers.enable_per_document_mixers)
     for model_type in ("qwen3_5_text", "qwen3_next", "bamba", "lfm2"):
         assert status[(model_type, "for_model", "sdpa")].status == "exact", status[(model_type, "for_model", "sdpa")]
         assert status[(model_type, "for_model", "eager")].status == "exact"

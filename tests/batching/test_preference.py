@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import padless
 from padless.attention.backend import register_padless_attention
+from padless.attention.masks import block_causal_mask
 from padless.attention.tree import (
     additive_tree_mask, plan_tree, shared_prompt_refusal, reference_tree_attention, tree_attention, tree_causal_mask, tree_positions,
 )  # fmt: skip
@@ -22,7 +23,7 @@ from padless.batching.preference import (
     PairedBatch, PreferenceCollator, RolloutCollator, share_prompt,
 )  # fmt: skip
 from padless.objectives.dpo import dpo_loss
-from padless.layout import IGNORE_INDEX
+from padless.layout import IGNORE_INDEX, cu_seqlens_from_lengths, position_ids_from_lengths
 from padless.models.factory import build_model
 
 VOCAB = 512
@@ -78,7 +79,7 @@ def test_tree_mask_and_positions_literal():
     np.testing.assert_array_equal(tree_causal_mask([3, 2, 1], [-1, 0, 0]), want)
     np.testing.assert_array_equal(tree_positions([3, 2, 1], [-1, 0, 0]), [0, 1, 2, 3, 4, 3])
     # all parents -1: the plain block-causal mask
-    np.testing.assert_array_equal(tree_causal_mask([2, 3], [-1, -1]), padless.block_causal_mask([2, 3]))
+    np.testing.assert_array_equal(tree_causal_mask([2, 3], [-1, -1]), block_causal_mask([2, 3]))
     mask = additive_tree_mask([([3, 2, 1], [-1, 0, 0])], dtype=torch.float64)
     assert mask.shape == (1, 1, 6, 6) and mask.dtype == torch.float64
     np.testing.assert_array_equal((mask[0, 0] == 0).numpy(), want)
@@ -120,7 +121,7 @@ def _tree_qkv(lengths, hq, hk, seed=0):
 def test_tree_attention_matches_the_dense_reference(tree, heads, window):
     lengths, parents = tree
     q, k, v = _tree_qkv(lengths, *heads)
-    cu = torch.from_numpy(padless.cu_seqlens_from_lengths(lengths)).to(torch.int32)
+    cu = torch.from_numpy(cu_seqlens_from_lengths(lengths)).to(torch.int32)
     par = torch.tensor(parents)
     out = tree_attention(q, k, v, cu, par, sliding_window=window)
     ref = reference_tree_attention(q, k, v, cu, par, sliding_window=window)
@@ -131,7 +132,7 @@ def test_tree_attention_matches_the_dense_reference(tree, heads, window):
 
 
 def test_tree_plan_places_every_token_once():
-    cu = padless.cu_seqlens_from_lengths([5, 3, 1, 4, 2])
+    cu = cu_seqlens_from_lengths([5, 3, 1, 4, 2])
     plan = plan_tree(cu, np.array([-1, 0, 0, -1, 3]), "cpu")
     slots = plan.scatter.numpy()
     assert len(set(slots.tolist())) == slots.size == 15
@@ -311,7 +312,7 @@ def test_shared_prompt_is_refused_where_it_cannot_be_expressed(backend):
 def test_padless_attention_refuses_a_tree_that_disagrees_with_the_positions():
     model = _model("llama", "padless")
     batch = PreferenceCollator.for_model(model)(_pairs(2))
-    batch["position_ids"] = padless.position_ids_from_lengths([batch["input_ids"].shape[1]])[None]
+    batch["position_ids"] = position_ids_from_lengths([batch["input_ids"].shape[1]])[None]
     batch["position_ids"] = torch.from_numpy(batch["position_ids"])
     with pytest.raises(ValueError, match="position_ids disagree with the shared-prefix tree"):
         model(**{k: v for k, v in batch.items() if k != "labels"})
@@ -425,7 +426,7 @@ def test_verify_fails_a_shared_prompt_layout_without_the_tree(monkeypatch):
     """Completions that cannot see their prompt (a plain block-causal mask) must fail the check."""
     import padless.attention.tree as tree
 
-    monkeypatch.setattr(tree, "tree_causal_mask", lambda lengths, parents: padless.block_causal_mask(lengths))
+    monkeypatch.setattr(tree, "tree_causal_mask", lambda lengths, parents: block_causal_mask(lengths))
     report = padless.verify_isolation(build_model("tiny-llama"), backends=["sdpa"])
     by_name = {r.backend: r for r in report.results}
     assert by_name["sdpa"].status == "pass" and by_name["sdpa+shared_prompt"].status == "fail"

@@ -11,6 +11,7 @@ import torch
 import padless
 from padless.attention.backend import register_padless_attention
 from padless.batching.preference import RolloutCollator, rollout_features
+from padless.batching.rowformat import FeatureSpec
 from padless.layout import IGNORE_INDEX
 from padless.models.factory import build_model
 
@@ -124,7 +125,7 @@ def test_without_fields_the_layout_still_comes_out():
 
 
 def test_a_separator_is_a_completion_token_of_the_layout():
-    c = _collator(True, features=padless.FeatureSpec(separator_id=2))
+    c = _collator(True, features=FeatureSpec(separator_id=2))
     batch = c([{"prompt_ids": [1], "completion_ids": [[3, 0], [4, 2]], "completion_mask": [[1, 0], [1, 1]],
                 "advantages": [1.0, -1.0]}])  # fmt: skip
     assert batch.rollouts["completion_ids"].tolist() == [[3, 2], [4, 2]]  # 2 appended after 3, already after 4
@@ -313,12 +314,12 @@ NAN, INF = float("nan"), float("inf")
         (_one(ref_per_token_logps=[[-1.0] * 3, [-1.0, -1.0, -INF]]), {}, r"feature 0 ref_per_token_logps\[1\] is -inf at token 2; log-probs must be finite"),
         (_one(advantages=[1.0, 2.0]) + _one(), {}, r"feature 1 has no advantages, but feature 0 has: give advantages for every group"),
         (_one() + _one(old_per_token_logps=[[-1.0] * 3] * 2), {}, r"feature 0 has no old_per_token_logps, but feature 1 has"),
-        (_one(tool_mask=[[1, 0, 1], [1, 1, 1]]), {"features": padless.FeatureSpec(separator_id=3)},
+        (_one(tool_mask=[[1, 0, 1], [1, 1, 1]]), {"features": FeatureSpec(separator_id=3)},
          r"feature 0 tool_mask gives one value per completion token, but features.separator_id=3 appends a token"),
         (_one(completion_ids=[[1, 2], [3, 4, 5, 6, 7, 8, 9]]), {"max_length": 8},
          r"group 0 needs 11 tokens in a row \(share_prompt=True\), more than the collator's max_length=8, and overlong='error' refuses it: raise max_length, or choose overlong='truncate' or 'drop'"),
         (_one(completion_ids=[]), {}, r"feature 0 completion_ids must be a non-empty list"),
-        (_one(completion_ids=[[3, 4, 5], [6, 7, VOCAB]]), {"features": padless.FeatureSpec(vocab_size=VOCAB)},
+        (_one(completion_ids=[[3, 4, 5], [6, 7, VOCAB]]), {"features": FeatureSpec(vocab_size=VOCAB)},
          r"feature 0 completion_ids\[1\]: token id 512 is outside the vocabulary"),
     ],
 )  # fmt: skip

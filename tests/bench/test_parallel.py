@@ -26,7 +26,7 @@ UNEVEN = ("bucketing/same-examples", "packing/token-budget")
 """Cases whose ranks run different numbers of micro-batches in some step with this data (the test says
 so: a rank ran fillers); bucketing's length-grouped token-budget batches happen to split alike."""
 FSDP_CASES = [("packing", "same-examples"), ("bucketing", "same-examples"), ("packing", "token-budget")]
-"""(strategy, mode) trained again with ``distributed="fsdp"`` (FSDP2, padless.shard_model): the even case
+"""(strategy, mode) trained again with ``distributed="fsdp"`` (FSDP2, padless.models.fsdp.shard_model): the even case
 and both uneven ones (fillers under FSDP2 all-gather like any micro-batch)."""
 STEPS, WORLD = 3, 2
 

@@ -1,5 +1,5 @@
 """FSDP2 on packed rows: two ranks under ``torchrun --nproc-per-node 2`` (gloo, CPU, fp32) shard a
-tiny model with :func:`padless.shard_model`, train the first optimiser step of
+tiny model with :func:`padless.models.fsdp.shard_model`, train the first optimiser step of
 :class:`padless.DistributedPackedBatchSampler`'s plan (2 micro-batches per rank, gradients kept
 local on the first) with the token-normalised loss, and end with the gradients and, after one SGD
 step, the whole (unsharded) parameters of one process over both ranks' rows. The
@@ -46,7 +46,7 @@ def _loop_step(case: str) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     import padless
-    from padless.models.fsdp import is_sharded
+    from padless.models.fsdp import full_tensors, is_sharded, shard_model, sync_gradients
 
     name, attn, reshard, only = CASES[case]
     if attn == "padless":
@@ -55,7 +55,7 @@ def _loop_step(case: str) -> dict[str, Any]:
     full_numel = sum(p.numel() for p in model.parameters())
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     collator = padless.PackingCollator.for_model(model, max_length=MAX_LENGTH)  # before sharding
-    padless.shard_model(model, reshard_after_forward=reshard)
+    shard_model(model, reshard_after_forward=reshard)
     local_numel = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
     groups = [n for n, m in model.named_modules() if isinstance(m, FSDPModule)]  # one per layer, and the root
     sampler = padless.DistributedPackedBatchSampler(LENGTHS, MAX_LENGTH, ROWS, seed=SEED)  # rank from dist
@@ -70,11 +70,11 @@ def _loop_step(case: str) -> dict[str, Any]:
     def step_grads(num_items: Any, world_size: int) -> dict[str, torch.Tensor]:
         model.zero_grad(set_to_none=True)
         for i, batch in enumerate(micro):
-            with padless.sync_gradients(model, i == len(micro) - 1):
+            with sync_gradients(model, i == len(micro) - 1):
                 padless.model_loss(model, batch, num_items, world_size=world_size,
                                    trained_logits_only=only).backward()  # fmt: skip
             held.append(sum(p.grad is not None for p in model.parameters()))
-        return padless.full_tensors(model, grads=True)
+        return full_tensors(model, grads=True)
 
     local = padless.step_num_items(micro, all_ranks=False)
     naive = step_grads(local, 1)  # each rank's own mean, then FSDP averages: tokens weighed by rank
@@ -83,7 +83,7 @@ def _loop_step(case: str) -> dict[str, Any]:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     optimizer.step()
     return {"rank": dist.get_rank(), "world": world, "keys": list(sampler)[:ACCUM], "num_items": int(num_items),
-            "local": int(local), "grads": grads, "naive": naive, "params": padless.full_tensors(model),
+            "local": int(local), "grads": grads, "naive": naive, "params": full_tensors(model),
             "numel": (full_numel, local_numel), "sharded": is_sharded(model), "held": held,
             "params_count": len(list(model.parameters())), "groups": groups,
             "layers": model.config.num_hidden_layers, "tied": tied,
@@ -95,11 +95,11 @@ def main(out_dir: str) -> None:
 
     import torch
 
-    import padless
+    from padless.models.fsdp import init_distributed
 
     faulthandler.dump_traceback_later(int(os.environ.get("PADLESS_WORKER_TIMEOUT", "400")), exit=True)  # no hang
     torch.set_num_threads(1)
-    device = padless.init_distributed("cpu")
+    device = init_distributed("cpu")
     results: dict[str, Any] = {"device": str(device)}
     for case in CASES:
         results[case] = _loop_step(case)
@@ -144,6 +144,8 @@ def _one_process(case: str) -> dict[str, Any]:
     import torch
 
     import padless
+    from padless.models.fsdp import full_tensors
+    from padless.objectives.loss import trained_tokens
     from padless.planning.schedule import schedule_epoch
 
     name, attn, _, _ = CASES[case]
@@ -155,11 +157,11 @@ def _one_process(case: str) -> dict[str, Any]:
     view = padless.PackedRowView(make_features(LENGTHS, with_labels=True, seed=SEED))
     rows = [view[key] for rank in keys for micro in rank for key in micro]
     batch = padless.PackingCollator.for_model(model, max_length=MAX_LENGTH)(rows)
-    total = padless.trained_tokens(batch["labels"])
+    total = trained_tokens(batch["labels"])
     padless.model_loss(model, batch, total).backward()
-    grads = padless.full_tensors(model, grads=True)
+    grads = full_tensors(model, grads=True)
     torch.optim.SGD(model.parameters(), lr=LR).step()
-    return {"keys": keys, "num_items": int(total), "grads": grads, "params": padless.full_tensors(model)}
+    return {"keys": keys, "num_items": int(total), "grads": grads, "params": full_tensors(model)}
 
 
 def _assert_close(got: dict[str, Any], want: dict[str, Any]) -> None:
@@ -206,7 +208,7 @@ def test_fsdp2_step_on_two_ranks_equals_one_process_over_both_ranks_rows(ranks, 
 
 @pytest.mark.parametrize("sharder", ["accelerate", "plugin"])
 def test_accelerate_example_with_fsdp_equals_one_padded_process(ranks, sharder):
-    """examples/accelerate_loop.py sharded by ``train(..., fsdp=True)`` (padless.shard_model) or by
+    """examples/accelerate_loop.py sharded by ``train(..., fsdp=True)`` (padless.models.fsdp.shard_model) or by
     accelerate's FSDP2 plugin in ``prepare``: step 1 of 2 micro-batches x 1 row per rank equals one
     process padding exactly those 4 rows' examples."""
     from test_transformers import assert_same_step
@@ -222,7 +224,7 @@ def test_accelerate_example_with_fsdp_equals_one_padded_process(ranks, sharder):
 
 @pytest.mark.parametrize("sharder", ["trainer", "trainer-plugin"])
 def test_packed_trainer_under_fsdp2_equals_one_padded_process(ranks, sharder, tmp_path):
-    """PackedTrainer on a model sharded by padless.shard_model, or by accelerate's FSDP2 plugin from
+    """PackedTrainer on a model sharded by padless.models.fsdp.shard_model, or by accelerate's FSDP2 plugin from
     ``TrainingArguments(fsdp=True, fsdp_config={"version": 2})``: one optimiser step over every packed
     row (half per rank) equals Trainer padding all the examples in one process."""
     from test_transformers import assert_same_step
@@ -290,32 +292,33 @@ def test_one_sharded_rank_trains_like_the_model_itself(one_rank):
     import torch
 
     import padless
-    from padless.models.fsdp import is_sharded
+    from padless.models.fsdp import full_tensors, is_sharded, shard_model
+    from padless.objectives.loss import trained_tokens
 
     plain, sharded = (padless.build_model("tiny-llama", seed=0) for _ in range(2))
     batch = padless.PackingCollator.for_model(plain, max_length=MAX_LENGTH)(make_features([20, 31, 9, 44], seed=1))
-    padless.shard_model(sharded)
+    shard_model(sharded)
     assert is_sharded(sharded) and not is_sharded(plain)
     after = padless.PackingCollator.for_model(sharded, max_length=MAX_LENGTH)(make_features([20, 31, 9, 44], seed=1))
     same = [torch.equal(v, batch[k]) if torch.is_tensor(v) else v == batch[k] for k, v in after.items()]
     assert set(after) == set(batch) and all(same)  # sharding keeps what the exactness rule reads
-    n = padless.trained_tokens(batch["labels"])
+    n = trained_tokens(batch["labels"])
     losses = [padless.model_loss(m, batch, n) for m in (plain, sharded)]
     for loss in losses:
         loss.backward()
     assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-6)
-    _assert_close(padless.full_tensors(sharded, grads=True), padless.full_tensors(plain, grads=True))
-    assert set(padless.full_tensors(sharded)) == {n for n, _ in plain.named_parameters()}
+    _assert_close(full_tensors(sharded, grads=True), full_tensors(plain, grads=True))
+    assert set(full_tensors(sharded)) == {n for n, _ in plain.named_parameters()}
     with pytest.raises(ValueError, match="sharded already"):
-        padless.shard_model(sharded)
+        shard_model(sharded)
     with pytest.raises(ValueError, match="no decoder layers in Sequential"):
-        padless.shard_model(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+        shard_model(torch.nn.Sequential(torch.nn.Linear(4, 4)))
     with pytest.raises(ValueError, match="on the CPU already: leave cpu_offload off"):
-        padless.shard_model(padless.build_model("tiny-gpt2", seed=0), cpu_offload=True)
+        shard_model(padless.build_model("tiny-gpt2", seed=0), cpu_offload=True)
     split = padless.build_model("tiny-llama", seed=0)
     split.lm_head.to("meta")
     with pytest.raises(ValueError, match=r"every parameter on one device, found \['cpu', 'meta'\]"):
-        padless.shard_model(split)
+        shard_model(split)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "padless"])
@@ -326,19 +329,20 @@ def test_mixed_precision_computes_in_bfloat16_over_float32_shards(one_rank, attn
     import torch
 
     import padless
-    from padless.models.fsdp import compute_dtype
+    from padless.models.fsdp import compute_dtype, full_tensors, shard_model
+    from padless.objectives.loss import trained_tokens
 
     padless.register_padless_attention()
     plain, sharded = (padless.build_model("tiny-llama", attn_implementation=attn, seed=0) for _ in range(2))
     batch = padless.PackingCollator.for_model(plain, max_length=MAX_LENGTH)(make_features([20, 31, 9, 44], seed=1))
-    padless.shard_model(sharded, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    shard_model(sharded, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     assert (compute_dtype(sharded), compute_dtype(plain), sharded.dtype) == (torch.bfloat16, None, torch.float32)
-    n = padless.trained_tokens(batch["labels"])
+    n = trained_tokens(batch["labels"])
     full, half = padless.model_loss(plain, batch, n), padless.model_loss(sharded, batch, n)
     half.backward()
     assert half.item() != full.item() and half.item() == pytest.approx(full.item(), rel=1e-2)
-    grads = padless.full_tensors(sharded, grads=True)
-    assert {g.dtype for g in grads.values()} == {p.dtype for p in padless.full_tensors(sharded).values()} == {torch.float32}
+    grads = full_tensors(sharded, grads=True)
+    assert {g.dtype for g in grads.values()} == {p.dtype for p in full_tensors(sharded).values()} == {torch.float32}
     assert set(grads) == {name for name, _ in plain.named_parameters()}
 
 
@@ -347,15 +351,15 @@ def test_packed_trainer_judges_a_sharded_model_in_its_compute_dtype(one_rank, mo
     import torch
     from transformers import TrainingArguments
 
-    import padless
     from padless.integrations import transformers as integration
+    from padless.models.fsdp import shard_model
 
     seen = []
     real = integration.exact_collator
     monkeypatch.setattr(integration, "exact_collator", lambda *a, **kw: seen.append(kw["dtype"]) or real(*a, **kw))
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, save_strategy="no")
     for param_dtype in (torch.bfloat16, None):
-        model = padless.shard_model(support.model("sdpa"), param_dtype=param_dtype)
+        model = shard_model(support.model("sdpa"), param_dtype=param_dtype)
         integration.PackedTrainer(model=model, args=args, max_length=support.MAX_LENGTH)
     assert seen == [torch.bfloat16, None]  # None: the model's own dtype
 
@@ -365,13 +369,14 @@ def test_without_torchrun_nothing_is_joined_and_sharding_is_refused(monkeypatch)
     import torch.distributed as dist
 
     import padless
+    from padless.models.fsdp import init_distributed, shard_model
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert padless.init_distributed("cpu") == torch.device("cpu") and not dist.is_initialized()
-    with pytest.raises(ValueError, match="launch with torchrun and call padless.init_distributed"):
-        padless.shard_model(padless.build_model("tiny-gpt2", seed=0))
+    assert init_distributed("cpu") == torch.device("cpu") and not dist.is_initialized()
+    with pytest.raises(ValueError, match="launch with torchrun and call padless.models.fsdp.init_distributed"):
+        shard_model(padless.build_model("tiny-gpt2", seed=0))
     with pytest.raises(ValueError, match="torch.nn.Module"):
-        padless.shard_model("gpt2")
+        shard_model("gpt2")
 
 
 def test_packed_trainer_refuses_a_sharded_model_where_transformers_has_no_path_for_it():
@@ -401,7 +406,7 @@ def test_each_rank_takes_its_gpu_and_nccl_on_cuda(monkeypatch, device, local_ran
     import torch
     import torch.distributed as dist
 
-    import padless
+    from padless.models.fsdp import init_distributed
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
@@ -412,17 +417,17 @@ def test_each_rank_takes_its_gpu_and_nccl_on_cuda(monkeypatch, device, local_ran
     monkeypatch.setattr(dist, "init_process_group", lambda backend: calls.append(("init", backend)))
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert str(padless.init_distributed(device)) == want
+    assert str(init_distributed(device)) == want
     on_gpu = want.startswith("cuda")
     assert calls == [("set_device", want)] * on_gpu + [("init", "nccl" if on_gpu else "gloo")]  # device first
     with pytest.raises(ValueError, match="this machine has 2 CUDA device"):
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        padless.init_distributed("cuda:2")
+        init_distributed("cuda:2")
 
 
 def test_sync_gradients_keeps_ddp_gradients_local_and_leaves_a_plain_model_alone():
-    import padless
+    from padless.models.fsdp import sync_gradients
 
     calls = []
 
@@ -431,11 +436,11 @@ def test_sync_gradients_keeps_ddp_gradients_local_and_leaves_a_plain_model_alone
             calls.append("no_sync")
             return contextlib.nullcontext()
 
-    with padless.sync_gradients(Wrapper(), False):
+    with sync_gradients(Wrapper(), False):
         pass
-    with padless.sync_gradients(Wrapper(), True):
+    with sync_gradients(Wrapper(), True):
         pass
-    with padless.sync_gradients(object(), False):
+    with sync_gradients(object(), False):
         pass
     assert calls == ["no_sync"]
 

@@ -5,7 +5,6 @@ import pytest
 import torch
 from conftest import make_features
 
-import padless
 from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator
 from padless.isolation.compare import (
@@ -21,6 +20,7 @@ from padless.isolation.compare import (
     relative_difference,
     tolerance_for,
 )
+from padless.isolation import verify
 from padless.models.factory import build_model
 
 LENGTHS = [6, 1, 11, 4, 9]
@@ -38,7 +38,7 @@ def test_judgment_is_the_larger_of_factor_times_noise_and_the_floor():
 def test_tolerances_floor_and_lookup():
     tol = Tolerance(logits_atol=0.5, logits_rtol=0.25, grad_rtol=0.1)
     assert tol.logit_floor(4.0) == 1.5
-    assert tolerance_for(torch.bfloat16) is TOLERANCES["bfloat16"] is padless.TOLERANCES["bfloat16"]
+    assert tolerance_for(torch.bfloat16) is TOLERANCES["bfloat16"] is verify.TOLERANCES["bfloat16"]
     assert tolerance_for("float32", tol) is tol
     with pytest.raises(ValueError, match="no tolerance for dtype int8"):
         tolerance_for("int8")

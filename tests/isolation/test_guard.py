@@ -10,6 +10,7 @@ from padless.attention.backend import register_padless_attention
 from padless.batching.collate import PackingCollator
 from padless.batching.batch import PackedBatch
 from padless.isolation.guard import IsolationError, IsolationGuard, IsolationWarning
+from padless.isolation.verify import TOLERANCES
 from padless.batching.batch import forward_inputs
 from padless.models.factory import build_model
 
@@ -67,7 +68,7 @@ def test_bf16_autocast_over_fp32_weights_is_no_false_alarm(given):
     """Trainer(bf16=True): fp32 weights, bf16 logits. The floor and the re-runs follow the logits' dtype."""
     model = _model("llama").eval()
     batch = PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=6))
-    fp32_floor = padless.TOLERANCES["float32"].logit_floor(10.0)
+    fp32_floor = TOLERANCES["float32"].logit_floor(10.0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(**forward_inputs(batch)).logits if given else None
         inside = IsolationGuard(every=1, documents=len(LENGTHS))(model, batch, logits)

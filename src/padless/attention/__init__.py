@@ -10,7 +10,12 @@
 - ``positions``: how a model encodes positions, and when a packed row keeps ALiBi models exact.
 - ``adapters``: PEFT wrappers (LoRA, DoRA, IA3): the one unwrapping, and why prompt learning is refused.
 - ``accept``: a batch or collator built without the model, checked against the model it meets.
-- ``select``: the ONE rule that says whether a model + backend + layout is exact, or refuses it.
+- ``facts``: everything the rule asks about a model (rules, mixers, device, compute dtype), read once
+  and cached per model until it changes.
+- ``verdict``: the rule's answer (exact with what the batch must carry, or refused with why) and the one
+  comparison of what a collator or batch carries with it.
+- ``select``: the ONE rule that says whether a model + backend + layout is exact, or refuses it, and the
+  backend table.
 - ``mixers``: layers that mix tokens without the mask (gated DeltaNet, Mamba, short convolutions, RWKV...),
   found and patched to run on each packed document alone.
 - ``mixer_documents``: where a forward's documents lie, seen from a layer inside it.

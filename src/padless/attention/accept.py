@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from padless.attention.adapters import base_model_of
+from padless.attention.verdict import BATCH_FIX as _FIX
 
-_FIX = "build the collator with PackingCollator.for_model(model, ...)"
 _MASK_FIX = ("drop the 'attention_mask' key (the restarted position_ids mark the documents) or let the collator "
              "make the mask (PackingCollator.for_model(model, ...))")
 _CHECKED: dict[int, tuple[weakref.ref, Any]] = {}
@@ -55,7 +55,7 @@ def _remember(mask: Any, window: Any) -> None:
 
 
 def carried_inputs(batch: Mapping[str, Any]) -> str:
-    """What ``batch`` carries for attention (:data:`padless.attention.select.AttentionInputs`)."""
+    """What ``batch`` carries for attention (:data:`padless.layout.AttentionInputs`)."""
     if "cu_seq_lens_q" in batch or "cu_seq_lens_k" in batch:
         return "varlen"
     mask = batch.get("attention_mask")
@@ -82,43 +82,26 @@ def row_documents(batch: Mapping[str, Any]) -> list[list[int]]:
 def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` unless ``model(**batch)`` computes for every packed document exactly what
     the document computes alone, by the one rule; return otherwise. Padded batches (a 2D
-    ``attention_mask``) pass unchecked: they are not packed."""
-    from padless.attention.select import (
-        attention_free,
-        backend_inputs,
-        check_exact,
-        compute_target,
-        mask_windows,
-        model_inputs,
-    )
+    ``attention_mask``) pass unchecked: they are not packed. What the batch carries is compared with
+    the rule's :class:`padless.attention.verdict.Verdict` by the comparison :func:`padless.check_collator`
+    makes of a collator's settings (:func:`padless.attention.verdict.mismatch`), then its 4D masks
+    entry by entry with the verdict's windows."""
+    from padless.attention import select
+    from padless.attention.verdict import mismatch
 
     check_attention_mask(batch)
     kind = carried_inputs(batch)
     if kind == "padding":  # one document per row (check_attention_mask): a padded batch
         return
-    inner = base_model_of(model)
-    backend = inner.config._attn_implementation
+    backend = base_model_of(model).config._attn_implementation
     docs = row_documents(batch)
-    longest = max(max(r) for r in docs)
-    device, dtype = compute_target(inner)  # where this forward runs (autocast counts)
-    check_exact(model, backend, device=device, dtype=dtype, max_length=longest)
-    needed = model_inputs(model, backend)
-    if kind == "position_ids" and backend_inputs(backend) == "mask4d" and not attention_free(model):
-        from padless.attention.rules import attention_rules
-
-        if not attention_rules(model).masks_from_position_ids:
-            raise ValueError(f"this batch carries position_ids alone, and {type(inner).__name__} does not build its "
-                             f"masks from them, so its documents would attend to each other; {_FIX}")  # fmt: skip
-        if batch.get("use_cache", True) is not False:
-            raise ValueError("this batch carries position_ids alone without use_cache=False; with a cache transformers "
-                             f"does not look for documents in them; {_FIX}")  # fmt: skip
-        return
-    if kind != needed:
-        raise ValueError(f"this batch carries {kind!r} attention inputs, but attn_implementation={backend!r} "
-                         f"isolates documents only with {needed!r}; {_FIX}")  # fmt: skip
-    if kind != "mask4d":
-        return
-    _check_masks(batch["attention_mask"], mask_windows(model, longest), docs, inner.dtype)
+    # where this forward runs (autocast counts), for this batch's longest document
+    verdict = select.check_exact(model, backend, max_length=max(max(r) for r in docs))
+    reason = mismatch(verdict, kind, subject="batch", use_cache=batch.get("use_cache", True))
+    if reason is not None:
+        raise ValueError(reason)
+    if kind == "mask4d":
+        _check_masks(batch["attention_mask"], verdict.windows, docs, verdict.mask_dtype)
 
 
 def _check_masks(mask: Any, windows: Any, docs: list[list[int]], dtype: Any) -> None:

@@ -118,7 +118,7 @@ def document_layout(kwargs: dict[str, Any], batch: int, length: int, device: Any
     elif cu is None and pos is None:
         raise ValueError(
             "padless attention received neither position_ids nor cu_seq_lens_q, so it cannot tell where "
-            "documents start; wrap the forward in padless.packed_documents(position_ids=...)"
+            "documents start; wrap the forward in padless.attention.backend.packed_documents(position_ids=...)"
         )
     if pos is not None:
         if pos.shape[-1] != length:

@@ -5,7 +5,7 @@ in backward outside the model's forward, and left padding restarts position ids 
 answers "which documents does this layer's input hold?" in each of those cases, for
 :mod:`padless.attention.mixers`. Sources, first found wins: ``cu_seq_lens_q`` or ``position_ids``
 among the layer's own arguments; what the enclosing decoder layer resolved; a
-:func:`padless.packed_documents` context; the ``position_ids`` given to the model's forward (captured
+:func:`padless.attention.backend.packed_documents` context; the ``position_ids`` given to the model's forward (captured
 by a hook on each transformers base model).
 """
 
@@ -39,7 +39,7 @@ class Documents:
     cu_seqlens: torch.Tensor | None
     """``[N + 1]`` offsets over the flat ``B * L`` tokens; ``None``: one document per row."""
     explicit: bool
-    """Sent as boundaries (``cu_seq_lens_q``, :func:`padless.packed_documents`), not inferred from
+    """Sent as boundaries (``cu_seq_lens_q``, :func:`padless.attention.backend.packed_documents`), not inferred from
     ``position_ids`` restarts (which also happen under left padding)."""
 
 
@@ -47,7 +47,7 @@ def layer_documents(hidden: torch.Tensor, call: dict[str, Any]) -> Documents:
     """The documents of a layer's input ``hidden`` ``[B, L, ...]``; ``call``: the layer's arguments by
     name. Sources, first found wins: ``cu_seq_lens_q`` or ``position_ids`` among ``call``; the
     documents the enclosing decoder layer resolved (see :func:`_hook_checkpointed_layers`); a
-    :func:`padless.packed_documents` context; the ``position_ids`` given to the model's forward. A new
+    :func:`padless.attention.backend.packed_documents` context; the ``position_ids`` given to the model's forward. A new
     document starts wherever a position is not its predecessor + 1, unless a 2D padding mask was given
     (transformers' rule: position_ids mark packed documents only without a mask)."""
     cu = sent_boundaries(call) if "cu_seq_lens_q" in call else None
@@ -131,7 +131,7 @@ def _text_positions(pos: torch.Tensor) -> torch.Tensor:
 
 def _hook_checkpointed_layers(model: Any, mixer_names: list[str]) -> None:
     """Gradient checkpointing re-runs a decoder layer's forward during backward, outside the model's
-    forward and outside any :func:`padless.packed_documents` context: the mixers would then see no
+    forward and outside any :func:`padless.attention.backend.packed_documents` context: the mixers would then see no
     documents and recompute other values (wrong gradients, or a CheckpointError). So the decoder layer
     around each mixer (a transformers ``GradientCheckpointingLayer``) resolves the documents in a
     forward pre-hook, and its checkpoint function is wrapped so that the function it checkpoints runs,

@@ -15,7 +15,7 @@ attention. These layers are causal, so trailing padding cannot change the tokens
 tests/attention/test_mixers.py checks packed == alone for every family, padding inside groups.
 
 Where a forward's documents come from is :mod:`padless.attention.mixer_documents`: boundaries sent
-(``cu_seq_lens_q``, :func:`padless.packed_documents`), or restarts of ``position_ids``, which count
+(``cu_seq_lens_q``, :func:`padless.attention.backend.packed_documents`), or restarts of ``position_ids``, which count
 only without a 2D padding mask (transformers' own rule; left-padded generation restarts them too).
 A forward with one document per row, or with padding, runs the layer unchanged; a packed row that
 comes with a cache or recurrent state is refused (the state would span documents).
@@ -40,6 +40,7 @@ from typing import Any
 
 from padless.attention.mixer_documents import _capture_model_positions, _hook_checkpointed_layers, layer_documents
 from padless.attention.per_document import CACHE_ARGS, MASK_ARGS, run_per_document, run_with_boundaries
+from padless.devices import device_of
 
 PER_DOCUMENT, KERNEL = "per_document", "kernel_cu_seqlens"
 
@@ -88,6 +89,9 @@ _SUSPECT_SUFFIXES = ("Mixer", "MambaLayer", "ShortConv", "DeltaNet", "DeltaAtten
 """Class-name endings of token mixers of kinds padless does not know (reported ``unknown``)."""
 _MARK = "_padless_per_document"  # on a patched layer: (kind, max_padding, kernels)
 _CLASSES: dict[type, type] = {}  # layer class -> its per-document subclass
+_PATCHES = [0]
+"""Bumped whenever :func:`enable_per_document_mixers` or :func:`disable_per_document_mixers` changes a
+layer: the model facts cached by :func:`padless.attention.facts.model_facts` are read again after it."""
 _SIGNATURES: dict[type, tuple[inspect.Signature, str, str | None]] = {}
 
 
@@ -134,22 +138,28 @@ def _how(kind: str, device_type: str, kernels: bool = False) -> str:
 
 
 def _device_type(model: Any) -> str:
-    for p in model.parameters():
-        return p.device.type
-    return "cpu"
+    import torch
+
+    return torch.device(device_of(model)).type
 
 
-def mixer_layers(model: Any) -> list[MixerInfo]:
+def patches() -> int:
+    """How many times mixer layers were patched or restored in this process (a cache key)."""
+    return _PATCHES[0]
+
+
+def mixer_layers(model: Any, modules: Any = None) -> list[MixerInfo]:
     """Every token-mixing layer of ``model`` that is not softmax attention (outermost matches only: the
     RG-LRU inside a RecurrentGemma block is part of that block), with how packed documents are kept
     apart in it on the model's current device. An object without modules (a bare config, a stand-in
-    for a model) has no layers to list."""
+    for a model) has no layers to list. ``modules``: ``model.named_modules()`` already listed (the
+    model facts walk the tree once for every question)."""
     if not hasattr(model, "named_modules"):
         return []
     device_type = _device_type(model)
     found: list[MixerInfo] = []
     inside: list[str] = []
-    for name, module in model.named_modules():
+    for name, module in model.named_modules() if modules is None else modules:
         if any(name.startswith(p + ".") for p in inside):
             continue
         kind = _kind_of(module)
@@ -186,16 +196,20 @@ def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25, kernels
     names = []
     for info in layers:
         module = model.get_submodule(info.name)
-        module.__class__ = _per_document_class(_base_class(module))
-        setattr(module, _MARK, (info.kind, max_padding, kernels))
+        patched, mark = _per_document_class(_base_class(module)), (info.kind, max_padding, kernels)
+        if module.__class__ is not patched or getattr(module, _MARK, None) != mark:
+            _PATCHES[0] += 1  # a layer changed: facts read before are stale
+        module.__class__ = patched
+        setattr(module, _MARK, mark)
         names.append(info.name)
     return names
 
 
-def mixer_refusal(model: Any) -> str | None:
+def mixer_refusal(model: Any, layers: list[MixerInfo] | None = None) -> str | None:
     """Why packed rows would not be exact in ``model``'s token mixers (``None``: it has none, or every
-    one is patched by :func:`enable_per_document_mixers`): for the exactness rule to cite."""
-    layers = mixer_layers(model)
+    one is patched by :func:`enable_per_document_mixers`): for the exactness rule to cite. ``layers``:
+    :func:`mixer_layers` already found."""
+    layers = mixer_layers(model) if layers is None else layers
     unknown = [m.name for m in layers if m.kind == "unknown"]
     if unknown:
         return f"layers {', '.join(unknown)} mix tokens in a way padless cannot split by document"
@@ -203,13 +217,14 @@ def mixer_refusal(model: Any) -> str | None:
     if unpatched:
         kinds = sorted({m.kind for m in layers if m.name in unpatched})
         return (f"{len(unpatched)} token-mixing layers ({', '.join(kinds)}) carry state along the whole row, "
-                "across documents; call padless.enable_per_document_mixers(model) first")  # fmt: skip
+                "across documents; call padless.attention.mixers.enable_per_document_mixers(model) first")  # fmt: skip
     return None
 
 
 def disable_per_document_mixers(model: Any) -> list[str]:
     """Undo :func:`enable_per_document_mixers`: the layers run their own forward again over the whole
     row (the hooks it added stay, inert); return the names restored."""
+    _PATCHES[0] += 1
     names = []
     for name, module in model.named_modules():
         if getattr(module, _MARK, None) is not None:

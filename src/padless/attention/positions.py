@@ -14,7 +14,7 @@ whether transformers 5.24 lets a packed batch reach that is per model, as measur
   float32, so bfloat16 scores pass through unchanged (max |logit diff| 0 for a 32-token document at
   the start of a 1,024-token row) and float32 ones pick up rounding that grows with the row
   (1.4e-6 at 2,048 tokens with the default init; 2.0e-5 at 1,024 with init std 0.2 and logits up
-  to 6.2, inside :data:`padless.TOLERANCES` float32: 1e-5 + 1e-5 x 6.2).
+  to 6.2, inside :data:`padless.isolation.verify.TOLERANCES` float32: 1e-5 + 1e-5 x 6.2).
 - **BLOOM** builds its ALiBi from a 2D ``attention_mask`` (cumsum): a 4D mask fails inside
   transformers ("too many values to unpack"), and without one documents attend to each other. Refused.
 - **Falcon** (``alibi=True``) fails the same way with a 4D mask; with restarted ``position_ids`` and

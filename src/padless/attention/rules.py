@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from padless.attention.adapters import adapter_refusal, base_model_of
+from padless.layout import MaskWindows  # noqa: F401 (re-exported: the row vocabulary lives in padless.layout)
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 ATTENTION_LAYER_TYPES = (FULL, SLIDING)
@@ -45,10 +46,6 @@ _SLIDING_MASK_MARKS = ("sliding_window_causal_mask", SLIDING, "sliding_window_ma
 window setting and none of these (Moshi, OLMoE in transformers 5.24) builds a plain causal mask on
 sdpa / eager, so its packed mask must not carry a window either."""
 
-MaskWindows = int | dict[str, int | None] | None
-"""What the 4D mask path sends: ``None`` one block-causal mask for every layer; ``w`` one mask with
-a window of ``w`` tokens for every layer; a dict layer type -> window (``None``: no window), sent as
-a dict of masks that the model picks from per layer."""
 
 _MASK_DICT_MARK = "causal_mask_mapping := attention_mask, dict"
 _SINK_MARK = "s_aux="

@@ -1,61 +1,50 @@
-"""The one rule that says whether a packed batch is exact on a (model, backend, device, dtype).
+"""The one rule that says whether a packed batch is exact on a (model, backend, device, dtype), and
+the backend table it reads.
 
 Each transformers attention backend is described by a :class:`BackendSpec`: what a packed batch
-must carry for it (:data:`AttentionInputs`) and why it would *not* isolate documents for a given
-model, device and dtype. :func:`check_exact` is the one rule (model, backend, device, dtype, row
-length -> exact, or ``ValueError`` naming a backend that is); :func:`resolve_backend` picks the
-fastest backend it accepts. The collator's ``for_model``, ``verify`` and the bench ask them, never a
+must carry for it (:data:`padless.layout.AttentionInputs`) and why it would *not* isolate documents
+for a given model, device and dtype. :func:`decide` is the one rule (model facts
+(:mod:`padless.attention.facts`), backend, row length, layout -> :class:`padless.attention.verdict.Verdict`:
+exact with what the batch must carry, or refused naming a backend that is exact); :func:`check_exact`
+is its public face (a model or config in, the exact verdict out, else ``ValueError``), and
+:func:`resolve_backend` picks the fastest backend it accepts. The collator's ``for_model``,
+:func:`padless.check_collator`, :func:`padless.check_batch`, ``verify`` and the bench ask them, never a
 rule of their own, so they cannot disagree.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from padless.attention.kernels import flash_boundary_refusal, head_dim_of, kernel_refusal
-from padless.attention.rules import AttentionRules, MaskWindows, attention_rules, config_of, model_class_of
+from padless.attention.facts import MixerState, ModelFacts, attention_free, model_facts  # noqa: F401 (re-exported)
+from padless.attention.kernels import flash_boundary_refusal, kernel_refusal
+from padless.attention.verdict import Verdict
+from padless.devices import compute_target  # noqa: F401 (re-exported: the one compute dtype)
+from padless.layout import ATTENTION_INPUTS, LAYOUTS, AttentionInputs, Layout, MaskWindows  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     import torch
 
-AttentionInputs = Literal["mask4d", "varlen", "position_ids"]
-"""What a packed batch carries so the attention backend isolates documents:
-``mask4d`` a 4D additive block-causal float mask (SDPA, eager); ``varlen`` cumulative sequence
-lengths ``cu_seq_lens_q/k`` and ``max_length_q/k`` (padless varlen, flash-attn); ``position_ids``
-restarted position ids alone (flash-attn's own detection)."""
-ATTENTION_INPUTS: tuple[str, ...] = ("mask4d", "varlen", "position_ids")
-
-Layout = Literal["documents", "shared_prompt"]
-"""How a row is laid out: ``documents`` (each document attends to itself only: SFT packing, preference
-pairs with ``share_prompt=False``) or ``shared_prompt`` (a prompt once, several completions attending
-to it and not to each other: :class:`padless.PreferenceCollator`, :class:`padless.RolloutCollator`)."""
-LAYOUTS: tuple[str, ...] = ("documents", "shared_prompt")
-
 
 @dataclass(frozen=True)
-class _Target:
-    device: torch.device
-    dtype: torch.dtype
-    config: Any
-    model_class: type | None
+class _Case:
+    """One question put to the rule: these model facts, with this backend, for rows of this length
+    and layout. The refusals read the facts through it."""
+
+    facts: ModelFacts
+    backend: str
     max_length: int | None
-    rules: AttentionRules
-    head_dim: int | None = None
-    """The attention head size (``None``: unknown), for the fused kernels' limits."""
-    backend: str = ""
-    """The backend being judged (set by :func:`_reason`)."""
     layout: str = "documents"
-    """:data:`Layout` of the rows."""
-    attention_free: bool = False
-    """:func:`attention_free`: no softmax attention runs, so no backend is involved."""
-    mixers: str | None = None
-    """What the model's token mixers that are not softmax attention need (:mod:`padless.attention.mixers`):
-    ``None`` none found (a bare config: unknown), ``""`` found and every one runs per document, else
-    :func:`padless.attention.mixers.mixer_refusal`'s reason."""
+
+    rules = property(lambda self: self.facts.rules)
+    config = property(lambda self: self.facts.config)
+    model_class = property(lambda self: self.facts.model_class)
+    device = property(lambda self: self.facts.device)
+    dtype = property(lambda self: self.facts.dtype)
+    head_dim = property(lambda self: self.facts.head_dim)
+    attention_free = property(lambda self: self.facts.attention_free)
 
 
 @dataclass(frozen=True)
@@ -65,15 +54,15 @@ class BackendSpec:
     inputs: AttentionInputs
     """What the collator must send: ``varlen`` (position_ids + cu_seq_lens_q/k, max_length_q/k, no
     attention_mask), ``mask4d`` (4D float additive block-causal mask + position_ids) or ``position_ids``."""
-    refuse: Callable[[_Target], str | None]
+    refuse: Callable[[_Case], str | None]
     """Why the backend cannot guarantee isolation for a model, device and dtype (None: it can)."""
 
 
-def _lacks(t: _Target, flag: str) -> bool:
+def _lacks(t: _Case, flag: str) -> bool:
     return t.model_class is not None and not getattr(t.model_class, flag, False)
 
 
-def _refuse_model(t: _Target) -> str | None:
+def _refuse_model(t: _Case) -> str | None:
     """What no backend can make exact: the model's own rules reach across the whole row."""
     r = t.rules
     if r.adapter is not None:
@@ -92,14 +81,16 @@ def _refuse_model(t: _Target) -> str | None:
     if r.offset_positions:
         return ("the model numbers positions from padding_idx + 1 when it computes them itself (RoBERTa family), "
                 "so position ids restarted at 0 would give each packed document other positions than it has alone")  # fmt: skip
-    if t.mixers:  # found and not all per-document
-        return t.mixers
-    others = r.other_layer_types if t.mixers is None else tuple(x for x in r.other_layer_types if x not in MIXER_LAYER_TYPES)
+    mixers = t.facts.mixers
+    if mixers is MixerState.REFUSED:
+        return t.facts.mixer_reason
+    found = mixers is not MixerState.NONE_FOUND
+    others = tuple(x for x in r.other_layer_types if x not in MIXER_LAYER_TYPES) if found else r.other_layer_types
     if others:
         kinds = ", ".join(map(repr, others))
         fix = ""
-        if t.mixers is None and any(x in MIXER_LAYER_TYPES for x in others):
-            fix = ("; on a model (not a bare config), padless.enable_per_document_mixers(model) runs them on each "
+        if not found and any(x in MIXER_LAYER_TYPES for x in others):
+            fix = ("; on a model (not a bare config), padless.attention.mixers.enable_per_document_mixers(model) runs them on each "
                    "document alone (PackingCollator.for_model calls it)")
         return (f"layers of type {kinds} mix tokens without the attention mask (recurrent, linear, convolution or "
                 f"sparse-indexed layers), so their state runs along the whole row, across documents{fix}")  # fmt: skip
@@ -108,51 +99,10 @@ def _refuse_model(t: _Target) -> str | None:
 
 MIXER_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "mamba", "attention")
 """``config.layer_types`` entries exact once every token mixer found in the model runs per document
-(:func:`padless.enable_per_document_mixers`): gated DeltaNet / Kimi delta / lightning attention / Mamba
+(:func:`padless.attention.mixers.enable_per_document_mixers`): gated DeltaNet / Kimi delta / lightning attention / Mamba
 mixers (``linear_attention``, ``mamba``), LFM2 short convolutions (``conv``), Falcon-H1 / Zamba's
 parallel or shared blocks (``hybrid``) and GraniteMoeHybrid's name for softmax attention
 (``attention``). Other non-attention types (``indexed_attention``, compressed attention) stay refused."""
-
-
-def attention_free(model_or_config: Any) -> bool:
-    """A model (not a bare config: a config cannot show its layers) that runs no softmax attention and
-    whose token mixers all run per document: its forward takes ``position_ids`` only through
-    ``**kwargs`` (Mamba, Mamba2, Falcon-Mamba, RWKV, xLSTM in transformers 5.24: no position embeddings
-    either), every token mixer is patched (:func:`padless.attention.mixers.mixer_refusal` is ``None``)
-    and no module outside the mixers is an ``*Attention`` class. Restarted ``position_ids`` passed as a
-    keyword then reach the mixers (the hook of :mod:`padless.attention.mixer_documents`), whatever
-    ``attn_implementation`` says, since no attention runs; the batch carries no ``attention_mask``,
-    which these models read as a 2D padding mask."""
-    if model_or_config is None or not hasattr(model_or_config, "named_modules"):
-        return False
-    model_class = model_class_of(model_or_config)
-    params = inspect.signature(model_class.forward).parameters if model_class is not None else {}
-    if "position_ids" in params or not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return False
-    if _mixer_state(model_or_config) != "":
-        return False
-    from padless.attention.mixers import mixer_layers
-
-    mixers = [m.name for m in mixer_layers(model_or_config)]
-    inside = lambda name: any(name == m or name.startswith(m + ".") for m in mixers)  # noqa: E731
-    return not any(type(module).__name__.endswith("Attention") and not inside(name)
-                   for name, module in model_or_config.named_modules())  # fmt: skip
-
-
-def _mixer_state(model_or_config: Any) -> str | None:
-    """:attr:`_Target.mixers` for a model or config."""
-    if model_or_config is None or not hasattr(model_or_config, "named_modules"):
-        return None
-    from padless.attention.mixers import mixer_layers, mixer_refusal
-
-    if not mixer_layers(model_or_config):
-        return None
-    reason = mixer_refusal(model_or_config)
-    if reason is None:
-        return ""
-    if "enable_per_document_mixers" in reason:
-        reason += " (PackingCollator.for_model and the other collators' for_model call it)"
-    return reason
 
 
 _NO_BOUNDARIES = "decoder layers pass its attention no position_ids or document boundaries"
@@ -180,13 +130,13 @@ def _head_sizes(config: Any) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _flash_softcap_dropout(t: _Target) -> str | None:
+def _flash_softcap_dropout(t: _Case) -> str | None:
     if t.rules.softcap is not None and t.rules.dropout > 0:
         return "flash-attn has no attention dropout together with logit soft-capping (attention_dropout > 0)"
     return None
 
 
-def _refuse_padless(t: _Target) -> str | None:
+def _refuse_padless(t: _Case) -> str | None:
     if _lacks(t, "_supports_attention_backend"):
         return f"{t.model_class.__name__} does not pass position_ids and attention kwargs to its attention layers"
     model_type = getattr(t.config.get_text_config() if hasattr(t.config, "get_text_config") else t.config, "model_type", None)
@@ -208,7 +158,7 @@ def _refuse_padless(t: _Target) -> str | None:
     return None
 
 
-def _refuse_mask4d(t: _Target, name: str, flag: str | None) -> str | None:
+def _refuse_mask4d(t: _Case, name: str, flag: str | None) -> str | None:
     if flag and _lacks(t, flag):
         return f"{t.model_class.__name__} does not support attn_implementation={name!r}"
     if not t.rules.takes_4d_mask:
@@ -229,7 +179,7 @@ def _refuse_mask4d(t: _Target, name: str, flag: str | None) -> str | None:
     return None
 
 
-def _refuse_flash2(t: _Target) -> str | None:
+def _refuse_flash2(t: _Case) -> str | None:
     kernel = kernel_refusal("flash_attn", t.device, t.dtype, t.head_dim, name="flash_attention_2")
     if kernel is not None:
         return kernel
@@ -238,7 +188,7 @@ def _refuse_flash2(t: _Target) -> str | None:
     return flash_boundary_refusal(t.model_class) or _flash_softcap_dropout(t)
 
 
-def _refuse_flex(t: _Target) -> str | None:
+def _refuse_flex(t: _Case) -> str | None:
     if t.device.type == "cpu":
         return "FlexAttention has no backward on CPU in torch 2.13 and crashes the process with 4D masks"
     if _lacks(t, "_supports_flex_attn"):
@@ -278,69 +228,52 @@ def model_inputs(model_or_config: Any, backend: str) -> AttentionInputs:
     """What a packed batch must carry for ``backend`` on this model: :func:`backend_inputs`, except that a
     model with chunked attention (Llama 4) on a 4D-mask backend gets restarted ``position_ids`` alone,
     from which transformers builds per-document chunked masks itself (a 4D mask would replace its
-    chunks); :func:`check_exact` accepts that only where the model builds its masks from position ids."""
+    chunks); :func:`check_exact` accepts that only where the model builds its masks from position ids.
+    ``model_or_config`` may be its :class:`padless.attention.facts.ModelFacts`."""
+    return _inputs(model_facts(model_or_config), backend)
+
+
+def _inputs(facts: ModelFacts, backend: str) -> AttentionInputs:
     inputs = backend_inputs(backend)
-    if attention_free(model_or_config):  # no attention runs: restarted position_ids reach the mixers
+    if facts.attention_free:  # no attention runs: restarted position_ids reach the mixers
         return "position_ids"
-    rules = attention_rules(model_or_config) if model_or_config is not None else None
-    if inputs == "mask4d" and rules is not None and rules.chunk_size is not None and rules.masks_from_position_ids:
+    rules = facts.rules
+    if inputs == "mask4d" and rules.chunk_size is not None and rules.masks_from_position_ids:
         return "position_ids"
     return inputs
 
 
-def compute_target(model_or_config: Any, device: Any = None, dtype: Any = None) -> tuple[torch.device, torch.dtype]:
-    """Where the attention of a training step will run: ``(device, compute dtype)``.
-
-    ``device`` defaults to the device of the model's parameters (the CPU for a config), ``dtype`` to
-    the model's dtype (float32 for a config). Give both when the weights are not yet where training
-    runs: a collator built before ``model.to("cuda")``, under FSDP / DeepSpeed, or for fp32 master
-    weights trained under bf16 autocast (``Trainer(bf16=True)``). Autocast enabled for the device's
-    type when this is called counts too: its dtype is the compute dtype."""
-    import torch
-
-    if device is None:
-        params = model_or_config.parameters() if hasattr(model_or_config, "parameters") else iter(())
-        first = next(params, None)
-        device = first.device if first is not None else "cpu"
-    device = torch.device(device)
-    if torch.is_autocast_enabled(device.type):
-        return device, torch.get_autocast_dtype(device.type)
-    if dtype is None:
-        dtype = getattr(model_or_config, "dtype", None) if hasattr(model_or_config, "forward") else None
-    if dtype is None:
-        dtype = torch.float32
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype must be a torch dtype (torch.bfloat16, ...), got {dtype!r}")
-    return device, dtype
+def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | None, layout: str = "documents") -> _Case:
+    """The question about a model (or its facts) before a backend is named."""
+    return _case(model_facts(model_or_config, device, dtype), None, max_length, layout)
 
 
-def _target(model_or_config: Any, device: Any, dtype: Any, max_length: int | None, layout: str = "documents") -> _Target:
+def _case(facts: ModelFacts | None, backend: str | None, max_length: int | None, layout: str) -> _Case:
+    """The question, its arguments checked (``backend=None``: none named yet)."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if max_length is not None and max_length < 1:
         raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    config = config_of(model_or_config)
-    device, dtype = compute_target(model_or_config, device, dtype)
-    return _Target(device, dtype, config, model_class_of(model_or_config), max_length,
-                   attention_rules(model_or_config), head_dim=head_dim_of(config), layout=layout,
-                   mixers=_mixer_state(model_or_config), attention_free=attention_free(model_or_config))  # fmt: skip
+    return _Case(facts, backend or "", max_length, layout)  # type: ignore[arg-type]
 
 
-def _reason(target: _Target, backend: str) -> str | None:
-    target = dataclasses.replace(target, backend=backend)
+def _reason(target: _Case, backend: str) -> str | None:
+    target = _Case(target.facts, backend, target.max_length, target.layout)
     if target.attention_free:  # no attention runs: the backend's limits do not matter
         return _refuse_model(target) or _refuse_attention_free_layout(target)
     return _refuse_model(target) or BACKENDS[backend].refuse(target) or _refuse_layout(target)
 
 
-def _refuse_attention_free_layout(t: _Target) -> str | None:
+def _refuse_attention_free_layout(t: _Case) -> str | None:
     if t.layout == "shared_prompt":
         return ("a shared-prompt tree needs attention to let completions see the prompt; the state-space / "
                 "recurrent mixers of a model without attention run each document alone")
     return None
 
 
-def _refuse_layout(t: _Target) -> str | None:
+def _refuse_layout(t: _Case) -> str | None:
     """What a shared-prompt tree needs beyond document isolation."""
     if t.layout != "shared_prompt":
         return None
@@ -362,13 +295,15 @@ def check_exact(
     dtype: torch.dtype | None = None,
     max_length: int | None = None,
     layout: Layout = "documents",
-) -> None:
-    """The one rule: return if packed rows trained with attention ``backend`` on ``model_or_config``
-    (a transformers model or config; ``None``: no model-specific rule) on ``device`` in ``dtype``
-    (where training will run and its compute dtype: :func:`compute_target` fills them from the model
-    and the autocast state when not given) compute exactly what each document computes alone, else
-    raise ``ValueError`` naming a backend that does (or saying that none does). ``max_length`` bounds the tokens of a document in a row
-    (``None``: unbounded); a sliding window at least that long never cuts a document. ``layout``
+) -> Verdict:
+    """The one rule: the exact :class:`padless.attention.verdict.Verdict` (what the batch must carry)
+    if packed rows trained with attention ``backend`` on ``model_or_config`` (a transformers model or
+    config, or its :class:`padless.attention.facts.ModelFacts`; ``None``: no model-specific rule) on
+    ``device`` in ``dtype`` (where training will run and its compute dtype:
+    :func:`padless.devices.compute_target` fills them from the model and the autocast state when not
+    given) compute exactly what each document computes alone, else raise ``ValueError`` naming a
+    backend that does (or saying that none does). ``max_length`` bounds the tokens of a document in a
+    row (``None``: unbounded); a sliding window at least that long never cuts a document. ``layout``
     (:data:`Layout`): ``shared_prompt`` rows also need a backend that expresses the tree.
 
     Checked: the model's own attention rules (:func:`padless.attention.rules.attention_rules`:
@@ -377,29 +312,41 @@ def check_exact(
     head size: :mod:`padless.attention.kernels`) and whether the model's flash-attention code carries
     document boundaries to the kernel. The collator's ``for_model``,
     :func:`resolve_backend`, :func:`padless.verify_isolation`, the preference and rollout collators
-    and the bench all ask this function."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    target = _target(model_or_config, device, dtype, max_length, layout)
-    reason = _reason(target, backend)
-    if reason is None:
-        return
-    alternative, reasons = _first_exact(target)
-    if alternative:
-        advice = f"use backend {alternative!r}"
-    elif all(r.endswith(": " + reason) for r in reasons):  # the model's own rule: the same for every backend
-        advice = "no attention backend can"
-    else:
-        advice = "no attention backend can (" + "; ".join(reasons) + ")"
-    raise ValueError(
-        f"attention backend {backend!r} cannot guarantee isolated packed documents here: {reason}; {advice}"
-    )
+    and the bench all ask this function (or :func:`decide`, its answer without the raise)."""
+    _case(None, backend, max_length, layout)  # bad arguments are named before the model is read
+    facts = model_facts(model_or_config, device, dtype)
+    return decide(facts, backend, max_length=max_length, layout=layout).require()
+
+
+def decide(facts: ModelFacts, backend: str, *, max_length: int | None = None, layout: Layout = "documents") -> Verdict:
+    """The rule's :class:`padless.attention.verdict.Verdict` on ``facts`` (:func:`padless.attention.facts.model_facts`)
+    for ``backend``, rows whose documents hold at most ``max_length`` tokens and ``layout``: exact with
+    what the batch must carry, or refused with why and a backend that is exact. Bad arguments (an
+    unknown backend or layout) raise ``ValueError``; a refusal does not (:meth:`Verdict.require` does)."""
+    case = _case(facts, backend, max_length, layout)
+    reason = _reason(case, backend)
+    inputs = _inputs(facts, backend)
+    message = None
+    if reason is not None:
+        alternative, reasons = _first_exact(case)
+        if alternative:
+            advice = f"use backend {alternative!r}"
+        elif all(r.endswith(": " + reason) for r in reasons):  # the model's own rule: the same for every backend
+            advice = "no attention backend can"
+        else:
+            advice = "no attention backend can (" + "; ".join(reasons) + ")"
+        message = f"attention backend {backend!r} cannot guarantee isolated packed documents here: {reason}; {advice}"
+    windows = mask_windows(facts, max_length) if reason is None and inputs == "mask4d" else None
+    return Verdict(model=facts.name, backend=backend, max_length=max_length, layout=layout, reason=reason,
+                   message=message, inputs=inputs, backend_inputs=BACKENDS[backend].inputs, windows=windows,
+                   mask_dtype=facts.weights_dtype, positions_alone=facts.rules.masks_from_position_ids,
+                   attention_free=facts.attention_free, model_class=facts.base_class or "this model")  # fmt: skip
 
 
 def mask_windows(model_or_config: Any, max_length: int | None) -> MaskWindows:
-    """The sliding windows a 4D packed mask must carry for this model and row length (see
-    :data:`padless.attention.rules.MaskWindows`)."""
-    return attention_rules(model_or_config).mask_windows(max_length)
+    """The sliding windows a 4D packed mask must carry for this model (or its
+    :class:`padless.attention.facts.ModelFacts`) and row length (see :data:`padless.layout.MaskWindows`)."""
+    return model_facts(model_or_config).rules.mask_windows(max_length)
 
 
 def resolve_backend(
@@ -426,14 +373,21 @@ def resolve_backend(
         if found is None:
             raise ValueError("no attention backend can isolate packed documents here (" + "; ".join(reasons) + ")")
         chosen = found
+    return use_backend(chosen)
+
+
+def use_backend(backend: str) -> str:
+    """``backend``, registered with transformers first where it is padless attention (idempotent), so
+    ``model.set_attn_implementation(backend)`` finds it: the one place padless registers its backend
+    when it is chosen (:func:`resolve_backend`, ``verify``)."""
     from padless.attention.backend import BACKEND_NAME, register_padless_attention
 
-    if chosen == BACKEND_NAME:
+    if backend == BACKEND_NAME:
         register_padless_attention()
-    return chosen
+    return backend
 
 
-def _first_exact(target: _Target) -> tuple[str | None, list[str]]:
+def _first_exact(target: _Case) -> tuple[str | None, list[str]]:
     """The fastest exact backend (None if none) and, per backend tried, why it was refused."""
     reasons = []
     for name in _PREFERENCE:

@@ -56,7 +56,7 @@ SHARED_PROMPT_BACKENDS: tuple[str, ...] = ("padless", "sdpa", "eager")
 def shared_prompt_refusal(backend: str) -> str | None:
     """Why ``backend`` cannot run the shared-prompt layout exactly (None: it can): this layout's part of
     the exact-or-refused rule, asked together with the backend's plain-packing refusal
-    (:func:`padless.resolve_backend`)."""
+    (:func:`padless.attention.select.resolve_backend`)."""
     if backend in SHARED_PROMPT_BACKENDS:
         return None
     if backend == "flash_attention_2":

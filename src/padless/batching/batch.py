@@ -5,7 +5,7 @@ verification, the guard, evaluation) reads.
 - :class:`Placements`: where every piece of every feature went (parallel numpy arrays), built
   straight from a flat plan's arrays (:meth:`Placements.from_plan`).
 - :data:`NOT_FORWARD`, :func:`forward_inputs`: the keys a loss reads that never reach ``forward()``.
-- :func:`batch_to`: a batch moved to a device; :func:`device_of`: a model's device.
+- :func:`batch_to`: a batch moved to a device; :func:`device_of` (from :mod:`padless.devices`): a model's device.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from padless.attention.host import remember_moved
+from padless.devices import device_of  # noqa: F401 (re-exported: the one device of a model)
 
 
 @dataclass(frozen=True)
@@ -110,11 +111,3 @@ def batch_to(batch: Mapping[str, Any], device: Any) -> dict[str, Any]:
     moved = {k: {t: move(m) for t, m in v.items()} if isinstance(v, dict) else move(v) for k, v in batch.items()}
     remember_moved(batch, moved)  # the attention reads the boundaries from the host copies: no device sync
     return type(batch)(moved, batch.placements) if isinstance(batch, PackedBatch) else moved
-
-
-def device_of(model: Any) -> Any:
-    """The device of ``model``'s parameters (``model.device`` where it has one), ``cpu`` for a model without any."""
-    device = getattr(model, "device", None)
-    if device is None:
-        device = next((p.device for p in model.parameters()), "cpu") if hasattr(model, "parameters") else "cpu"
-    return device

@@ -80,10 +80,9 @@ from typing import Any
 import numpy as np
 
 from padless.attention.accept import is_tree
-from padless.attention.select import Layout
 from padless.batching.batch import PackedBatch, Placements
 from padless.batching.rowformat import RowFormat
-from padless.layout import IGNORE_INDEX, check_tokens, cu_seqlens_from_lengths
+from padless.layout import IGNORE_INDEX, Layout, check_tokens, cu_seqlens_from_lengths
 from padless.planning.checks import check_int
 
 GROUP_OVERLONG: tuple[str, ...] = ("error", "truncate", "drop")
@@ -102,16 +101,23 @@ def check_batch_for_model(model: Any, batch: Any) -> None:
 
     A shared-prompt batch built for one backend is silently wrong on another: sdpa ignores the tree
     kwargs and would cut the completions off their prompt, and padless attention refuses a 4D mask.
-    Consumers such as ``sequence_logprobs`` call this before the forward."""
+    Consumers such as ``sequence_logprobs`` call this before the forward. Which backend takes what is
+    the backend table's (:data:`padless.attention.select.BACKENDS`): the tree kwargs are padless
+    attention's, a 4D mask is for the backends whose inputs are ``mask4d``."""
+    from padless.attention.backend import BACKEND_NAME
+    from padless.attention.select import BACKENDS
+
     backend = model.config._attn_implementation
-    if "tree_cu_seqlens" in batch and backend != "padless":
+    spec = BACKENDS.get(backend)
+    takes_mask4d = spec is not None and spec.inputs == "mask4d"
+    if "tree_cu_seqlens" in batch and backend != BACKEND_NAME:
         raise ValueError(f"this shared-prompt batch carries tree_cu_seqlens for padless attention, which "
                          f"attn_implementation={backend!r} ignores; build it with PreferenceCollator.for_model(model)")  # fmt: skip
     mask = batch.get("attention_mask")
-    if mask is not None and getattr(mask, "ndim", 0) == 4 and backend not in ("sdpa", "eager"):
+    if mask is not None and getattr(mask, "ndim", 0) == 4 and not takes_mask4d:
         raise ValueError(f"this batch carries a 4D mask for sdpa/eager, but the model uses {backend!r}; "
                          "build it with PreferenceCollator.for_model(model)")  # fmt: skip
-    if "tree_cu_seqlens" not in batch and mask is None and backend != "padless" and is_tree(batch):
+    if "tree_cu_seqlens" not in batch and mask is None and backend != BACKEND_NAME and is_tree(batch):
         raise ValueError(f"this shared-prompt batch has neither a tree mask nor tree kwargs; {backend!r} cannot run it")
     if "tree_cu_seqlens" not in batch and not is_tree(batch):  # documents only: the one batch check
         from padless.attention.accept import check_batch

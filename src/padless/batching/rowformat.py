@@ -12,10 +12,11 @@ and what shape the packed rows take (:class:`RowFormat`).
   (:func:`padless.attention.select.check_exact`) -> the backend's inputs -> the mask dtype and windows
   -> the vocabulary.
 - :func:`check_collator`: the check that a format built without the model fits it (the same rule,
-  read from the format's settings); it returns the format fitted (:class:`Fit`). A packing collator
-  collates only fitted, by one or the other, or made ``model_free=True``
-  (:meth:`RowFormat.check_fitted`); preference and rollout batches are checked where
-  ``sequence_logprobs`` reads them.
+  its settings compared with the rule's verdict); it returns the format fitted. A fitted format holds
+  the rule's :class:`padless.attention.verdict.Verdict` (:attr:`RowFormat.verdict`), and a packing
+  collator collates only fitted, by one or the other, with settings that still fit that verdict, or
+  made ``model_free=True`` (:meth:`RowFormat.check_fitted`, where a batch is built); preference and
+  rollout batches are checked where ``sequence_logprobs`` reads them.
 - :func:`round_up`: the one row-width rounding (``pad_to_multiple_of``).
 """
 
@@ -29,15 +30,23 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from padless.attention.adapters import base_model_of
-from padless.attention.rules import MaskWindows
-from padless.attention.select import ATTENTION_INPUTS, AttentionInputs, Layout
-from padless.batching.batch import device_of
-from padless.layout import append_separator, check_tokens, cu_seqlens_from_lengths
+from padless.devices import device_of
+from padless.layout import (
+    ATTENTION_INPUTS,
+    AttentionInputs,
+    Layout,
+    MaskWindows,
+    append_separator,
+    check_tokens,
+    cu_seqlens_from_lengths,
+)
 from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
 from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES
 
 if TYPE_CHECKING:
     import torch
+
+    from padless.attention.verdict import Verdict
 
 _Format = TypeVar("_Format", bound="RowFormat")
 
@@ -110,16 +119,6 @@ class FeatureSpec:
         return Sequences(all_ids, all_labels)
 
 
-@dataclass(frozen=True)
-class Fit:
-    """What a row format was fitted to (:attr:`RowFormat.fitted_to`)."""
-
-    model: str
-    """The model's class (the one an adapter wraps) and attention backend: ``"LlamaForCausalLM (sdpa)"``."""
-    settings: dict[str, Any]
-    """The format's :meth:`RowFormat.exactness_settings` when it was fitted."""
-
-
 def round_up(n: int, multiple: int | None) -> int:
     """``n`` rounded up to a multiple of ``multiple`` (``None`` or 0: ``n``): the one row-width rounding."""
     return n if not multiple else -(-n // multiple) * multiple
@@ -135,9 +134,9 @@ class RowFormat:
     max_length: int | None = None
     """Tokens per packed row. ``None``: the whole batch becomes one row (padding-free)."""
     strategy: str = "best_fit_decreasing"
-    """Planner strategy (:data:`padless.STRATEGIES`) used when ``max_length`` is set."""
+    """Planner strategy (:data:`padless.planning.plan.STRATEGIES`) used when ``max_length`` is set."""
     overlong: str = OVERLONG_DEFAULT
-    """Policy for a sequence (or group) longer than ``max_length`` (:data:`padless.OVERLONG_POLICIES`)."""
+    """Policy for a sequence (or group) longer than ``max_length`` (:data:`padless.planning.plan.OVERLONG_POLICIES`)."""
     pad_token_id: int = 0
     """Id written into padding at the end of a row."""
     pad_to_max_length: bool = False
@@ -145,7 +144,7 @@ class RowFormat:
     pad_to_multiple_of: int | None = None
     """Round the row length up to a multiple of this (tensor-core friendly shapes)."""
     attention: AttentionInputs = "mask4d"
-    """What the batch carries for the attention backend (see :data:`padless.attention.select.AttentionInputs`):
+    """What the batch carries for the attention backend (see :data:`padless.layout.AttentionInputs`):
     ``mask4d`` (sdpa, eager), ``varlen`` (padless attention, flash-attn) or ``position_ids``."""
     mask_dtype: torch.dtype | None = None
     """Dtype of the 4D additive mask: the dtype of the model's weights (default float32); under
@@ -158,12 +157,12 @@ class RowFormat:
     features: FeatureSpec = field(default_factory=FeatureSpec)
     """Token validation (vocabulary), the separator appended to every sequence (EOS) and per-token
     loss weights; shared with :class:`padless.PaddingCollator`."""
-    fitted_to: Fit | None = None
-    """The model this format was fitted to and the settings the one rule accepted for it: set by
-    :meth:`for_model` and :func:`check_collator`. ``None``: built without a model, and such a
-    :class:`padless.PackingCollator` refuses to collate (:attr:`needs_model`); any format whose
-    settings changed since it was fitted (``dataclasses.replace``) refuses too (:meth:`check_fitted`),
-    unless :attr:`model_free` says so."""
+    verdict: Verdict | None = None
+    """The one rule's verdict on the model this format was fitted to (its name, backend, row length,
+    layout and what the batch must carry): set by :meth:`for_model` and :func:`check_collator`.
+    ``None``: built without a model, and such a :class:`padless.PackingCollator` refuses to collate
+    (:attr:`needs_model`); a format whose settings no longer fit the verdict (``dataclasses.replace``)
+    refuses too (:meth:`check_fitted`), unless :attr:`model_free` says so."""
     model_free: bool = False
     """``True`` states that this format collates without knowing the model and that its batches are
     yours to check: a model-free batch cannot carry the model's sliding windows, chunked attention,
@@ -196,22 +195,25 @@ class RowFormat:
     and rollout collators set ``False``: their batches are read by ``sequence_logprobs``, which checks
     every (model, batch) pair (:func:`padless.check_batch`) before the forward."""
 
+    @property
+    def fitted_to(self) -> Verdict | None:
+        """:attr:`verdict` (its ``model`` names what this format was fitted to), by its earlier name."""
+        return self.verdict
+
     def check_fitted(self) -> None:
-        """Raise ``ValueError`` unless this format may collate: fitted to a model (:attr:`fitted_to`)
-        with the settings it has now, explicitly :attr:`model_free`, or of a kind that does not need the
-        model (:attr:`needs_model`). Collators call it once the features are validated, before they
-        build a batch, so no batch that some model would run contaminated leaves a collator that never
-        saw the model, and bad input is still reported by name."""
+        """Raise ``ValueError`` unless this format may collate: fitted to a model (:attr:`verdict`)
+        with settings that still fit the verdict, explicitly :attr:`model_free`, or of a kind that does
+        not need the model (:attr:`needs_model`). Collators call it once the features are validated,
+        before they build a batch, so no batch that some model would run contaminated leaves a
+        collator that never saw the model, and bad input is still reported by name."""
         if self.model_free:
             return
         name = type(self).__name__
-        if self.fitted_to is not None:
-            now = self.exactness_settings()
-            if now == self.fitted_to.settings:
+        if self.verdict is not None:
+            changed = self._unfit(self.verdict)
+            if not changed:
                 return
-            changed = ", ".join(f"{k} {self.fitted_to.settings[k]!r} -> {v!r}" for k, v in now.items()
-                                if self.fitted_to.settings.get(k) != v)  # fmt: skip
-            raise ValueError(f"this {name} was fitted to {self.fitted_to.model}, and since then its settings changed "
+            raise ValueError(f"this {name} was fitted to {self.verdict.model}, and since then its settings changed "
                              f"({changed}), which that model was not checked for; fit it again: "
                              f"{name}.for_model(model, ...) or padless.check_collator(model, collator)")  # fmt: skip
         if not self.needs_model:
@@ -224,8 +226,24 @@ class RowFormat:
             f"each batch to you (padless.check_batch(model, batch) before model(**batch))"
         )  # fmt: skip
 
+    def _unfit(self, verdict: Verdict) -> str:
+        """What of this format's settings does not fit ``verdict`` (empty: all of it fits): the row
+        length and layout it was judged for, then what the batch carries, by the comparison
+        :func:`padless.check_batch` makes of a batch (:func:`padless.attention.verdict.mismatch`)."""
+        import torch
+
+        from padless.attention.verdict import mismatch
+
+        judged = {"max_length": verdict.max_length, "layout": verdict.layout}
+        changed = [f"{k} {v!r} -> {getattr(self, k)!r}" for k, v in judged.items() if getattr(self, k) != v]
+        if changed:
+            return ", ".join(changed)
+        reason = mismatch(verdict, self.attention, subject="collator", windows=self.windows,
+                          mask_dtype=self.mask_dtype or torch.float32)  # fmt: skip
+        return "" if reason is None else reason.rsplit("; ", 1)[0]
+
     def exactness_settings(self) -> dict[str, Any]:
-        """The settings a model's exactness depends on (what :class:`Fit` records): the row length
+        """The settings a model's exactness depends on (what :attr:`verdict` is checked against): the row length
         (windows and refusals depend on the longest document), the attention inputs, the mask's
         windows and dtype, the layout. Padding, planner and validation settings do not matter."""
         windows = tuple(sorted(self.windows.items())) if isinstance(self.windows, dict) else self.windows
@@ -239,7 +257,7 @@ class RowFormat:
 
     @classmethod
     def layout_of(cls, options: Mapping[str, Any]) -> Layout:
-        """The row layout (:data:`padless.attention.select.Layout`) built with ``options``; collators
+        """The row layout (:data:`padless.layout.Layout`) built with ``options``; collators
         of shared-prompt trees answer ``shared_prompt`` where their options ask for one."""
         return "documents"
 
@@ -256,7 +274,7 @@ class RowFormat:
 
         Hybrid and state-space models (gated DeltaNet, Mamba / Mamba2 mixers, short convolutions, ...)
         just work: their token mixers are first patched to run on each packed document alone
-        (:func:`padless.enable_per_document_mixers`, in place and idempotent; a model without such
+        (:func:`padless.attention.mixers.enable_per_document_mixers`, in place and idempotent; a model without such
         layers is untouched, and one with a mixer of unknown kind is refused by the rule), so
         ``PackingCollator.for_model`` and the preference / rollout collators' ``for_model`` pack them.
 
@@ -264,39 +282,34 @@ class RowFormat:
         raises ``ValueError`` naming a backend that is exact when this one is not) -> the inputs the
         backend needs (a different ``attention`` given is refused) -> the mask's dtype and, for a 4D
         mask, the model's sliding windows -> the vocabulary size for token validation."""
-        from padless.attention.mixers import enable_per_document_mixers, mixer_layers
-        from padless.attention.select import check_exact, mask_windows, model_inputs
+        from padless.attention import select
+        from padless.attention.facts import model_facts
+        from padless.attention.mixers import enable_per_document_mixers
 
-        layers = mixer_layers(model)
-        if layers and all(m.kind != "unknown" for m in layers):  # unknown kinds: check_exact says why not
-            enable_per_document_mixers(model)  # idempotent; keeps no-mixer models untouched
         backend = model.config._attn_implementation
-        max_length = options.get("max_length")
-        weights_dtype = getattr(model, "dtype", None)
-        check_exact(model, backend, device=device_of(model) if device is None else device,
-                    dtype=weights_dtype if dtype is None else dtype, max_length=max_length,
-                    layout=cls.layout_of(options))  # fmt: skip
-        needed = model_inputs(model, backend)  # chunked attention: position_ids alone (transformers' own masks)
+        device = device_of(model) if device is None else device
+        dtype = getattr(model, "dtype", None) if dtype is None else dtype
+        if model_facts(model, device, dtype).mixers_patchable:  # unknown kinds: the rule says why not
+            enable_per_document_mixers(model)  # idempotent; keeps no-mixer models untouched
+        verdict = select.check_exact(model, backend, device=device, dtype=dtype, max_length=options.get("max_length"),
+                                     layout=cls.layout_of(options))  # fmt: skip
+        needed = verdict.inputs  # chunked attention: position_ids alone (transformers' own masks)
         if options.setdefault("attention", needed) != needed:
             raise ValueError(f"attention={options['attention']!r} does not isolate documents on backend {backend!r}, "
                              f"which needs attention={needed!r}")  # fmt: skip
-        options.setdefault("mask_dtype", weights_dtype)
+        options.setdefault("mask_dtype", verdict.mask_dtype)
         if needed == "mask4d":
-            options.setdefault("windows", mask_windows(model, max_length))
+            options.setdefault("windows", verdict.windows)
         vocab_size = getattr(model.config, "vocab_size", None)
         features = options.get("features") or FeatureSpec()
         if vocab_size and features.vocab_size is None:
             features = dataclasses.replace(features, vocab_size=vocab_size)
         options["features"] = features
-        return cls(**options)._fit_to(model)
-
-    def _fit_to(self: _Format, model: Any) -> _Format:
-        """A copy that records ``model`` and these settings (:attr:`fitted_to`); the running totals stay
-        shared. Only for formats the rule has accepted for ``model``: :meth:`for_model` and
-        :func:`check_collator` call it after the checks."""
-        inner = base_model_of(model)
-        fit = Fit(f"{type(inner).__name__} ({inner.config._attn_implementation})", self.exactness_settings())
-        return dataclasses.replace(self, fitted_to=fit)
+        fitted = cls(**options, verdict=verdict)
+        unfit = fitted._unfit(verdict)  # windows or a mask dtype given that the model does not take
+        if unfit:
+            raise ValueError(f"the options given do not fit {verdict.model}: {unfit}; leave them to for_model")
+        return fitted
 
     def row_width(self, used: int) -> int:
         """Tokens per row of a batch whose longest row holds ``used``: ``max_length`` with
@@ -339,46 +352,26 @@ class RowFormat:
         return batch
 
 
-_FIX = "build the collator with its for_model(model, ...)"
-
-
 def check_collator(model: Any, collator: _Format, *, device: Any = None, dtype: Any = None) -> _Format:
-    """The collator fitted to ``model`` (a copy recording it, :attr:`RowFormat.fitted_to`; the running
+    """The collator fitted to ``model`` (a copy holding the rule's verdict, :attr:`RowFormat.verdict`; the running
     totals stay shared), if the batches ``collator`` (a :class:`padless.PackingCollator`,
     :class:`padless.PreferenceCollator` or :class:`padless.RolloutCollator`, built with or without the
-    model) makes are exact on it; raise ``ValueError`` naming why otherwise. It checks, once from the
-    collator's settings, what :func:`padless.check_batch` checks per batch: the one rule for this
-    model, layout and row length, then the attention inputs, sliding windows and mask dtype.
-    ``device`` / ``dtype``: where training runs (default: the model's parameters)."""
+    model) makes are exact on it; raise ``ValueError`` naming why otherwise. It asks the one rule once
+    for this model, layout and row length (its :class:`padless.attention.verdict.Verdict`), then
+    compares the collator's settings (attention inputs, sliding windows, mask dtype) with what the
+    verdict needs, by the comparison :func:`padless.check_batch` makes of a batch's contents
+    (:func:`padless.attention.verdict.mismatch`). ``device`` / ``dtype``: where training runs
+    (default: the model's parameters)."""
     import torch
 
-    from padless.attention.rules import attention_rules
-    from padless.attention.select import check_exact, compute_target, mask_windows, model_inputs
+    from padless.attention import select
+    from padless.attention.verdict import mismatch
 
-    inner = base_model_of(model)
-    backend = inner.config._attn_implementation
-    device, dtype = compute_target(inner, device, dtype)
-    check_exact(model, backend, device=device, dtype=dtype, max_length=collator.max_length, layout=collator.layout)
-    needed, carried = model_inputs(model, backend), collator.attention
-    if carried == "position_ids" and needed == "mask4d" and attention_rules(model).masks_from_position_ids:
-        return collator._fit_to(model)  # transformers builds per-document masks, windows included, from the positions
-    if carried != needed:
-        raise ValueError(f"the collator sends attention={carried!r}, but attn_implementation={backend!r} isolates "
-                         f"documents only with {needed!r}; {_FIX}")  # fmt: skip
-    if needed == "mask4d":
-        wanted = mask_windows(model, collator.max_length)
-        if _normal(wanted) != _normal(collator.windows):
-            raise ValueError(f"the collator's 4D masks carry sliding windows {collator.windows!r}, the model needs "
-                             f"{wanted!r}; {_FIX}")  # fmt: skip
-        mask_dtype = collator.mask_dtype or torch.float32
-        if mask_dtype != inner.dtype:  # the mask follows the weights (autocast casts the scores, not the mask)
-            raise ValueError(f"the collator's 4D mask is {mask_dtype}, the model's weights are {inner.dtype}; {_FIX}")
-    return collator._fit_to(model)
-
-
-def _normal(windows: MaskWindows) -> Any:
-    """Windows as a comparable value: a dict whose layer types share one window is that window."""
-    if isinstance(windows, Mapping):
-        values = set(windows.values())
-        return next(iter(values)) if len(values) == 1 else dict(windows)
-    return windows
+    backend = base_model_of(model).config._attn_implementation
+    verdict = select.check_exact(model, backend, device=device, dtype=dtype, max_length=collator.max_length,
+                                 layout=collator.layout)  # fmt: skip
+    reason = mismatch(verdict, collator.attention, subject="collator", windows=collator.windows,
+                      mask_dtype=collator.mask_dtype or torch.float32)  # fmt: skip
+    if reason is not None:
+        raise ValueError(reason)
+    return dataclasses.replace(collator, verdict=verdict)  # a copy: the running totals stay shared

@@ -27,7 +27,7 @@ class PackedRowView:
     pre-packed row ``{"input_ids", "labels", "seq_lengths"}`` (int64 numpy) made of those pieces.
 
     ``dataset[i]`` must give a mapping with ``input_ids`` and optionally ``labels`` (every token is
-    trained without them), e.g. a list of dicts, :meth:`padless.TokenizedCorpus.features` or a
+    trained without them), e.g. a list of dicts, :meth:`padless.data.load.TokenizedCorpus.features` or a
     ``datasets.Dataset``. The empty row ``()`` is one ``pad_token_id`` token with no trained label.
     """
 

@@ -3,7 +3,7 @@
 - :class:`LengthGroupedBatchSampler`: bucketing. Batches of similar lengths (so pad-to-longest wastes
   little), by example count or by a token budget, shuffled and reproducible from a seed and epoch.
 - :class:`DistributedPackedBatchSampler`: packed rows for one rank of a data-parallel job, from the
-  epoch schedule every rank computes alike (:func:`padless.schedule_epoch`)::
+  epoch schedule every rank computes alike (:func:`padless.planning.schedule.schedule_epoch`)::
 
     sampler = DistributedPackedBatchSampler(lengths, max_length=2048, rows_per_batch=4)
     loader = DataLoader(PackedRowView(dataset), batch_sampler=sampler,
@@ -160,9 +160,9 @@ class DistributedPackedBatchSampler:
     """Shuffle sequences before planning, rows and steps after; off: steps follow the plan's row order
     (sorted by size, ties in plan order)."""
     strategy: str = "best_fit_decreasing"
-    """Planner strategy (:data:`padless.STRATEGIES`)."""
+    """Planner strategy (:data:`padless.planning.plan.STRATEGIES`)."""
     overlong: str = OVERLONG_DEFAULT
-    """Policy for a sequence longer than ``max_length`` (:data:`padless.OVERLONG_POLICIES`)."""
+    """Policy for a sequence longer than ``max_length`` (:data:`padless.planning.plan.OVERLONG_POLICIES`)."""
     remainder: Remainder = "empty"
     """What happens to the rows that do not fill a last step (:data:`REMAINDERS`)."""
     max_per_row: int | None = None

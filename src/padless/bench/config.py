@@ -91,7 +91,7 @@ class RunConfig:
     peft's default modules, base weights frozen; needs padless[peft]); unset: full fine-tuning."""
     distributed: Distributed = "ddp"
     """How ranks train together under torchrun: ddp (a whole replica per rank, gradients all-reduced;
-    with one process nothing is wrapped) or fsdp (FSDP2 through padless.shard_model: parameters,
+    with one process nothing is wrapped) or fsdp (FSDP2 through padless.models.fsdp.shard_model: parameters,
     gradients and optimiser state sharded over the ranks per decoder layer; under torchrun only, with
     one process too). The loss is the same token-normalised one."""
     world_size: int = 1

@@ -1,6 +1,6 @@
 """Training across ranks (``torchrun``): joining the process group, wrapping the model, and keeping the
 ranks' collectives in step. Everything the benchmark's training loop does differently with more than
-one process is here: DDP, or FSDP2 (:func:`padless.shard_model`) as the other branch of :func:`wrap_model`.
+one process is here: DDP, or FSDP2 (:func:`padless.models.fsdp.shard_model`) as the other branch of :func:`wrap_model`.
 
 A step's micro-batch count depends on its examples' lengths under bucketing and token-budget batching,
 so it differs between ranks. DDP all-reduces gradients in every ``backward()`` it is allowed to sync
@@ -73,7 +73,7 @@ class DataParallel:
 
 def wrap_model(model: Any, device: Any, world_size: int, kind: str = "ddp") -> DataParallel:
     """``model`` ready for data-parallel training over ``world_size`` ranks: ``ddp`` (unwrapped for one
-    rank) or ``fsdp`` (:func:`padless.shard_model` in place, one rank included). Build the optimiser
+    rank) or ``fsdp`` (:func:`padless.models.fsdp.shard_model` in place, one rank included). Build the optimiser
     after: FSDP2 replaces the parameters by their shards."""
     if kind == "fsdp":
         from padless.models.fsdp import shard_model

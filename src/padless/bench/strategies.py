@@ -136,7 +136,7 @@ def _round_row(batch: dict[str, Any], multiple: int | None, pad_token_id: int) -
 
 def packing_attention(model_name: str, device: Any, dtype: Any) -> str:
     """The attention implementation padless packs with: the fastest backend that isolates documents
-    for this model, device and dtype (:func:`padless.resolve_backend`; padless varlen on a
+    for this model, device and dtype (:func:`padless.attention.select.resolve_backend`; padless varlen on a
     CPU, flash-attn varlen on CUDA where installed)."""
     from padless.attention.select import resolve_backend
     from padless.models.factory import model_config

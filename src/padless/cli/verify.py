@@ -28,7 +28,7 @@ DTYPES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "float16
 EPILOG = f"""judgment: per backend and dtype, the same documents right-padded into one batch give padding's own
   difference from each document run alone (exact in mathematics, not in floating point); packed rows
   pass when their logit and gradient differences stay within --factor (default {NOISE_FACTOR:g}) times that
-  noise, or under the dtype's absolute floor (padless.TOLERANCES).
+  noise, or under the dtype's absolute floor (padless.isolation.verify.TOLERANCES).
 
 columns: alone = each document run by itself (the reference); packed = the documents packed into
   rows of --max-length; padded = the same documents right-padded, one per row (padding's own noise).

@@ -15,14 +15,16 @@ calls, agent traces), the user's files, chat templates with assistant-only label
 - ``tokenizer``: tokenizers by name, offline; ``encode``: records -> token ids and labels.
 - ``load``: ``load_corpus``, the cached tokenized corpus; ``cache``: the on-disk token cache.
 
-Names are resolved lazily from their modules, so importing this package loads nothing heavy (and
-``python -m padless.cli.assets`` runs without importing the others first).
+Names are resolved lazily from their modules (:mod:`padless._lazy`, as at the top level), so
+importing this package loads nothing heavy (and ``python -m padless.cli.assets`` runs without
+importing the others first).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from padless._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "load_tokenizer": "padless.data.tokenizer",
@@ -44,20 +46,7 @@ _EXPORTS: dict[str, str] = {
     "cache_root": "padless.data.assets",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'padless.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports

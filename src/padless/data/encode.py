@@ -25,7 +25,7 @@ end of a trained reply is learned; the end of a masked tool result is not). With
 ``<|im_end|>\\n<|endoftext|>``.
 
 An example longer than ``max_length`` (its end token included) follows ``overlong``, the planners'
-vocabulary (:data:`padless.OVERLONG_POLICIES`): ``error`` raises; ``truncate`` keeps the first tokens
+vocabulary (:data:`padless.planning.plan.OVERLONG_POLICIES`): ``error`` raises; ``truncate`` keeps the first tokens
 and ends the document again by the rule above; ``split`` cuts it into consecutive examples of at most
 ``max_length`` tokens (only the last keeps the end token); ``drop`` leaves it out. Every one but
 ``error`` is counted.

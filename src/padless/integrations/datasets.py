@@ -348,7 +348,7 @@ def pack_dataset(
     ``buffer_size`` sequences (or ``map_kwargs["batch_size"]``) at a time.
 
     ``strategy``: TRL's ``"bfd"``, ``"bfd_split"``, ``"wrapped"`` or a padless planner name
-    (:data:`padless.STRATEGIES`). ``overlong``: what a sequence longer than ``seq_length`` does
+    (:data:`padless.planning.plan.STRATEGIES`). ``overlong``: what a sequence longer than ``seq_length`` does
     (``"error"`` by default, or ``"truncate"``, ``"split"``, ``"drop"``). ``map_kwargs``: see
     :data:`MAP_KWARGS`. The dataset's format is kept (``seq_lengths`` joins a column selection).
     ``buffer_size``: sequences a streaming dataset's planner holds at most (without a ``batch_size``).

@@ -4,7 +4,7 @@
     trainer = PackedTrainer(model=model, args=args, train_dataset=dataset, max_length=1024)   # was Trainer(...)
 
 ``dataset`` holds ``input_ids`` (and optionally ``labels``) per example: a ``datasets.Dataset``, a list
-of dicts, :meth:`padless.TokenizedCorpus.features`, or rows packed beforehand by
+of dicts, :meth:`padless.data.load.TokenizedCorpus.features`, or rows packed beforehand by
 :func:`padless.pack_dataset` (with ``seq_lengths``: each is kept as it is). Three things connect
 padless to Trainer (transformers 5.24, read from its sources):
 
@@ -22,7 +22,7 @@ padless to Trainer (transformers 5.24, read from its sources):
    ``cost_a`` is given; :mod:`padless.planning.balance`, docs/balance.md). Either way every rank runs the
    same number of micro-batches and every row is trained once per epoch (``remainder="empty"``).
 2. Attention. The model's attention backend must isolate documents for this model, device and dtype
-   (:func:`padless.resolve_backend` decides, else ``ValueError`` naming one that can); the collator
+   (:func:`padless.attention.select.resolve_backend` decides, else ``ValueError`` naming one that can); the collator
    (:meth:`padless.PackingCollator.for_model`) sends what that backend needs: ``cu_seq_lens_q/k``
    for ``padless``, a 4D block-causal mask for ``sdpa``/``eager``.
 3. Loss. Trainer sums the trained tokens of an optimiser step over its micro-batches and ranks
@@ -201,7 +201,7 @@ def balance_said(options: Mapping[str, Any]) -> str:
 def exact_collator(
     model: Any, max_length: int | None, *, device: Any, pad_token_id: int, dtype: Any = None, **kwargs: Any
 ) -> PackingCollator:
-    """A :class:`padless.PackingCollator` for ``model``, after :func:`padless.resolve_backend` has
+    """A :class:`padless.PackingCollator` for ``model``, after :func:`padless.attention.select.resolve_backend` has
     accepted the model's attention backend for the device training runs on, its compute ``dtype``
     (``None``: the model's; see :func:`training_dtype`) and the row length. The model may still sit
     on the CPU in fp32: what counts is where the step runs."""
@@ -459,7 +459,7 @@ PACKED_TRAINER_WORDS: dict[str, str] = {
 
 
 def owns_its_sharding(model: Any) -> None:
-    """Tell Trainer that ``model``, sharded by :func:`padless.shard_model` before it was handed over,
+    """Tell Trainer that ``model``, sharded by :func:`padless.models.fsdp.shard_model` before it was handed over,
     places its parameters and reduces its gradients itself: Trainer neither moves it nor wraps it in
     DDP, and prepares only the optimiser. That is Trainer's path (transformers 5.24) for a model
     sharded at load time (``from_pretrained(distributed_config=...)``), which it reads from the
@@ -492,7 +492,7 @@ class PackedTrainer(Trainer):
 
     FSDP2: either hand over the model unsharded with ``TrainingArguments(fsdp=True,
     fsdp_config={"version": 2, ...})`` (accelerate shards it in ``prepare``; it does so on GPUs only,
-    a CPU run is DDP), or shard it first with :func:`padless.shard_model` (any device, gloo included;
+    a CPU run is DDP), or shard it first with :func:`padless.models.fsdp.shard_model` (any device, gloo included;
     see :func:`owns_its_sharding`). Either way the packed rows and the token-normalised loss give the
     gradient of one process over every rank's rows (tests/integrations/test_fsdp.py).
     """

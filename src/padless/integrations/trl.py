@@ -19,7 +19,7 @@ The same class, the same ``SFTConfig``; what ``packing``, ``padding_free`` and `
 * neither: TRL's padded batches, unchanged.
 
 In both packed modes the collator is :meth:`padless.PackingCollator.for_model` for the model's
-attention backend, after :func:`padless.resolve_backend` has accepted it (``padless`` varlen
+attention backend, after :func:`padless.attention.select.resolve_backend` has accepted it (``padless`` varlen
 attention, or ``sdpa``/``eager`` with a 4D block-causal mask; a backend that cannot isolate documents
 for this model is refused). The loss is TRL's own: summed over tokens and divided by the trained
 tokens of the whole optimiser step, all micro-batches and ranks. For a model whose ``loss_type``

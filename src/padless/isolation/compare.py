@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from padless.devices import dtype_name, is_half_precision
+from padless.devices import compute_dtype, dtype_name, is_half_precision  # noqa: F401 (compute_dtype re-exported)
 
 if TYPE_CHECKING:
     import torch
@@ -75,20 +75,6 @@ def tolerance_for(dtype: Any, tolerance: Tolerance | None = None) -> Tolerance:
     if name not in TOLERANCES:
         raise ValueError(f"no tolerance for dtype {name} (known: {', '.join(TOLERANCES)}); pass tolerance=Tolerance(...)")
     return TOLERANCES[name]
-
-
-def compute_dtype(model: Any, logits: torch.Tensor | None = None) -> torch.dtype:
-    """The dtype the model computes in: the autocast dtype when autocast is on for the model's
-    device, else the dtype of ``logits`` when given (fp32 master weights under autocast give bf16
-    logits), else the model's own (:func:`padless.attention.select.compute_target`)."""
-    import torch
-
-    from padless.attention.select import compute_target
-
-    device_type = next(model.parameters()).device.type
-    if logits is not None and not torch.is_autocast_enabled(device_type):
-        return logits.dtype
-    return compute_target(model)[1]
 
 
 def computing_in(model: Any, dtype: torch.dtype) -> AbstractContextManager[Any]:

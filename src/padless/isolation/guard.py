@@ -87,7 +87,7 @@ class IsolationGuard:
     on_failure: Literal["raise", "warn"] = "raise"
     """``raise`` :class:`IsolationError`, or ``warn`` with :class:`IsolationWarning` and go on."""
     tolerance: Tolerance | None = None
-    """The absolute floor; default: :data:`padless.TOLERANCES` of the dtype the logits are computed in."""
+    """The absolute floor; default: :data:`padless.isolation.verify.TOLERANCES` of the dtype the logits are computed in."""
     factor: float | None = None
     """How many times padding's noise is allowed; default :data:`padless.isolation.compare.NOISE_FACTOR`."""
     seed: int = 0
@@ -144,7 +144,8 @@ class IsolationGuard:
         import torch
 
         from padless.batching.batch import forward_inputs
-        from padless.isolation.compare import NOISE_FACTOR, Document, compare_documents, compute_dtype, computing_in
+        from padless.devices import compute_dtype
+        from padless.isolation.compare import NOISE_FACTOR, Document, compare_documents, computing_in
 
         chosen = self._pick(batch)
         was_training = model.training

@@ -50,16 +50,15 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
-from padless.devices import dtype_name
+from padless.devices import compute_dtype, dtype_name
 from padless.isolation.compare import (
     NOISE_FACTOR,
-    TOLERANCES,  # noqa: F401  (padless.TOLERANCES is read from here)
+    TOLERANCES,  # noqa: F401  (its public home: padless.isolation.verify.TOLERANCES)
     Document,
     DocumentDiff,
     Judgment,
     LogitCheck,
     Tolerance,
-    compute_dtype,
     document_diff,
     judge,
     relative_difference,
@@ -100,9 +99,9 @@ def default_lengths(model: Any, max_length: int | None = None, check: Check = "s
     :data:`DEFAULT_LENGTHS`. Either way one document is longer than the model's shortest sliding
     window shorter than the row (when it fits), so that a packed mask that dropped the window shows
     as a difference."""
-    from padless.attention.rules import attention_rules
+    from padless.attention.facts import model_facts as read_facts
 
-    windows = attention_rules(model).active_windows(max_length)
+    windows = read_facts(model).rules.active_windows(max_length)
     window = windows[0] if windows else None
     if max_length is not None:
         return sample_lengths(max_length, ROWS[check], seed=seed, window=window)
@@ -198,11 +197,12 @@ class ModelFacts:
 
 def model_facts(model: Any) -> ModelFacts:
     """:class:`ModelFacts` of ``model``."""
-    from padless.attention.rules import attention_rules, model_class_of
+    from padless.attention.facts import model_facts as read_facts
 
     params = list(model.parameters())
-    cls = model_class_of(model) or type(model)
-    windows = sorted({w for w in attention_rules(model).windows.values() if w is not None})
+    read = read_facts(model)  # the rule's facts, read once per model
+    cls = read.model_class or type(model)
+    windows = sorted({w for w in read.rules.windows.values() if w is not None})
     return ModelFacts(getattr(model.config, "_name_or_path", "") or type(model).__name__, cls.__name__,
                       sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad),
                       str(model.config._attn_implementation), context_length(model), windows)  # fmt: skip
@@ -494,13 +494,12 @@ def _padded(model: Any, features: list[dict[str, list[int]]], width: int, num_it
 def _switch_backend(model: Any, backend: str, name: str, run: _Run) -> BackendResult | None:
     """Switch ``model`` to ``backend`` if the rule accepted it for this layout (``run.verdicts``);
     else the report row saying why not (refused, or not installed here)."""
-    from padless.attention.backend import register_padless_attention
+    from padless.attention.select import use_backend
 
     reason = run.verdicts[name]
     if reason is not None:
         return BackendResult(name, "refused", detail=reason)
-    if backend == "padless":
-        register_padless_attention()
+    use_backend(backend)  # registers padless attention where it is the one chosen
     try:
         model.set_attn_implementation(backend)
     except (ImportError, ValueError) as exc:
@@ -511,16 +510,16 @@ def _switch_backend(model: Any, backend: str, name: str, run: _Run) -> BackendRe
 def _verdicts(model: Any, backends: Sequence[str], max_length: int | None, dtype: torch.dtype) -> dict[str, str | None]:
     """The rule (:func:`padless.check_exact`), asked once per backend and layout: result name -> why
     it refuses (None: exact). Shared-prompt rows are judged without a row bound, as they are built."""
-    from padless.attention.select import check_exact
+    from padless.attention.facts import model_facts as read_facts
+    from padless.attention.select import decide
 
-    device = next(model.parameters()).device
+    facts = read_facts(model, next(model.parameters()).device, dtype)
     out: dict[str, str | None] = {}
     for layout, suffix, rows in (("documents", "", max_length), ("shared_prompt", "+shared_prompt", None)):
         for b in backends:
             try:
-                check_exact(model, b, device=device, dtype=dtype, max_length=rows, layout=layout)  # type: ignore[arg-type]
-                out[b + suffix] = None
-            except ValueError as exc:
+                out[b + suffix] = decide(facts, b, max_length=rows, layout=layout).message  # type: ignore[arg-type]
+            except ValueError as exc:  # a backend the rule does not know
                 out[b + suffix] = str(exc)
     return out
 
@@ -799,15 +798,12 @@ def _rule_lines(model: Any, backends: Sequence[str], verdicts: dict[str, str | N
 
 def _model_refusal(model: Any) -> str | None:
     """Why padless packs for no backend of this model (its forward takes no ``position_ids``), or None."""
-    import inspect
+    from padless.attention.facts import model_facts as read_facts
 
-    from padless.attention.adapters import base_model_of
-    from padless.attention.select import attention_free
-
-    if attention_free(model):  # Mamba, RWKV, xLSTM with patched mixers: position_ids through **kwargs
+    facts = read_facts(model)  # of the model a PEFT wrapper wraps (its forward takes **kwargs)
+    if facts.attention_free:  # Mamba, RWKV, xLSTM with patched mixers: position_ids through **kwargs
         return None
-    model = base_model_of(model)  # a PEFT wrapper's forward takes **kwargs and passes them on
-    if "position_ids" not in inspect.signature(model.forward).parameters:
-        return (f"{type(model).__name__}.forward takes no position_ids, so packed documents would be given "
+    if facts.rules.takes_position_ids is False:
+        return (f"{facts.base_class}.forward takes no position_ids, so packed documents would be given "
                 "positions that run on across document boundaries; padless refuses to pack for it")
     return None

@@ -5,12 +5,12 @@
 does, so the state dict and the model's own forward are unchanged. What stays out of the graphs:
 
 - the padless attention kernel: its bucket planner reads document lengths (data), so traced it
-  would guard on every new document length; :func:`padless.padless_attention` runs untraced under
+  would guard on every new document length; :func:`padless.attention.backend.padless_attention` runs untraced under
   compile (a graph break around it);
 - the document boundaries of a packed batch (``cu_seq_lens_q/k``, ``max_length_q/k``): their number
   of documents and longest document change every batch. Each compiled layer is called through an
   eager wrapper that takes them out of the layer's arguments and hands them to the attention in a
-  :func:`padless.packed_documents` context, where they are still checked against ``position_ids``.
+  :func:`padless.attention.backend.packed_documents` context, where they are still checked against ``position_ids``.
   With ``flash_attention_2`` the same wrapper hands them to transformers' flash function, which
   :func:`route_flash_attention` wraps so that it runs untraced inside such a call (a graph break);
 - everything outside the layers (embeddings, the LM head over trained tokens, the loss), which

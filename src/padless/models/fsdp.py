@@ -1,10 +1,12 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``) for a causal LM trained on packed rows.
 
-    device = padless.init_distributed()                 # under torchrun: gloo on CPU, NCCL on cuda:LOCAL_RANK
+    from padless.models.fsdp import init_distributed, shard_model, sync_gradients
+
+    device = init_distributed()                         # under torchrun: gloo on CPU, NCCL on cuda:LOCAL_RANK
     collator = padless.PackingCollator.for_model(model, max_length=2048)   # before sharding
-    padless.shard_model(model)                          # each decoder layer, then the root
+    shard_model(model)                                  # each decoder layer, then the root
     for i, batch in enumerate(micro_batches):           # from padless.DistributedPackedBatchSampler
-        with padless.sync_gradients(model, i == len(micro_batches) - 1):
+        with sync_gradients(model, i == len(micro_batches) - 1):
             padless.model_loss(model, batch, num_items, world_size=W).backward()
 
 :func:`shard_model` applies ``fully_shard`` to each decoder block (:func:`decoder_layers`) and then
@@ -100,7 +102,7 @@ def shard_model(
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if mesh is None and not (dist.is_available() and dist.is_initialized()):
         raise ValueError("shard_model needs torch.distributed: launch with torchrun and call "
-                         "padless.init_distributed() (or torch.distributed.init_process_group) first")  # fmt: skip
+                         "padless.models.fsdp.init_distributed() (or torch.distributed.init_process_group) first")  # fmt: skip
     if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules()):
         raise ValueError(f"{type(model).__name__} is sharded already (fully_shard was applied to it or to a submodule)")
     try:
@@ -138,7 +140,7 @@ def _mesh_on(model: Any) -> Any:
     device = devices.pop()
     if device.type == "cuda" and device.index != torch.cuda.current_device():
         raise ValueError(f"the model is on {device} but this rank's current CUDA device is "
-                         f"cuda:{torch.cuda.current_device()}: call padless.init_distributed() (it sets "
+                         f"cuda:{torch.cuda.current_device()}: call padless.models.fsdp.init_distributed() (it sets "
                          "cuda:LOCAL_RANK) and move the model to the device it returns")  # fmt: skip
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
@@ -154,14 +156,11 @@ def compute_dtype(model: Any) -> torch.dtype | None:
     """The dtype a sharded model computes in when FSDP2's mixed precision casts its parameters
     (``param_dtype`` of :func:`shard_model`), else ``None`` (the parameters' own). What the
     exactness rule must judge (flash kernels take 16-bit inputs only), not ``model.dtype``, which
-    stays the fp32 of the shards. Read from FSDP2's state of the root module (torch 2.13)."""
-    from torch.distributed.fsdp import FSDPModule
+    stays the fp32 of the shards: :func:`padless.devices.sharded_param_dtype`, which
+    :func:`padless.devices.compute_target` (the one compute dtype) reads too."""
+    from padless.devices import sharded_param_dtype
 
-    inner = getattr(model, "module", model)
-    if not isinstance(inner, FSDPModule):
-        return None
-    policy = getattr(inner._get_fsdp_state(), "_mp_policy", None)
-    return getattr(policy, "param_dtype", None)
+    return sharded_param_dtype(model)
 
 
 @contextlib.contextmanager

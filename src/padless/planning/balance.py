@@ -160,8 +160,9 @@ def group_loads(
 
     * ``share_prompt=False``: each completion is its own document of ``p + c_j`` tokens.
       tokens ``sum_j (p + c_j)``; cost ``sum_j (a (p + c_j) + (p + c_j)**2)``.
-    * ``share_prompt=True`` (:func:`padless.share_prompt`: the prompt once, each completion attending to
-      it and itself): tokens ``p + sum_j c_j``; cost ``a (p + sum_j c_j) + p**2 + sum_j (2 p c_j + c_j**2)``.
+    * ``share_prompt=True`` (:func:`padless.batching.preference.share_prompt`: the prompt once, each
+      completion attending to it and itself): tokens ``p + sum_j c_j``; cost
+      ``a (p + sum_j c_j) + p**2 + sum_j (2 p c_j + c_j**2)``.
       In the ``l**2`` units of a causal document (twice its ``l**2 / 2`` query-key pairs) the prompt
       has ``p**2 / 2`` pairs and completion ``j`` has ``p c_j + c_j**2 / 2``; one completion gives
       ``(p + c)**2``, the cost of the unshared document.
