@@ -135,6 +135,41 @@ def test_bad_input(features, kwargs, message):
         PackingCollator(model_free=True, **kwargs)(features)
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"pixel_values": [[0.1, 0.2]], "image_grid_thw": [[1, 1, 2]]},
+         r"feature 1 carries image inputs \('pixel_values', 'image_grid_thw'\).*image placeholder tokens"),
+        ({"w": [1.0, 1.0, 1.0]}, r"feature 1 has keys the collator does not pack: 'w'.*remove_columns"),
+        ({"completion_mask": [0, 1, 1]}, r"'completion_mask'.*turn a mask into labels"),
+        ({"attention_mask": [1, 1, 0]}, r"feature 1's attention_mask has 1 padding position \(0\)"),
+        ({"attention_mask": [1, 1]}, r"attention_mask has shape \(2,\), not \(3,\)"),
+        ({"position_ids": [5, 6, 7]}, r"feature 1's position_ids do not count 0..n-1"),
+        ({"token_type_ids": [0, 1, 1]}, r"token_type_ids are not all 0"),
+        ({"length": 4}, r"feature 1's length 4 is not the length of its input_ids \(3\)"),
+    ],
+)
+@pytest.mark.parametrize("collator", [PaddingCollator(), PackingCollator(model_free=True, max_length=8)],
+                         ids=["padding", "packing"])  # fmt: skip
+def test_a_key_the_batch_would_not_carry_is_refused_by_name(collator, extra, message):
+    """Nothing a feature holds is dropped without a word: a key the batch would leave out, or one the
+    rows re-derive that says something else, is refused naming the key and the feature."""
+    features = [{"input_ids": [1, 2]}, {"input_ids": [3, 4, 5], **extra}]
+    with pytest.raises(ValueError, match=message):
+        collator(features)
+
+
+def test_keys_the_rows_rederive_pass_where_they_agree():
+    plain = [{"input_ids": [1, 2]}, {"input_ids": [3, 4, 5]}]
+    agreeing = [{"input_ids": [1, 2], "attention_mask": [1, 1], "position_ids": [0, 1], "length": 2},
+                {"input_ids": [3, 4, 5], "token_type_ids": [0, 0, 0]}]  # fmt: skip
+    for collator in (PaddingCollator(), PackingCollator(model_free=True, max_length=8)):
+        got, want = collator(agreeing), collator(plain)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want if torch.is_tensor(want[k]))
+    row = [{"input_ids": [1, 2, 3, 4, 5], "seq_lengths": [2, 3], "position_ids": [0, 1, 0, 1, 2]}]
+    assert PackingCollator(model_free=True, max_length=5)(row)["position_ids"].tolist() == [[0, 1, 0, 1, 2]]
+
+
 def test_bad_input_padding_collator():
     with pytest.raises(ValueError, match="empty sequence"):
         PaddingCollator()([{"input_ids": [1]}, {"input_ids": []}])

@@ -19,12 +19,21 @@ from padless.models.factory import build_model
 LENGTHS = [5, 1, 17, 9, 3, 12, 2, 8, 20, 6]
 
 
-def _features(seed=3):
+def _features(seed=3, weighted=True):
+    """Features with per-token weights under ``"w"`` (``weighted=False``: the same features without
+    them; a collator not told ``loss_weights="w"`` refuses a key it would not carry)."""
     feats = make_features(LENGTHS, with_labels=True, seed=seed)
     rng = np.random.default_rng(seed + 100)
     for f in feats:
-        f["w"] = rng.uniform(0.0, 2.0, len(f["input_ids"])).tolist()
+        w = rng.uniform(0.0, 2.0, len(f["input_ids"])).tolist()
+        if weighted:
+            f["w"] = w
     return feats
+
+
+def _fed(feats, mode):
+    """What a collator of ``mode`` is given: the weights only when it reads them."""
+    return feats if mode == "weights" else [{k: v for k, v in f.items() if k != "w"} for f in feats]
 
 
 def _spec(mode):
@@ -73,9 +82,9 @@ def test_packed_equals_padded_equals_definition_under_accumulation(mode, family)
     feats = _features()
     halves = [feats[:4], feats[4:]]
     ref_loss, ref_g = _reference(model, feats, mode)
-    pad_loss, pad_g = _step(model, [PaddingCollator(features=_spec(mode))(h) for h in halves], mode)
+    pad_loss, pad_g = _step(model, [PaddingCollator(features=_spec(mode))(_fed(h, mode)) for h in halves], mode)
     packer = PackingCollator.for_model(model, max_length=24, features=_spec(mode))
-    pack_loss, pack_g = _step(model, [packer(h) for h in halves], mode)
+    pack_loss, pack_g = _step(model, [packer(_fed(h, mode)) for h in halves], mode)
     for loss, g in ((pad_loss, pad_g), (pack_loss, pack_g)):
         assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss)
         torch.testing.assert_close(g, ref_g, rtol=1e-5, atol=1e-7)
@@ -87,7 +96,7 @@ def test_packed_equals_padded_equals_definition_under_accumulation(mode, family)
 @pytest.mark.parametrize("mode", LOSS_WEIGHTINGS)
 def test_trained_logits_only_gives_the_same_loss_and_gradients(mode):
     model = build_model("tiny-llama").eval()
-    batch = PackingCollator.for_model(model, max_length=24, features=_spec(mode))(_features(seed=8))
+    batch = PackingCollator.for_model(model, max_length=24, features=_spec(mode))(_fed(_features(seed=8), mode))
     n = step_num_items([batch], weighting=mode)
     out = []
     for only in (False, True):
@@ -126,7 +135,7 @@ def test_shared_prompt_batches_are_refused():
 def test_sequence_documents_survive_a_lost_placements_and_match():
     """Trainer rebuilds the batch as type(batch)(mapping): documents then come from position_ids."""
     model = build_model("tiny-llama").eval()
-    batch = PackingCollator.for_model(model, max_length=24)(_features())
+    batch = PackingCollator.for_model(model, max_length=24)(_features(weighted=False))
     plain = dict(batch)
     assert (document_ids(plain) >= 0).all()
     torch.testing.assert_close(target_weights(plain, "sequence"), target_weights(batch, "sequence"))
@@ -143,7 +152,7 @@ def test_weights_never_reach_forward_and_choices_are_checked():
     assert "loss_weights" not in calls[0] and "labels" not in calls[0]
     with pytest.raises(ValueError, match="carries 'loss_weights' but weighting='token'"):
         model_loss(model, batch, 10)
-    plain = PackingCollator.for_model(model, max_length=24)(_features())
+    plain = PackingCollator.for_model(model, max_length=24)(_features(weighted=False))
     with pytest.raises(ValueError, match="needs 'loss_weights' in the batch"):
         step_num_items([plain], weighting="weights")
     with pytest.raises(ValueError, match="unknown weighting 'mean'"):
@@ -198,7 +207,8 @@ def _ddp_worker(rank, world_size, port, out_dir):
         out = {}
         for mode in LOSS_WEIGHTINGS:
             collate = PackingCollator.for_model(model, max_length=24, features=_spec(mode))
-            micro = [collate(mine[:2]), collate(mine[2:])]
+            fed = _fed(mine, mode)
+            micro = [collate(fed[:2]), collate(fed[2:])]
             n = step_num_items(micro, weighting=mode)  # all-reduced over both ranks
             model.zero_grad(set_to_none=True)
             for batch in micro[:-1]:
@@ -220,6 +230,6 @@ def test_two_gloo_ranks_match_one_process_per_mode(tmp_path):
     model = build_model("tiny-gpt2", seed=0).eval()
     feats = _features()
     for mode in LOSS_WEIGHTINGS:
-        _, ref = _step(model, [PaddingCollator(features=_spec(mode))(feats)], mode)
+        _, ref = _step(model, [PaddingCollator(features=_spec(mode))(_fed(feats, mode))], mode)
         for d in ranks:
             torch.testing.assert_close(d[mode], ref, rtol=1e-5, atol=1e-7, msg=mode)

@@ -104,7 +104,8 @@ class FeatureSpec:
         return ids, labels
 
     def prepare(self, features: Sequence[Mapping[str, Any]]) -> Sequences:
-        """Every feature's validated sequence (``input_ids`` and optional ``labels``)."""
+        """Every feature's validated sequence (``input_ids`` and optional ``labels``); every other key
+        is one the rows re-derive and it agrees with them (:func:`check_feature_keys`), else refused."""
         if len(features) == 0:
             raise ValueError("the batch is empty: a collator needs at least one feature")
         all_ids: list[np.ndarray] = []
@@ -113,10 +114,76 @@ class FeatureSpec:
             if not isinstance(feature, Mapping) or "input_ids" not in feature:
                 keys = sorted(feature) if isinstance(feature, Mapping) else type(feature).__name__
                 raise ValueError(f"feature {i} has no 'input_ids' ({keys})")
+            check_feature_keys(feature, f"feature {i}", self.loss_weights)
             ids, labels = self.sequence(feature["input_ids"], feature.get("labels"), f"feature {i}")
             all_ids.append(ids)
             all_labels.append(labels)
         return Sequences(all_ids, all_labels)
+
+
+FEATURE_KEYS: tuple[str, ...] = ("input_ids", "labels", "seq_lengths")
+"""What a feature may carry that the collators read: token ids, labels (``-100``: not trained) and,
+for a row packed beforehand, its documents' lengths; plus the ``FeatureSpec(loss_weights=KEY)`` key."""
+REDERIVED_KEYS: tuple[str, ...] = ("attention_mask", "position_ids", "token_type_ids", "length")
+"""Keys whose information a packed row builds itself. A feature may carry them only where they say
+what the row will say: an ``attention_mask`` of ones (a 0 is padding, which packing would train
+on), ``position_ids`` counting ``0..n-1`` from each document's start, ``token_type_ids`` of zeros,
+a ``length`` equal to the ids'. Anything else a feature carries is refused, never dropped."""
+VISION_KEYS: tuple[str, ...] = (
+    "pixel_values", "image_grid_thw", "video_grid_thw", "pixel_values_videos", "pixel_attention_mask",
+    "image_sizes", "mm_token_type_ids", "image_embeds", "image_attention_mask",
+)  # fmt: skip
+"""Processor outputs of vision-language models: packing them with their documents is not built yet."""
+
+
+def _starts(feature: Mapping[str, Any], n: int) -> np.ndarray:
+    """Each document's first index in a feature (one document, or a packed row's ``seq_lengths``)."""
+    lengths = feature.get("seq_lengths")
+    if lengths is None:
+        return np.zeros(1, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))[:-1]])
+
+
+def check_feature_keys(feature: Mapping[str, Any], where: str, loss_weights: str | None = None) -> None:
+    """Refuse a feature key the collators would not carry into the batch (:data:`FEATURE_KEYS`,
+    :data:`REDERIVED_KEYS`), naming it and where the fix goes; nothing a feature holds is dropped
+    without a word."""
+    extra = [k for k in feature if k not in FEATURE_KEYS and k not in REDERIVED_KEYS and k != loss_weights]
+    vision = [k for k in extra if k in VISION_KEYS]
+    if vision:
+        raise ValueError(f"{where} carries image inputs ({', '.join(map(repr, vision))}): padless' collators do "
+                         "not carry images with their documents yet, and a batch without them would train the "
+                         "model on image placeholder tokens; batch these with the model's own processor and "
+                         "collator, or remove the image records")  # fmt: skip
+    if extra:
+        raise ValueError(f"{where} has keys the collator does not pack: {', '.join(map(repr, extra))} (it packs "
+                         f"{', '.join(map(repr, FEATURE_KEYS))} and re-derives {', '.join(map(repr, REDERIVED_KEYS))}); "
+                         "remove them from the features (datasets: dataset.remove_columns([...])), or turn a mask "
+                         "into labels (-100 where a token is not trained)")  # fmt: skip
+    n = len(feature["input_ids"])
+    mask = feature.get("attention_mask")
+    if mask is not None:
+        zeros = int(np.asarray(mask).size - np.count_nonzero(np.asarray(mask)))
+        if np.asarray(mask).shape != (n,) or zeros:
+            what = f"{zeros} padding position{'s' if zeros > 1 else ''} (0)" if zeros else f"shape {np.asarray(mask).shape}, not ({n},)"
+            raise ValueError(f"{where}'s attention_mask has {what}: a packed row marks documents itself, and "
+                             "padding inside a feature would be packed as tokens; pass the features unpadded")  # fmt: skip
+    positions = feature.get("position_ids")
+    if positions is not None:
+        got = np.asarray(positions).reshape(-1)
+        starts = _starts(feature, n)
+        want = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+        if got.shape != want.shape or not np.array_equal(got, want):
+            raise ValueError(f"{where}'s position_ids do not count 0..n-1 from each document's start (multimodal "
+                             "or shifted positions?); packed rows restart positions per document themselves, so "
+                             "they cannot carry these: remove 'position_ids' from the features")  # fmt: skip
+    types = feature.get("token_type_ids")
+    if types is not None and np.count_nonzero(np.asarray(types)):
+        raise ValueError(f"{where}'s token_type_ids are not all 0: packed rows do not carry token types; remove "
+                         "'token_type_ids', or train padded")  # fmt: skip
+    length = feature.get("length")
+    if length is not None and int(np.asarray(length).reshape(-1)[0]) != n:
+        raise ValueError(f"{where}'s length {length} is not the length of its input_ids ({n})")
 
 
 def round_up(n: int, multiple: int | None) -> int:
