@@ -31,9 +31,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from padless.layout import cu_seqlens_from_lengths, position_ids_from_lengths
 from padless.attention.masks import additive_block_causal_mask
 from padless.attention.varlen import varlen_attention
+from padless.layout import cu_seqlens_from_lengths, position_ids_from_lengths
 
 
 def short_lengths(rng: np.random.Generator, n: int, median: float = 60.0, sigma: float = 0.8, cap: int = 1024):
@@ -147,8 +147,9 @@ def training_benchmark(
         docs = [[int(pool[i]) for i in r] for r in chosen]
         used = [sum(d) for d in docs]
         docs = [d + ([row - u] if u < row else []) for d, u in zip(docs, used)]  # padding: its own document
-        ids = torch.stack([torch.cat([tokens[i] for i in r] + [torch.zeros(row - u, dtype=torch.long)])
-                           for r, u in zip(chosen, used)])  # fmt: skip
+        ids = torch.stack(
+            [torch.cat([tokens[i] for i in r] + [torch.zeros(row - u, dtype=torch.long)]) for r, u in zip(chosen, used)]
+        )
         labels = ids.clone()
         for b, u in enumerate(used):
             labels[b, u:] = -100
@@ -207,35 +208,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows-per-step", type=int, default=1, help="packed rows per training step")
     parser.add_argument("--row-length", type=int, default=1024, help="packed row length (part 2)")
     parser.add_argument("--padded-tokens", type=int, default=4096, help="max tokens in a padded micro-batch")
-    parser.add_argument("--model", default="gpt2-small-cpu", help="model of part 2 (padless.models.factory.build_model)")
+    parser.add_argument(
+        "--model", default="gpt2-small-cpu", help="model of part 2 (padless.models.factory.build_model)"
+    )
     parser.add_argument("--skip-training", action="store_true", help="run part 1 only")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} at start\n")  # fmt: skip
+    print(
+        f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} at start\n"
+    )
 
     print("## One attention op, forward + backward (12 heads x 64, fp32, CPU)\n")
-    print("| row | documents | attention work (sum l^2 / L^2) | padless s | dense mask s | causal s | loop s "
-          "| dense / padless | causal / padless | loop / padless |")  # fmt: skip
+    print(
+        "| row | documents | attention work (sum l^2 / L^2) | padless s | dense mask s | causal s | loop s "
+        "| dense / padless | causal / padless | loop / padless |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     layer = layer_benchmark(args.rows, args.repeats)
     for r in layer:
-        print(f"| {r['row']} | {r['docs']} {r['kind']} | {r['work']:.3f} | {r['padless']:.4f} | {r['dense']:.4f} "
-              f"| {r['causal']:.4f} | {r['loop']:.4f} | {r['dense'] / r['padless']:.1f}x "
-              f"| {r['causal'] / r['padless']:.1f}x | {r['loop'] / r['padless']:.1f}x |")  # fmt: skip
+        print(
+            f"| {r['row']} | {r['docs']} {r['kind']} | {r['work']:.3f} | {r['padless']:.4f} | {r['dense']:.4f} "
+            f"| {r['causal']:.4f} | {r['loop']:.4f} | {r['dense'] / r['padless']:.1f}x "
+            f"| {r['causal'] / r['padless']:.1f}x | {r['loop'] / r['padless']:.1f}x |"
+        )
     for r in layer:
         if r["row"] == 2048 and r["kind"] == "short":
-            print(f"\ntarget >= 3x over the dense mask at 2048, short documents: "
-                  f"{r['dense'] / r['padless']:.1f}x ({'met' if r['dense'] >= 3 * r['padless'] else 'NOT met'})")  # fmt: skip
+            print(
+                f"\ntarget >= 3x over the dense mask at 2048, short documents: "
+                f"{r['dense'] / r['padless']:.1f}x ({'met' if r['dense'] >= 3 * r['padless'] else 'NOT met'})"
+            )
     slower = [f"{r['row']}" for r in layer if r["kind"] == "long" and r["padless"] > r["dense"]]
-    print(f"target never slower than the dense mask with long documents: "
-          f"{'met' if not slower else 'NOT met at rows ' + ', '.join(slower)}")  # fmt: skip
+    print(
+        f"target never slower than the dense mask with long documents: "
+        f"{'met' if not slower else 'NOT met at rows ' + ', '.join(slower)}"
+    )
 
     print(f"load average {os.getloadavg()[0]:.1f} after part 1")
     if args.skip_training:
         return 0
-    print(f"\n## Training step of {args.model} (fwd + bwd + AdamW), best of {args.steps}, the same "
-          f"sequences ({args.rows_per_step} packed row(s) of {args.row_length}; lognormal lengths, median 60)\n")  # fmt: skip
+    print(
+        f"\n## Training step of {args.model} (fwd + bwd + AdamW), best of {args.steps}, the same "
+        f"sequences ({args.rows_per_step} packed row(s) of {args.row_length}; lognormal lengths, median 60)\n"
+    )
     train = training_benchmark(args.steps, args.rows_per_step, args.row_length, args.padded_tokens, args.model)
     base = next(r for r in train if r["strategy"].startswith("padded"))
     base_rate = base["real"] / base["seconds"]
@@ -244,10 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for r in train:
         rate = r["real"] / r["seconds"]
-        print(f"| {r['strategy']} | {r['slots']} | {r['seconds']:.2f} | {rate:.0f} | {rate / base_rate:.2f}x "
-              f"| {ideal:.2f}x |")  # fmt: skip
-    print(f"\n{base['real']} real tokens per step; ideal = padded tokens / real tokens (cost following tokens). "
-          f"Load average {os.getloadavg()[0]:.1f} at the end.")  # fmt: skip
+        print(
+            f"| {r['strategy']} | {r['slots']} | {r['seconds']:.2f} | {rate:.0f} | {rate / base_rate:.2f}x "
+            f"| {ideal:.2f}x |"
+        )
+    print(
+        f"\n{base['real']} real tokens per step; ideal = padded tokens / real tokens (cost following tokens). "
+        f"Load average {os.getloadavg()[0]:.1f} at the end."
+    )
     return 0
 
 

@@ -60,8 +60,11 @@ def agentic_lengths() -> np.ndarray:
 def ratios(loads: np.ndarray) -> dict[str, float]:
     """max/mean over the columns of ``loads`` ``[steps, parts]``: mean over steps, worst, and slowdown."""
     per_step = loads.max(1) / loads.mean(1)
-    return {"mean": float(per_step.mean()), "worst": float(per_step.max()),
-            "slowdown": float(loads.max(1).sum() / loads.mean(1).sum())}  # fmt: skip
+    return {
+        "mean": float(per_step.mean()),
+        "worst": float(per_step.max()),
+        "slowdown": float(loads.max(1).sum() / loads.mean(1).sum()),
+    }
 
 
 def schedule_rows(name: str, lengths: np.ndarray, args: argparse.Namespace, a: float) -> list[dict]:
@@ -69,17 +72,36 @@ def schedule_rows(name: str, lengths: np.ndarray, args: argparse.Namespace, a: f
     for world in args.ranks:
         for balance in BALANCES:
             start = time.perf_counter()
-            sched = schedule_epoch(lengths, args.max_length, world_size=world, rows_per_batch=args.rows_per_batch,
-                                   overlong="truncate", seed=args.seed, balance=balance,
-                                   cost_a=a if balance == "cost" else None)  # fmt: skip
+            sched = schedule_epoch(
+                lengths,
+                args.max_length,
+                world_size=world,
+                rows_per_batch=args.rows_per_batch,
+                overlong="truncate",
+                seed=args.seed,
+                balance=balance,
+                cost_a=a if balance == "cost" else None,
+            )
             seconds = time.perf_counter() - start
-            full = [i for i, step in enumerate(sched.batches)
-                    if all(len(rr) == args.rows_per_batch and EMPTY_ROW not in rr for rr in step)]  # fmt: skip
+            full = [
+                i
+                for i, step in enumerate(sched.batches)
+                if all(len(rr) == args.rows_per_batch and EMPTY_ROW not in rr for rr in step)
+            ]
             costs = sched.step_loads(row_costs(sched.plan, a))[full]
             tokens = sched.step_loads(sched.plan.row_lengths)[full]
-            out.append({"workload": name, "ranks": world, "balance": balance, "steps": len(full),
-                        "rows": sched.plan.num_rows, "cost": ratios(costs), "tokens": ratios(tokens),
-                        "schedule_s": seconds})  # fmt: skip
+            out.append(
+                {
+                    "workload": name,
+                    "ranks": world,
+                    "balance": balance,
+                    "steps": len(full),
+                    "rows": sched.plan.num_rows,
+                    "cost": ratios(costs),
+                    "tokens": ratios(tokens),
+                    "schedule_s": seconds,
+                }
+            )
     return out
 
 
@@ -92,9 +114,18 @@ def group_rows(prompt_pool: np.ndarray, args: argparse.Namespace, a: float) -> l
         steps = []
         for _ in range(args.group_steps):
             prompts = np.minimum(rng.choice(prompt_pool, num), args.max_length // 2)
-            comps = [np.minimum(draw_lengths("lognormal", args.completions, rng,
-                                             (args.completion_median, args.completion_sigma, args.max_length)),
-                                args.max_length - p) for p in prompts.tolist()]  # fmt: skip
+            comps = [
+                np.minimum(
+                    draw_lengths(
+                        "lognormal",
+                        args.completions,
+                        rng,
+                        (args.completion_median, args.completion_sigma, args.max_length),
+                    ),
+                    args.max_length - p,
+                )
+                for p in prompts.tolist()
+            ]
             steps.append((prompts, comps))
         for share in (False, True):
             for balance in BALANCES:
@@ -102,15 +133,30 @@ def group_rows(prompt_pool: np.ndarray, args: argparse.Namespace, a: float) -> l
                 for prompts, comps in steps:
                     tokens, costs = group_loads(prompts, comps, share_prompt=share, cost_a=a)
                     start = time.perf_counter()
-                    got = balance_groups(prompts, comps, parts, share_prompt=share, balance=balance,
-                                         cost_a=a if balance == "cost" else None)  # fmt: skip
+                    got = balance_groups(
+                        prompts,
+                        comps,
+                        parts,
+                        share_prompt=share,
+                        balance=balance,
+                        cost_a=a if balance == "cost" else None,
+                    )
                     seconds += time.perf_counter() - start
                     cost_loads.append(got.loads_of(costs).ravel())
                     token_loads.append(got.loads_of(tokens).ravel())
-                out.append({"workload": f"groups{', shared' if share else ''}", "ranks": world, "balance": balance,
-                            "steps": len(steps), "parts": list(parts), "groups": num,
-                            "cost": ratios(np.array(cost_loads)), "tokens": ratios(np.array(token_loads)),
-                            "schedule_s": seconds / len(steps)})  # fmt: skip
+                out.append(
+                    {
+                        "workload": f"groups{', shared' if share else ''}",
+                        "ranks": world,
+                        "balance": balance,
+                        "steps": len(steps),
+                        "parts": list(parts),
+                        "groups": num,
+                        "cost": ratios(np.array(cost_loads)),
+                        "tokens": ratios(np.array(token_loads)),
+                        "schedule_s": seconds / len(steps),
+                    }
+                )
     return out
 
 
@@ -144,15 +190,19 @@ def deal_timings(plan: PackPlan, a: float, args: argparse.Namespace) -> list[dic
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'workload':<16} {'ranks':>5} {'balance':<7} {'steps':>5}   {'cost max/mean':>13} {'':>6} "
-            f"{'slowdown':>8}   {'tokens max/mean':>15} {'':>6}   {'time s':>6}\n"
-            f"{'':<16} {'':>5} {'':<7} {'':>5}   {'mean':>13} {'worst':>6} {'':>8}   {'mean':>15} {'worst':>6}")
+    head = (
+        f"{'workload':<16} {'ranks':>5} {'balance':<7} {'steps':>5}   {'cost max/mean':>13} {'':>6} "
+        f"{'slowdown':>8}   {'tokens max/mean':>15} {'':>6}   {'time s':>6}\n"
+        f"{'':<16} {'':>5} {'':<7} {'':>5}   {'mean':>13} {'worst':>6} {'':>8}   {'mean':>15} {'worst':>6}"
+    )
     lines = [head]
     for r in rows:
         c, t = r["cost"], r["tokens"]
-        lines.append(f"{r['workload']:<16} {r['ranks']:>5} {r['balance']:<7} {r['steps']:>5}   {c['mean']:>13.4f} "
-                     f"{c['worst']:>6.3f} {100 * (c['slowdown'] - 1):>7.2f}%   {t['mean']:>15.4f} {t['worst']:>6.3f}"
-                     f"   {r['schedule_s']:>6.3f}")  # fmt: skip
+        lines.append(
+            f"{r['workload']:<16} {r['ranks']:>5} {r['balance']:<7} {r['steps']:>5}   {c['mean']:>13.4f} "
+            f"{c['worst']:>6.3f} {100 * (c['slowdown'] - 1):>7.2f}%   {t['mean']:>15.4f} {t['worst']:>6.3f}"
+            f"   {r['schedule_s']:>6.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -177,9 +227,11 @@ def main() -> None:
     args = p.parse_args()
     a = 12.0 * args.hidden_size
     started = time.perf_counter()
-    print(f"a = 12 x {args.hidden_size} = {a:g}; rows of {args.max_length} tokens, {args.rows_per_batch} per rank "
-          f"and step; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+    print(
+        f"a = 12 x {args.hidden_size} = {a:g}; rows of {args.max_length} tokens, {args.rows_per_batch} per rank "
+        f"and step; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
 
     rng = np.random.default_rng(args.seed)
     agentic = agentic_lengths()
@@ -188,18 +240,26 @@ def main() -> None:
         "agentic-rag": rng.choice(agentic, int(tokens_needed / agentic.mean()) + 1),
         "long-tail": None,
     }
-    tail_mean = float(np.minimum(draw_lengths("lognormal", 100_000, rng, (args.median, args.sigma, args.max_length)),
-                                 args.max_length).mean())  # fmt: skip
-    workloads["long-tail"] = draw_lengths("lognormal", int(tokens_needed / tail_mean) + 1, rng,
-                                          (args.median, args.sigma, args.max_length))
+    tail_mean = float(
+        np.minimum(
+            draw_lengths("lognormal", 100_000, rng, (args.median, args.sigma, args.max_length)), args.max_length
+        ).mean()
+    )
+    workloads["long-tail"] = draw_lengths(
+        "lognormal", int(tokens_needed / tail_mean) + 1, rng, (args.median, args.sigma, args.max_length)
+    )
     rows: list[dict] = []
     for name, lengths in workloads.items():
         pct = np.percentile(lengths, [50, 90, 99])
-        print(f"{name}: {lengths.size} sequences, median {pct[0]:.0f}, p90 {pct[1]:.0f}, p99 {pct[2]:.0f}, "
-              f"max {lengths.max()}")
+        print(
+            f"{name}: {lengths.size} sequences, median {pct[0]:.0f}, p90 {pct[1]:.0f}, p99 {pct[2]:.0f}, "
+            f"max {lengths.max()}"
+        )
         rows += schedule_rows(name, lengths, args, a)
-    print(f"groups: {args.completions} completions a group, {args.groups_per_part} groups a part on average, "
-          f"parts = ranks x {args.micro_batches} micro-batches, {args.group_steps} steps")
+    print(
+        f"groups: {args.completions} completions a group, {args.groups_per_part} groups a part on average, "
+        f"parts = ranks x {args.micro_batches} micro-batches, {args.group_steps} steps"
+    )
     groups = group_rows(agentic, args, a)
     print()
     print(table(rows + groups))
@@ -209,15 +269,25 @@ def main() -> None:
         timings = deal_timings(plan, a, args)
         print()
         for t in timings:
-            print(f"deal {t['rows']:,} rows, {t['ranks']} ranks x {args.rows_per_batch} rows a step: by cost "
-                  f"{t['cost_s']:.3f} s, by tokens {t['tokens_s']:.3f} s")
+            print(
+                f"deal {t['rows']:,} rows, {t['ranks']} ranks x {args.rows_per_batch} rows a step: by cost "
+                f"{t['cost_s']:.3f} s, by tokens {t['tokens_s']:.3f} s"
+            )
     print(f"\ntotal {time.perf_counter() - started:.1f} s, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.out:
-        args.out.write_text(json.dumps({
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "cost_a": a,
-            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-            "schedule": rows, "groups": groups, "deal_timings": timings,
-        }, indent=2))  # fmt: skip
+        args.out.write_text(
+            json.dumps(
+                {
+                    "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                    "cost_a": a,
+                    "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+                    "schedule": rows,
+                    "groups": groups,
+                    "deal_timings": timings,
+                },
+                indent=2,
+            )
+        )
         print(f"wrote {args.out}")
 
 

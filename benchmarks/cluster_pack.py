@@ -46,16 +46,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def machine() -> str:
-    return (f"machine: {os.cpu_count()} CPUs, {platform.platform()}, load average "
-            f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
+    return (
+        f"machine: {os.cpu_count()} CPUs, {platform.platform()}, load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
 
 
 def pack_run(args: list[str], out: Path) -> dict[str, Any]:
     """One ``padless pack`` in its own process; its summary and wall time (startup included)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "padless", "pack", *args, "--out", str(out), "--no-progress"], check=True,
-                   env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "padless", "pack", *args, "--out", str(out), "--no-progress"],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     wall = time.perf_counter() - t
     summary = json.loads((out / "summary.json").read_text())
     return {**summary, "process_s": wall}
@@ -79,8 +85,10 @@ def engines(tmp: Path, sequences: int, texts: int) -> list[str]:
     }  # fmt: skip
     runs = {"local": [], "ray 1 worker": ["--engine", "ray", "--num-workers", "1"],
             "ray 2 workers": ["--engine", "ray", "--num-workers", "2"]}  # fmt: skip
-    header = (f"{'run':<14} {'rows':>9} {'seconds':>8} {'seq/s':>9} {'scaling':>8} {'driver MiB':>10}  "
-              "stages (s): startup map plan place write")  # fmt: skip
+    header = (
+        f"{'run':<14} {'rows':>9} {'seconds':>8} {'seq/s':>9} {'scaling':>8} {'driver MiB':>10}  "
+        "stages (s): startup map plan place write"
+    )
     for title, args in inputs.items():
         lines += ["", title, header]
         results, digests = {}, {}
@@ -93,16 +101,24 @@ def engines(tmp: Path, sequences: int, texts: int) -> list[str]:
             n, secs = r["stats"]["num_sequences"], r["process_s"]
             base = results.get("ray 1 worker")
             workers = r["this_run"]["workers"]
-            scaling = (n / secs) / (base["stats"]["num_sequences"] / base["process_s"]) / workers if base and name.startswith("ray") else float("nan")
+            scaling = (
+                (n / secs) / (base["stats"]["num_sequences"] / base["process_s"]) / workers
+                if base and name.startswith("ray")
+                else float("nan")
+            )
             st = r["this_run"]["stage_s"]
-            lines.append(f"{name:<14} {r['stats']['num_rows']:>9} {secs:>8.1f} {n / secs:>9.0f} {scaling:>8.2f} "
-                         f"{r['this_run']['peak_rss_mib']:>10.0f}  {st['startup']:.1f} {st['map']:.1f} {st['plan']:.2f} "
-                         f"{st['place']:.1f} {st['write']:.1f}")  # fmt: skip
+            lines.append(
+                f"{name:<14} {r['stats']['num_rows']:>9} {secs:>8.1f} {n / secs:>9.0f} {scaling:>8.2f} "
+                f"{r['this_run']['peak_rss_mib']:>10.0f}  {st['startup']:.1f} {st['map']:.1f} {st['plan']:.2f} "
+                f"{st['place']:.1f} {st['write']:.1f}"
+            )
         s = results["local"]["stats"]
         same = len({json.dumps(d) for d in digests.values()}) == 1
-        lines.append(f"same shards (bytes) on every run: {same}; efficiency {s['efficiency']:.5f}, "
-                     f"{s['relative_gap']:.4%} over the lower bound; tokens accounted: "
-                     f"{all(r['tokens_accounted'] for r in results.values())}")  # fmt: skip
+        lines.append(
+            f"same shards (bytes) on every run: {same}; efficiency {s['efficiency']:.5f}, "
+            f"{s['relative_gap']:.4%} over the lower bound; tokens accounted: "
+            f"{all(r['tokens_accounted'] for r in results.values())}"
+        )
         shutil.rmtree(tmp / "out", ignore_errors=True)
     return lines
 
@@ -112,10 +128,14 @@ def serial(tmp: Path) -> list[str]:
     from padless.planning.lengths import draw_lengths
     from padless.planning.slots import plan_histogram
 
-    lines = ["", "serial parts on the driver (histogram of 1M lognormal lengths, median 60, scaled; rows of 1024;",
-             "the driver's own code: shard histograms in a memory-mapped file, prefix sums, plan, hash)"]
-    base = np.bincount(np.minimum(draw_lengths("lognormal", 1_000_000, np.random.default_rng(0), ()), 1024),
-                       minlength=1025).astype(np.int64)  # fmt: skip
+    lines = [
+        "",
+        "serial parts on the driver (histogram of 1M lognormal lengths, median 60, scaled; rows of 1024;",
+        "the driver's own code: shard histograms in a memory-mapped file, prefix sums, plan, hash)",
+    ]
+    base = np.bincount(
+        np.minimum(draw_lengths("lognormal", 1_000_000, np.random.default_rng(0), ()), 1024), minlength=1025
+    ).astype(np.int64)
     for total, shards in ((100_000_000, 1_526), (1_000_000_000, 15_259)):  # shards of 65,536 sequences
         hists = np.lib.format.open_memmap(tmp / "hist.npy", mode="w+", dtype=np.int64, shape=(shards, 1025))
         hists[:] = base * (total // 1_000_000) // shards
@@ -129,10 +149,12 @@ def serial(tmp: Path) -> list[str]:
         t = time.perf_counter()
         plan.digest()
         digest_s = time.perf_counter() - t
-        lines.append(f"{int(merged.sum()):>13,} lengths in {shards:>6} shards: merge {merge_s:.3f} s, plan {plan_s:.3f} s "
-                     f"({plan.num_rows:,} rows, {plan.stats().relative_gap:.5%} over the bound, {plan.band_size.size} "
-                     f"bands), hash {digest_s:.4f} s; driver peak RSS so far "
-                     f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")  # fmt: skip
+        lines.append(
+            f"{int(merged.sum()):>13,} lengths in {shards:>6} shards: merge {merge_s:.3f} s, plan {plan_s:.3f} s "
+            f"({plan.num_rows:,} rows, {plan.stats().relative_gap:.5%} over the bound, {plan.band_size.size} "
+            f"bands), hash {digest_s:.4f} s; driver peak RSS so far "
+            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+        )
     import ray
 
     t = time.perf_counter()
@@ -145,12 +167,11 @@ def serial(tmp: Path) -> list[str]:
 
 
 def dataset(rows: int, repeats: int) -> list[str]:
+    import datasets
     import pyarrow as pa
+    import trl
     from datasets import Dataset
     from datasets.table import InMemoryTable
-
-    import datasets
-    import trl
 
     import padless
 
@@ -169,8 +190,11 @@ def dataset(rows: int, repeats: int) -> list[str]:
     for name, lengths in mixes.items():
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         values = pa.array(rng.integers(0, 50257, int(offsets[-1]), dtype=np.int32))
-        ids = pa.LargeListArray.from_arrays(pa.array(offsets), values) if offsets[-1] >= 2**31 else \
-            pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
+        ids = (
+            pa.LargeListArray.from_arrays(pa.array(offsets), values)
+            if offsets[-1] >= 2**31
+            else pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
+        )
         ds = Dataset(InMemoryTable(pa.table({"input_ids": ids, "labels": ids})))
         best: dict[str, float] = {}
         cpu: dict[str, float] = {}
@@ -189,14 +213,17 @@ def dataset(rows: int, repeats: int) -> list[str]:
             theirs = timed("trl", lambda: trl.pack_dataset(ds, 2048))
         bound = -(-int(lengths.sum()) // 2048)
         assert taken.num_rows == rows
+
         def pair(a: float, b: float, fmt: str) -> str:
             return f"{a:{fmt}} [{b:{fmt}}]"
 
-        lines.append(f"{name:<10} {pair(best['padless'], cpu['padless'], '.2f'):>14} {pair(best['trl'], cpu['trl'], '.2f'):>14} "
-                     f"{pair(best['take'], cpu['take'], '.2f'):>14} "
-                     f"{pair(best['trl'] / best['padless'], cpu['trl'] / cpu['padless'], '.1f'):>14} "
-                     f"{pair(best['padless'] / best['take'], cpu['padless'] / cpu['take'], '.2f'):>14} "
-                     f"{ours.num_rows:>12} {theirs.num_rows:>9} {bound:>8}")  # fmt: skip
+        lines.append(
+            f"{name:<10} {pair(best['padless'], cpu['padless'], '.2f'):>14} {pair(best['trl'], cpu['trl'], '.2f'):>14} "
+            f"{pair(best['take'], cpu['take'], '.2f'):>14} "
+            f"{pair(best['trl'] / best['padless'], cpu['trl'] / cpu['padless'], '.1f'):>14} "
+            f"{pair(best['padless'] / best['take'], cpu['padless'] / cpu['take'], '.2f'):>14} "
+            f"{ours.num_rows:>12} {theirs.num_rows:>9} {bound:>8}"
+        )
     return lines
 
 
@@ -212,8 +239,11 @@ def main() -> None:
     print(machine(), flush=True)
     with tempfile.TemporaryDirectory(prefix="padless-cluster-") as tmp:
         for part in parts:
-            lines = {"engines": lambda: engines(Path(tmp), args.sequences, args.texts), "serial": lambda: serial(Path(tmp)),
-                     "dataset": lambda: dataset(args.rows, args.repeats)}[part]()  # fmt: skip
+            lines = {
+                "engines": lambda: engines(Path(tmp), args.sequences, args.texts),
+                "serial": lambda: serial(Path(tmp)),
+                "dataset": lambda: dataset(args.rows, args.repeats),
+            }[part]()
             print("\n".join(lines), flush=True)
     print(machine())
 

@@ -43,8 +43,9 @@ WAYS = {"eager": ("off", None), "static": ("static", "multiple"), "dynamic": ("d
 def _commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True
+        ).stdout.strip()
         return out.stdout.strip() + (" + uncommitted changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -89,28 +90,42 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
         lines.append(text)
 
-    command = "PYTHONPATH=src .venv/bin/python benchmarks/compile.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "PYTHONPATH=src .venv/bin/python benchmarks/compile.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
     say(f"# {command.strip()}")
-    say(f"# commit {_commit()}; torch {torch.__version__}; python {platform.python_version()}; "
-        f"{os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")  # fmt: skip
+    say(
+        f"# commit {_commit()}; torch {torch.__version__}; python {platform.python_version()}; "
+        f"{os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
     unknown = [w for w in ways if w not in WAYS]
     if unknown:
         parser.error(f"unknown way {unknown[0]!r}; choose from {', '.join(WAYS)}")
-    base = dataclasses.replace(PRESETS["quick"], model=args.model, steps=args.steps, warmup_steps=args.warmup_steps,
-                               batch_size=args.batch_size, max_length=args.max_length, limit=args.limit,
-                               strategies=strategies)  # fmt: skip
-    say(f"# {args.model}, {base.data}, {args.steps} steps ({args.warmup_steps} warm-up), batch {args.batch_size}, "
+    base = dataclasses.replace(
+        PRESETS["quick"],
+        model=args.model,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        limit=args.limit,
+        strategies=strategies,
+    )
+    say(
+        f"# {args.model}, {base.data}, {args.steps} steps ({args.warmup_steps} warm-up), batch {args.batch_size}, "
         f"max_length {args.max_length}, limit {args.limit}; static rounds rows to {args.multiple}; "
-        "an empty inductor cache per run (cold compiles)")  # fmt: skip
+        "an empty inductor cache per run (cold compiles)"
+    )
     runs: dict[tuple[str, str], StrategyRun] = {}
     with tempfile.TemporaryDirectory(prefix="padless-compile-bench-") as tmp:
         for name in strategies:  # the ways of a strategy back to back; each run gets an empty inductor cache
             for way in ways:
                 mode, rounding = WAYS[way]
-                cfg = dataclasses.replace(base, strategies=(name,), compile=mode,
-                                          pad_to_multiple_of=args.multiple if rounding else None)  # fmt: skip
+                cfg = dataclasses.replace(
+                    base, strategies=(name,), compile=mode, pad_to_multiple_of=args.multiple if rounding else None
+                )
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / f"inductor-{way}-{name}")
                 started = time.perf_counter()
                 path = run_benchmark(cfg, Path(tmp) / f"{way}-{name}", progress=False)
@@ -133,22 +148,37 @@ def main(argv: list[str] | None = None) -> int:
             if eager is not None and quiet:  # the same examples per step in every way: compare step by step
                 step_ratio = f"x{statistics.median(eager.step_time_s[i] / run.step_time_s[i] for i in quiet):.2f}"
             (all_rate, all_eager), (quiet_rate, quiet_eager) = (
-                (_rate(run, steps), eager and _rate(eager, steps)) for steps in (measured, quiet))
-            rows.append((name, way, _fmt(all_rate), ratio(all_rate, all_eager), _fmt(quiet_rate),
-                         ratio(quiet_rate, quiet_eager), step_ratio,
-                         f"{100 * (1 - sum(run.real_tokens) / sum(run.padded_tokens)):.1f}%",
-                         *(("-",) * 4 if c is None else (str(c.frames), str(c.recompiles), str(c.backward_compiles),
-                                                         f"{c.compile_s:.1f}"))))  # fmt: skip
+                (_rate(run, steps), eager and _rate(eager, steps)) for steps in (measured, quiet)
+            )
+            rows.append(
+                (
+                    name,
+                    way,
+                    _fmt(all_rate),
+                    ratio(all_rate, all_eager),
+                    _fmt(quiet_rate),
+                    ratio(quiet_rate, quiet_eager),
+                    step_ratio,
+                    f"{100 * (1 - sum(run.real_tokens) / sum(run.padded_tokens)):.1f}%",
+                    *(
+                        ("-",) * 4
+                        if c is None
+                        else (str(c.frames), str(c.recompiles), str(c.backward_compiles), f"{c.compile_s:.1f}")
+                    ),
+                )
+            )
     for line in text_table(rows, left_columns=2):
         say(line)
     say()
-    say("real tok/s: real (non-padding) tokens / time over the steps after the warm-up, compilations in them "
+    say(
+        "real tok/s: real (non-padding) tokens / time over the steps after the warm-up, compilations in them "
         "included; steady tok/s: the same over the steps after the warm-up during which torch compiled nothing; "
         "x eager: over eager's real tokens / time on the same steps (every way trains the same examples at each "
         "step); step x eager: median over those steps of eager's step time / this way's; frames: dynamo frame "
         "compilations (the graph break around padless attention adds frames), recompiles among them; bwd graphs: "
         "backward graphs compiled lazily; compile s: seconds compiling during training (cold: an empty inductor "
-        "cache per process)")  # fmt: skip
+        "cache per process)"
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")

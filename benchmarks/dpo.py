@@ -64,8 +64,11 @@ def make_pairs(n: int, max_tokens: int, seed: int) -> list[dict[str, list[int]]]
 def padded_batch(pairs: list[dict]) -> tuple[dict, list[tuple[int, list[int], list[int]]]]:
     """TRL's layout (chosen rows, then rejected rows, right-padded) and, per feature (pair i: 2i chosen,
     2i + 1 rejected), its row, the positions predicting its tokens and its positions."""
-    feats = [{"input_ids": p["prompt_ids"] + p[k], "labels": [IGNORE_INDEX] * len(p["prompt_ids"]) + p[k]}
-             for k in ("chosen_ids", "rejected_ids") for p in pairs]  # fmt: skip
+    feats = [
+        {"input_ids": p["prompt_ids"] + p[k], "labels": [IGNORE_INDEX] * len(p["prompt_ids"]) + p[k]}
+        for k in ("chosen_ids", "rejected_ids")
+        for p in pairs
+    ]
     n, src = len(pairs), []
     for i, p in enumerate(pairs):
         for r, key in ((i, "chosen_ids"), (n + i, "rejected_ids")):
@@ -78,8 +81,9 @@ def packed_src(batch) -> list[tuple[int, list[int], list[int]]]:
     """Per feature: (row, positions whose logits predict it, its positions), read from the placements."""
     pl = batch.placements
     out = [None] * pl.num_features
-    for f, r, o, n, prev in zip(pl.feature.tolist(), pl.row.tolist(), pl.offset.tolist(), pl.length.tolist(),
-                                pl.prev_offset.tolist()):  # fmt: skip
+    for f, r, o, n, prev in zip(
+        pl.feature.tolist(), pl.row.tolist(), pl.offset.tolist(), pl.length.tolist(), pl.prev_offset.tolist()
+    ):
         out[f] = (r, [prev, *range(o, o + n - 1)], list(range(o, o + n)))
     return out
 
@@ -121,8 +125,9 @@ def main() -> None:
     padless.register_padless_attention()
     all_pairs = make_pairs(args.pairs * (args.steps + 1), args.max_tokens, args.seed)
     steps = [all_pairs[i * args.pairs : (i + 1) * args.pairs] for i in range(args.steps + 1)]
-    cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=args.max_length, resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0)  # fmt: skip
+    cfg = GPT2Config(
+        n_layer=4, n_embd=256, n_head=4, n_positions=args.max_length, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     torch.manual_seed(args.seed)
     base = GPT2LMHeadModel(cfg).eval()
     methods = {}
@@ -130,11 +135,21 @@ def main() -> None:
         policy, ref = copy.deepcopy(base), copy.deepcopy(base)
         policy.set_attn_implementation(backend)
         ref.set_attn_implementation(backend)
-        methods[name] = dict(policy=policy, ref=ref, opt=torch.optim.AdamW(policy.parameters(), lr=1e-3),
-                             times=[], losses=[], tokens=[], flops=[])  # fmt: skip
-    collators = {name: padless.PreferenceCollator.for_model(methods[name]["policy"], max_length=args.max_length,
-                                                            share_prompt=name == "shared")
-                 for name in ("packed", "shared")}  # fmt: skip
+        methods[name] = dict(
+            policy=policy,
+            ref=ref,
+            opt=torch.optim.AdamW(policy.parameters(), lr=1e-3),
+            times=[],
+            losses=[],
+            tokens=[],
+            flops=[],
+        )
+    collators = {
+        name: padless.PreferenceCollator.for_model(
+            methods[name]["policy"], max_length=args.max_length, share_prompt=name == "shared"
+        )
+        for name in ("packed", "shared")
+    }
 
     def build(name: str, pairs: list[dict]):
         if name == "padded":
@@ -176,26 +191,36 @@ def main() -> None:
             # padding is computed by the padded method's whole rows; the packed rows' trailing pad too
             m["flops"].append(row_flops(cfg, segs))
     real = sum(2 * len(p["prompt_ids"]) + len(p["chosen_ids"]) + len(p["rejected_ids"]) for s in steps[1:] for p in s)
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")  # fmt: skip
-    print(f"model: GPT-2 architecture, {cfg.n_layer} layers x {cfg.n_embd}, vocab {cfg.vocab_size}; "
-          f"{args.pairs} pairs/step, {args.steps} timed steps; real tokens {real} (pairs unpacked)")  # fmt: skip
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}"
+    )
+    print(
+        f"model: GPT-2 architecture, {cfg.n_layer} layers x {cfg.n_embd}, vocab {cfg.vocab_size}; "
+        f"{args.pairs} pairs/step, {args.steps} timed steps; real tokens {real} (pairs unpacked)"
+    )
     padded_time = sum(methods["padded"]["times"])
     indep_flops = sum(methods["packed"]["flops"][1:])
-    print(f"{'method':<8} {'s/step':>8} {'real tok/s':>11} {'vs padded':>10} {'tokens computed':>16} "
-          f"{'row GFLOPs':>11} {'vs packed':>10}")  # fmt: skip
+    print(
+        f"{'method':<8} {'s/step':>8} {'real tok/s':>11} {'vs padded':>10} {'tokens computed':>16} "
+        f"{'row GFLOPs':>11} {'vs packed':>10}"
+    )
     for name, m in methods.items():
         t = sum(m["times"])
         flops = sum(m["flops"][1:])
-        print(f"{name:<8} {t / args.steps:8.3f} {real / t:11.0f} {padded_time / t:9.2f}x {sum(m['tokens'][1:]):16d} "
-              f"{flops / 1e9:11.3f} {flops / indep_flops:9.2f}x")  # fmt: skip
+        print(
+            f"{name:<8} {t / args.steps:8.3f} {real / t:11.0f} {padded_time / t:9.2f}x {sum(m['tokens'][1:]):16d} "
+            f"{flops / 1e9:11.3f} {flops / indep_flops:9.2f}x"
+        )
     losses = np.array([m["losses"] for m in methods.values()])  # [methods, steps]
     print("loss per step (padded / packed / shared):")
     for s in range(losses.shape[1]):
         print(f"  step {s}: " + " / ".join(f"{x:.7f}" for x in losses[:, s]))
     print(f"max |loss difference| across methods over all steps: {np.abs(losses - losses[0]).max():.2e}")
-    print(f"FLOPs saved by sharing the prompt (row FLOPs, shared vs packed independent): "
-          f"{1 - sum(methods['shared']['flops'][1:]) / indep_flops:.1%}")  # fmt: skip
+    print(
+        f"FLOPs saved by sharing the prompt (row FLOPs, shared vs packed independent): "
+        f"{1 - sum(methods['shared']['flops'][1:]) / indep_flops:.1%}"
+    )
 
 
 if __name__ == "__main__":

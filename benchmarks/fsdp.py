@@ -56,8 +56,12 @@ def check(args: argparse.Namespace, device: torch.device, feats: list[dict[str, 
     collator = padless.PackingCollator.for_model(model, max_length=args.max_length)
     shard_model(model)
     sampler = padless.DistributedPackedBatchSampler(lengths, args.max_length, args.rows, seed=0)
-    micro = [batch_to(b, device) for b, _ in zip(DataLoader(padless.PackedRowView(feats), batch_sampler=sampler,
-                                                            collate_fn=collator), range(args.accum))]  # fmt: skip
+    micro = [
+        batch_to(b, device)
+        for b, _ in zip(
+            DataLoader(padless.PackedRowView(feats), batch_sampler=sampler, collate_fn=collator), range(args.accum)
+        )
+    ]
     num_items = padless.step_num_items(micro)
     for i, batch in enumerate(micro):
         with sync_gradients(model, i == len(micro) - 1):
@@ -139,7 +143,9 @@ def main() -> int:
     if dist.get_rank() == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         print(f"fsdp: {dist.get_world_size()} rank(s) on {name} ({dist.get_backend()}), {args.model}, {args.attn}")
-        print(f"fsdp exactness (fp32): max |grad - one process| / max |grad| = {gap:.2e} (tolerance {args.tolerance:g})")
+        print(
+            f"fsdp exactness (fp32): max |grad - one process| / max |grad| = {gap:.2e} (tolerance {args.tolerance:g})"
+        )
         print(f"fsdp training ({args.dtype}): median step {step_s:.3f} s, {tok_s:,.0f} real tokens/s over all ranks")
     dist.destroy_process_group()
     return 0 if gap <= args.tolerance else 1

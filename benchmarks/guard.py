@@ -19,11 +19,11 @@ import time
 import numpy as np
 import torch
 
+from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator
 from padless.isolation.guard import IsolationGuard
-from padless.batching.batch import forward_inputs
-from padless.objectives.loss import causal_lm_loss, step_num_items
 from padless.models.factory import build_model
+from padless.objectives.loss import causal_lm_loss, step_num_items
 from padless.planning.lengths import synthetic_lengths
 
 
@@ -73,11 +73,15 @@ def main() -> None:
             step_t.append(t1 - t0 + t4 - t3), given_t.append(t2 - t1), rerun_t.append(t3 - t2)
             worst = max(worst, check.max_logit_diff)
     step, given, rerun = (statistics.median(x) for x in (step_t, given_t, rerun_t))
-    print(f"{args.model} ({args.backend}), {args.rows} rows x {args.max_length}, {args.documents} documents per "
-          f"check, {args.steps} steps; torch {torch.__version__}, {platform.machine()}, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
-    print(f"median step {step:.3f} s; one check with the step's logits {given:.3f} s ({given / step:.3f} x step), "
-          f"re-running the batch {rerun:.3f} s ({rerun / step:.3f} x step); worst logit diff {worst:.2e}")
+    print(
+        f"{args.model} ({args.backend}), {args.rows} rows x {args.max_length}, {args.documents} documents per "
+        f"check, {args.steps} steps; torch {torch.__version__}, {platform.machine()}, "
+        f"{torch.get_num_threads()} threads"
+    )
+    print(
+        f"median step {step:.3f} s; one check with the step's logits {given:.3f} s ({given / step:.3f} x step), "
+        f"re-running the batch {rerun:.3f} s ({rerun / step:.3f} x step); worst logit diff {worst:.2e}"
+    )
     print(f"{'every':>6} {'with logits':>12} {'re-run':>8}   per-step time ratio, guard on / off")
     for every in (1, 10, 100, 1000):
         print(f"{every:>6} {1 + given / step / every:>12.4f} {1 + rerun / step / every:>8.4f}")

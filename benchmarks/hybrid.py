@@ -35,23 +35,45 @@ import torch.nn.functional as F
 import transformers as T
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention import best_times  # noqa: E402  (the interleaved best-of timer of the attention benchmark)
-
 import padless  # noqa: E402
+from attention import best_times  # noqa: E402  (the interleaved best-of timer of the attention benchmark)
 from padless.attention.mixers import enable_per_document_mixers  # noqa: E402
 
 VOCAB, ROW = 512, 512
-_COMMON = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=4,
-               num_hidden_layers=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    num_hidden_layers=4,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 _PATTERN = ["linear_attention"] * 3 + ["full_attention"]
 
 CONFIGS: dict[str, Callable[[], T.PretrainedConfig]] = {
-    "qwen3_5_text": lambda: T.Qwen3_5TextConfig(**_COMMON, layer_types=_PATTERN, head_dim=32, linear_num_value_heads=8,
-                                                linear_num_key_heads=4, linear_key_head_dim=32,
-                                                linear_value_head_dim=32, linear_conv_kernel_dim=4),  # fmt: skip
-    "bamba": lambda: T.BambaConfig(**_COMMON, attn_layer_indices=[3], mamba_n_heads=8, mamba_d_head=64,
-                                   mamba_d_state=32, mamba_n_groups=1, mamba_chunk_size=64,
-                                   mamba_expand=2),  # fmt: skip
+    "qwen3_5_text": lambda: T.Qwen3_5TextConfig(
+        **_COMMON,
+        layer_types=_PATTERN,
+        head_dim=32,
+        linear_num_value_heads=8,
+        linear_num_key_heads=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        linear_conv_kernel_dim=4,
+    ),
+    "bamba": lambda: T.BambaConfig(
+        **_COMMON,
+        attn_layer_indices=[3],
+        mamba_n_heads=8,
+        mamba_d_head=64,
+        mamba_d_state=32,
+        mamba_n_groups=1,
+        mamba_chunk_size=64,
+        mamba_expand=2,
+    ),
     "lfm2": lambda: T.Lfm2Config(**_COMMON, layer_types=["conv"] * 3 + ["full_attention"], conv_L_cache=3),
 }
 
@@ -142,13 +164,17 @@ def run(families: list[str], repeats: int, bucket: int, seed: int) -> list[str]:
             shape = shape if len(shape) <= 12 else f"{len(batches)} batches"
             padded = sum(b["input_ids"].numel() for b in batches)
             t = times[name]
-            lines.append(f"{family:14s} {name:12s} {shape:>12s} {padded:10d} {real:8d} {t * 1e3:9.1f} "
-                         f"{real / t:8.0f} {t / times['packed']:8.2f}x {diffs[name]:9.1e}")  # fmt: skip
+            lines.append(
+                f"{family:14s} {name:12s} {shape:>12s} {padded:10d} {real:8d} {t * 1e3:9.1f} "
+                f"{real / t:8.0f} {t / times['packed']:8.2f}x {diffs[name]:9.1e}"
+            )
         lines.append("")
         print("\n".join(lines[-len(plan) - 1 :]), flush=True)  # progress: a family's rows as soon as measured
     lines.append(f"loadavg after: {loadavg()}")
-    lines.append("'vs packed': step time / packed step time (>1: slower than packed). 'loss diff': max |token loss - "
-                 "padded's| over the sorted token losses of the step, checked before timing.")  # fmt: skip
+    lines.append(
+        "'vs packed': step time / packed step time (>1: slower than packed). 'loss diff': max |token loss - "
+        "padded's| over the sorted token losses of the step, checked before timing."
+    )
     return lines
 
 

@@ -41,8 +41,12 @@ EOS = 50256  # GPT-2's <|endoftext|>: every agentic-rag example ends with it, an
 def machine() -> dict[str, Any]:
     import torch
 
-    return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-            "load_average": os.getloadavg()}  # fmt: skip
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "load_average": os.getloadavg(),
+    }
 
 
 # ------------------------------------------------------------------------------------------- (a) pack
@@ -82,8 +86,15 @@ def pack_benchmark(rows: int, seq_length: int, seed: int) -> list[dict[str, Any]
         start = time.perf_counter()
         packed = run()
         seconds = time.perf_counter() - start
-        out.append({"packer": name, "seconds": seconds, "rows": packed.num_rows, "lower_bound": bound,
-                    "tokens": int(lengths.sum())})  # fmt: skip
+        out.append(
+            {
+                "packer": name,
+                "seconds": seconds,
+                "rows": packed.num_rows,
+                "lower_bound": bound,
+                "tokens": int(lengths.sum()),
+            }
+        )
         del packed
     return out
 
@@ -125,14 +136,23 @@ class Recorder:
         return spans
 
 
-def sft_run(kind: str, examples: Any, tokenizer: Any, *, max_length: int, padded_batch: int, packed_rows: int,
-            out_dir: str, model_name: str) -> dict[str, Any]:  # fmt: skip
+def sft_run(
+    kind: str,
+    examples: Any,
+    tokenizer: Any,
+    *,
+    max_length: int,
+    padded_batch: int,
+    packed_rows: int,
+    out_dir: str,
+    model_name: str,
+) -> dict[str, Any]:
     import torch
     import trl
 
     import padless
-    from padless.isolation.audit import audit_batch
     from padless.integrations.trl import SFTTrainer as PadlessSFTTrainer
+    from padless.isolation.audit import audit_batch
 
     attn = "padless" if kind == "padless" else "sdpa"
     if attn == "padless":
@@ -140,12 +160,21 @@ def sft_run(kind: str, examples: Any, tokenizer: Any, *, max_length: int, padded
     model = padless.build_model(model_name, attn_implementation=attn, seed=0)
     packing = kind != "trl-padding"
     args = trl.SFTConfig(
-        output_dir=out_dir, packing=packing, max_length=max_length, num_train_epochs=1,
-        per_device_train_batch_size=packed_rows if packing else padded_batch, learning_rate=1e-3,
-        logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0,
+        output_dir=out_dir,
+        packing=packing,
+        max_length=max_length,
+        num_train_epochs=1,
+        per_device_train_batch_size=packed_rows if packing else padded_batch,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
         bf16=False,  # SFTConfig's default turns bf16 autocast on, on a CPU too: fp32 for every run
         gradient_checkpointing=False,  # SFTConfig's default recomputes every forward; off for every run
-    )  # fmt: skip
+    )
     cls = PadlessSFTTrainer if kind == "padless" else trl.SFTTrainer
     trainer = cls(model=model, args=args, train_dataset=examples, processing_class=tokenizer)
     recorder = Recorder(trainer.data_collator)
@@ -158,23 +187,31 @@ def sft_run(kind: str, examples: Any, tokenizer: Any, *, max_length: int, padded
         audit = one if audit is None else audit.merge(one)
     seconds = result.metrics["train_runtime"]
     return {
-        "run": kind, "attention": attn, "steps": result.global_step, "seconds": seconds,
-        "real_tokens": recorder.real_tokens, "real_tokens_per_s": recorder.real_tokens / seconds,
-        "final_loss": float(np.mean(losses[-10:])), "isolated": bool(audit.isolated),
-        "max_logit_diff": audit.max_logit_diff, "cross_document_targets": audit.cross_document_targets,
+        "run": kind,
+        "attention": attn,
+        "steps": result.global_step,
+        "seconds": seconds,
+        "real_tokens": recorder.real_tokens,
+        "real_tokens_per_s": recorder.real_tokens / seconds,
+        "final_loss": float(np.mean(losses[-10:])),
+        "isolated": bool(audit.isolated),
+        "max_logit_diff": audit.max_logit_diff,
+        "cross_document_targets": audit.cross_document_targets,
         "threads": torch.get_num_threads(),
-    }  # fmt: skip
+    }
 
 
-def sft_benchmark(limit: int, max_length: int, padded_batch: int, packed_rows: int, model_name: str,
-                  out_dir: str, repeats: int) -> list[dict[str, Any]]:  # fmt: skip
+def sft_benchmark(
+    limit: int, max_length: int, padded_batch: int, packed_rows: int, model_name: str, out_dir: str, repeats: int
+) -> list[dict[str, Any]]:
     from datasets import Dataset
 
     import padless
 
     tokenizer = padless.load_tokenizer("gpt2")
-    corpus = padless.load_corpus("agentic-rag", tokenizer, train_on="assistant", limit=limit, seed=0,
-                                 max_length=max_length, overlong="drop")  # fmt: skip
+    corpus = padless.load_corpus(
+        "agentic-rag", tokenizer, train_on="assistant", limit=limit, seed=0, max_length=max_length, overlong="drop"
+    )
     assert all(ids.count(EOS) == 1 and ids[-1] == EOS for ids in corpus.input_ids), "an example has an inner EOS"
     examples = Dataset.from_dict({"input_ids": corpus.input_ids, "labels": corpus.labels})
     print(f"agentic-rag: {corpus.report}", flush=True)
@@ -182,15 +219,30 @@ def sft_benchmark(limit: int, max_length: int, padded_batch: int, packed_rows: i
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for r in range(repeats):  # A B C, then C B A, ...: a load that drifts during the run hits every kind alike
         for kind in kinds if r % 2 == 0 else kinds[::-1]:
-            runs[kind].append(sft_run(kind, examples, tokenizer, max_length=max_length, padded_batch=padded_batch,
-                                      packed_rows=packed_rows, out_dir=os.path.join(out_dir, kind),
-                                      model_name=model_name))  # fmt: skip
+            runs[kind].append(
+                sft_run(
+                    kind,
+                    examples,
+                    tokenizer,
+                    max_length=max_length,
+                    padded_batch=padded_batch,
+                    packed_rows=packed_rows,
+                    out_dir=os.path.join(out_dir, kind),
+                    model_name=model_name,
+                )
+            )
             print(f"  {kind}: {runs[kind][-1]['real_tokens_per_s']:.0f} real tokens/s", flush=True)
     out = []
     for kind in kinds:
         rates = [run["real_tokens_per_s"] for run in runs[kind]]
-        out.append({**runs[kind][0], "real_tokens_per_s": float(np.mean(rates)), "real_tokens_per_s_runs": rates,
-                    "seconds": float(np.mean([run["seconds"] for run in runs[kind]]))})  # fmt: skip
+        out.append(
+            {
+                **runs[kind][0],
+                "real_tokens_per_s": float(np.mean(rates)),
+                "real_tokens_per_s_runs": rates,
+                "seconds": float(np.mean([run["seconds"] for run in runs[kind]])),
+            }
+        )
     return out
 
 
@@ -218,19 +270,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n(a) {args.rows:,} sequences, uniform(10..500) tokens, rows of {args.seq_length}")
         print(f"{'packer':<56} {'seconds':>8} {'rows':>9} {'lower bound':>12} {'x bound':>8}")
         for r in report["pack"]:
-            print(f"{r['packer']:<56} {r['seconds']:>8.2f} {r['rows']:>9,} {r['lower_bound']:>12,} "
-                  f"{r['rows'] / r['lower_bound']:>8.4f}")  # fmt: skip
+            print(
+                f"{r['packer']:<56} {r['seconds']:>8.2f} {r['rows']:>9,} {r['lower_bound']:>12,} "
+                f"{r['rows'] / r['lower_bound']:>8.4f}"
+            )
     if args.part in ("sft", "all"):
-        report["sft"] = sft_benchmark(args.limit, args.max_length, args.padded_batch, args.packed_rows, args.model,
-                                      args.out_dir, args.repeats)  # fmt: skip
-        print(f"\n(b) SFTTrainer, agentic-rag, {args.model}, max_length {args.max_length}, one epoch; "
-              f"mean of {args.repeats} runs each")
-        print(f"{'run':<12} {'attention':<9} {'steps':>5} {'seconds':>8} {'real tok/s':>10} {'final loss':>10} "
-              f"{'isolated':>8} {'max |dlogit|':>12} {'x-doc targets':>13}")  # fmt: skip
+        report["sft"] = sft_benchmark(
+            args.limit, args.max_length, args.padded_batch, args.packed_rows, args.model, args.out_dir, args.repeats
+        )
+        print(
+            f"\n(b) SFTTrainer, agentic-rag, {args.model}, max_length {args.max_length}, one epoch; "
+            f"mean of {args.repeats} runs each"
+        )
+        print(
+            f"{'run':<12} {'attention':<9} {'steps':>5} {'seconds':>8} {'real tok/s':>10} {'final loss':>10} "
+            f"{'isolated':>8} {'max |dlogit|':>12} {'x-doc targets':>13}"
+        )
         for r in report["sft"]:
-            print(f"{r['run']:<12} {r['attention']:<9} {r['steps']:>5} {r['seconds']:>8.1f} "
-                  f"{r['real_tokens_per_s']:>10.0f} {r['final_loss']:>10.4f} {str(r['isolated']):>8} "
-                  f"{r['max_logit_diff']:>12.2e} {r['cross_document_targets']:>13}")  # fmt: skip
+            print(
+                f"{r['run']:<12} {r['attention']:<9} {r['steps']:>5} {r['seconds']:>8.1f} "
+                f"{r['real_tokens_per_s']:>10.0f} {r['final_loss']:>10.4f} {str(r['isolated']):>8} "
+                f"{r['max_logit_diff']:>12.2e} {r['cross_document_targets']:>13}"
+            )
     report["machine_after"] = machine()
     print(f"\nload average after: {report['machine_after']['load_average']}")
     if args.json:

@@ -51,8 +51,9 @@ def case(impl: str, dtype: torch.dtype, head_dim: int, heads: tuple[int, int], w
     ref = reference_varlen_attention(q32, k32, v32, cu, sliding_window=window)
     want = torch.autograd.grad(ref, (q32, k32, v32), grad.float())
     # per tensor (output, dq, dk, dv): max difference over max(1, its largest reference value)
-    diff = max((a.float() - b).abs().max().item() / max(1.0, b.abs().max().item())
-               for a, b in zip((out, *got), (ref, *want)))  # fmt: skip
+    diff = max(
+        (a.float() - b).abs().max().item() / max(1.0, b.abs().max().item()) for a, b in zip((out, *got), (ref, *want))
+    )
     return {**row, "status": "ok" if diff <= TOLERANCE[dtype] else "FAILED", "max_diff": diff}
 
 
@@ -66,21 +67,27 @@ def main() -> int:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device: {where}  torch {torch.__version__}")
     rows = []
-    for impl, dtype, head_dim, heads, window in itertools.product(impls, dtypes, (64, 72, 100, 320), ((4, 4), (8, 2)), (None, 16)):
+    for impl, dtype, head_dim, heads, window in itertools.product(
+        impls, dtypes, (64, 72, 100, 320), ((4, 4), (8, 2)), (None, 16)
+    ):
         if device.type == "cpu" and impl in ("torch_varlen", "flash_attn") and head_dim != 64:
             continue  # on a CPU both refuse for the device alone: one line each is enough
         row = case(impl, dtype, head_dim, heads, window, device)
         rows.append(row)
         figures = f"max diff {row['max_diff']:.2e}" if "max_diff" in row else row.get("detail", "")
         chosen = f" -> {row['chosen']}" if "chosen" in row else ""
-        print(f"{row['status']:>7}  {impl + chosen:<28} {row['dtype']:<8} d={head_dim:<3} h={row['heads']:<4} "
-              f"window={window}  {figures}")  # fmt: skip
+        print(
+            f"{row['status']:>7}  {impl + chosen:<28} {row['dtype']:<8} d={head_dim:<3} h={row['heads']:<4} "
+            f"window={window}  {figures}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": where, "torch": torch.__version__, "cases": rows}, f, indent=1)
     failed = sum(r["status"] == "FAILED" for r in rows)
-    print(f"{len(rows)} cases: {sum(r['status'] == 'ok' for r in rows)} ok, "
-          f"{sum(r['status'] == 'refused' for r in rows)} refused, {failed} FAILED")  # fmt: skip
+    print(
+        f"{len(rows)} cases: {sum(r['status'] == 'ok' for r in rows)} ok, "
+        f"{sum(r['status'] == 'refused' for r in rows)} refused, {failed} FAILED"
+    )
     return 1 if failed else 0
 
 

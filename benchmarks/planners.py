@@ -52,8 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
-from padless.planning.plan import STRATEGIES, plan_packs
 from padless.planning.lengths import load_lengths, synthetic_lengths
+from padless.planning.plan import STRATEGIES, plan_packs
 
 PEERS_DIR = Path.home() / ".cache" / "padless" / "peers"
 PLANNERS = [s for s in STRATEGIES if s != "first_fit_decreasing"]  # that name plans as best_fit_decreasing
@@ -64,10 +64,23 @@ def setup_peers() -> None:
     """Fetch seqpacker's musllinux wheel into PEERS_DIR and point its bundled libc at glibc."""
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
-             "musllinux_1_2_x86_64", "--python-version", "3.11", "-d", tmp, SEQPACKER],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                "musllinux_1_2_x86_64",
+                "--python-version",
+                "3.11",
+                "-d",
+                tmp,
+                SEQPACKER,
+            ],
             check=True,
-        )  # fmt: skip
+        )
         (wheel,) = glob.glob(os.path.join(tmp, "*.whl"))
         PEERS_DIR.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheel) as zf:
@@ -123,7 +136,10 @@ def trl_peer(lengths: np.ndarray, max_length: int) -> list[tuple[str, Callable[[
     tokens = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(int(offsets[-1]), dtype=np.int8)))
     dataset = datasets.Dataset(pa.table({"input_ids": tokens}))
     return [
-        ("trl bfd, whole dataset", lambda: len(pack_dataset(dataset, max_length, "bfd", map_kwargs={"batch_size": None}))),
+        (
+            "trl bfd, whole dataset",
+            lambda: len(pack_dataset(dataset, max_length, "bfd", map_kwargs={"batch_size": None})),
+        ),
         ("trl bfd, default batches", lambda: len(pack_dataset(dataset, max_length, "bfd"))),
     ]
 
@@ -134,10 +150,12 @@ def seqpacker_peer(lengths: np.ndarray, max_length: int) -> list[tuple[str, Call
     # Two entry points: bins as Python objects, and flat arrays (item order + bin boundaries) like
     # a PackPlan. Both take a numpy array.
     return [
-        ("seqpacker obfd pack_sequences",
-         lambda: seqpacker.pack_sequences(lengths, capacity=max_length, strategy="obfd").num_bins),
+        (
+            "seqpacker obfd pack_sequences",
+            lambda: seqpacker.pack_sequences(lengths, capacity=max_length, strategy="obfd").num_bins,
+        ),
         ("seqpacker obfd pack_flat", lambda: len(seqpacker.Packer(max_length, "obfd").pack_flat(lengths)[1]) + 1),
-    ]  # fmt: skip
+    ]
 
 
 def load() -> str:
@@ -150,20 +168,26 @@ def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace) -> di
     placed = int(np.minimum(lengths, L).sum()) if args.overlong == "truncate" else int(lengths[lengths <= L].sum())
     bound = -(-placed // L)
     before = load()
-    print(f"\n== {name}: {lengths.size:,} lengths, {int(lengths.sum()):,} tokens, max_length {L}, "
-          f"lower bound {bound:,} rows ({before})")  # fmt: skip
+    print(
+        f"\n== {name}: {lengths.size:,} lengths, {int(lengths.sum()):,} tokens, max_length {L}, "
+        f"lower bound {bound:,} rows ({before})"
+    )
     header = f"{'planner':<32}{'time':>10}{'user':>8}{'sys':>8}{'rows':>12}{'gap':>9}{'gap %':>9}{'efficiency':>12}"
     print(header + "\n" + "-" * len(header))
 
     def line(label: str, seconds: float, rows: int, tokens: int) -> None:
         gap = rows - bound
         shown = f"{seconds:.3f} s" if seconds >= 0.1 else f"{1000 * seconds:.2f} ms"
-        print(f"{label:<32}{shown:>10}{CPU['user']:>8.2f}{CPU['sys']:>8.2f}{rows:>12,}{gap:>9,}{100 * gap / bound:>8.3f}%{100 * tokens / (rows * L):>11.3f}%",
-              flush=True)  # fmt: skip
+        print(
+            f"{label:<32}{shown:>10}{CPU['user']:>8.2f}{CPU['sys']:>8.2f}{rows:>12,}{gap:>9,}{100 * gap / bound:>8.3f}%{100 * tokens / (rows * L):>11.3f}%",
+            flush=True,
+        )
 
     ours: dict[str, tuple[float, int]] = {}
     for strategy in args.strategies:
-        seconds, plan = best_time(lambda: plan_packs(lengths, L, strategy=strategy, overlong=args.overlong), args.repeats)
+        seconds, plan = best_time(
+            lambda: plan_packs(lengths, L, strategy=strategy, overlong=args.overlong), args.repeats
+        )
         stats = plan.stats  # type: ignore[attr-defined]
         ours[strategy] = (seconds, stats.num_rows)
         line(f"padless {strategy}", seconds, stats.num_rows, stats.real_tokens)
@@ -191,13 +215,24 @@ def run_workload(name: str, lengths: np.ndarray, args: argparse.Namespace) -> di
             line(label, seconds, int(rows), placed)  # type: ignore[arg-type]
             results.append((label, seconds, int(rows)))  # type: ignore[arg-type]
     after = load()
-    print(f"padless best whole-sequence planner: {fastest_best} ({best_s:.3f} s, {best_rows:,} rows, "
-          f"{100 * (best_rows - bound) / bound:.4f}% over the lower bound); {after}")  # fmt: skip
+    print(
+        f"padless best whole-sequence planner: {fastest_best} ({best_s:.3f} s, {best_rows:,} rows, "
+        f"{100 * (best_rows - bound) / bound:.4f}% over the lower bound); {after}"
+    )
     for label, seconds, rows in results:
-        print(f"  vs {label:<30} padless is {seconds / best_s:6.2f}x as fast;  rows {best_rows:,} vs {rows:,} "
-              f"({best_rows - rows:+,})")  # fmt: skip
-    return {"name": name, "n": lengths.size, "bound": bound, "ours": ours, "best": fastest_best,
-            "peers": results, "load": (before, after)}  # fmt: skip
+        print(
+            f"  vs {label:<30} padless is {seconds / best_s:6.2f}x as fast;  rows {best_rows:,} vs {rows:,} "
+            f"({best_rows - rows:+,})"
+        )
+    return {
+        "name": name,
+        "n": lengths.size,
+        "bound": bound,
+        "ours": ours,
+        "best": fastest_best,
+        "peers": results,
+        "load": (before, after),
+    }
 
 
 def summary(runs: list[dict]) -> None:
@@ -206,24 +241,39 @@ def summary(runs: list[dict]) -> None:
     labels = list(dict.fromkeys(label for run in runs for label, _, _ in run["peers"]))
     strategies = [k for k in runs[0]["ours"] if k not in ("next_fit", "wrapped")] if runs else []
     print("\n== summary: best-of time, rows over the lower bound; peers also as (peer time / padless best time)")
-    print("| lengths | lower bound | " + " | ".join(f"padless `{k}`" for k in strategies) + " | "
-          + " | ".join(labels) + " | load before -> after |")  # fmt: skip
+    print(
+        "| lengths | lower bound | "
+        + " | ".join(f"padless `{k}`" for k in strategies)
+        + " | "
+        + " | ".join(labels)
+        + " | load before -> after |"
+    )
     print("|---" * (3 + len(strategies) + len(labels)) + "|")
     for run in runs:
         bound, ours = run["bound"], run["ours"]
         best_s = ours[run["best"]][0]
         cells = [f"{ours[k][0]:.3f} s, +{ours[k][1] - bound:,}" for k in strategies]
         peers = {label: (s, r) for label, s, r in run["peers"]}
-        cells += [f"{peers[x][0]:.3f} s, +{peers[x][1] - bound:,} ({peers[x][0] / best_s:.1f}x)" if x in peers else "-"
-                  for x in labels]  # fmt: skip
-        print(f"| {run['name']}, {run['n']:,} | {bound:,} | " + " | ".join(cells)
-              + f" | {run['load'][0][5:]} -> {run['load'][1][5:]} |")  # fmt: skip
+        cells += [
+            f"{peers[x][0]:.3f} s, +{peers[x][1] - bound:,} ({peers[x][0] / best_s:.1f}x)" if x in peers else "-"
+            for x in labels
+        ]
+        print(
+            f"| {run['name']}, {run['n']:,} | {bound:,} | "
+            + " | ".join(cells)
+            + f" | {run['load'][0][5:]} -> {run['load'][1][5:]} |"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num", type=int, nargs="+", default=[1_000_000, 10_000_000, 16_000_000],
-                        help="lengths per synthetic workload (one workload per number and distribution)")
+    parser.add_argument(
+        "--num",
+        type=int,
+        nargs="+",
+        default=[1_000_000, 10_000_000, 16_000_000],
+        help="lengths per synthetic workload (one workload per number and distribution)",
+    )
     parser.add_argument("--dists", nargs="+", default=["lognormal", "uniform"], help="synthetic distributions")
     parser.add_argument("--lengths", metavar="FILE", help="also run on a real corpus's lengths (.npy/.txt/.json)")
     parser.add_argument("--only-lengths", action="store_true", help="skip the synthetic workloads")
@@ -243,13 +293,17 @@ def main() -> None:
         return
     if PEERS_DIR.is_dir():
         sys.path.insert(0, str(PEERS_DIR))
-    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} CPUs, {os.uname().machine}, "
-          f"{load()}")  # fmt: skip
+    print(
+        f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} CPUs, {os.uname().machine}, "
+        f"{load()}"
+    )
     workloads: list[tuple[str, Callable[[], np.ndarray]]] = []
     if not args.only_lengths:
         for num in args.num:
             for dist in args.dists:
-                workloads.append((f"{dist} (seed {args.seed})", lambda d=dist, n=num: synthetic_lengths(d, n, args.seed)))
+                workloads.append(
+                    (f"{dist} (seed {args.seed})", lambda d=dist, n=num: synthetic_lengths(d, n, args.seed))
+                )
     if args.lengths:
         workloads.append((f"file {args.lengths}", lambda: load_lengths(args.lengths)))
     runs = [run_workload(name, make(), args) for name, make in workloads]  # lengths made one at a time

@@ -54,10 +54,16 @@ def measure(lengths: np.ndarray, max_length: int, buffer_size: int, overlong: st
     streamed.check(lengths)
     s, o = streamed.stats, offline.stats
     return {
-        "buffer_size": buffer_size, "stream_rows": s.num_rows, "offline_rows": o.num_rows, "lower_bound": o.lower_bound,
-        "stream_efficiency": s.efficiency, "offline_efficiency": o.efficiency,
-        "gap_points": 100 * (o.efficiency - s.efficiency), "stream_s": t1 - t0, "offline_s": t2 - t1,
-    }  # fmt: skip
+        "buffer_size": buffer_size,
+        "stream_rows": s.num_rows,
+        "offline_rows": o.num_rows,
+        "lower_bound": o.lower_bound,
+        "stream_efficiency": s.efficiency,
+        "offline_efficiency": o.efficiency,
+        "gap_points": 100 * (o.efficiency - s.efficiency),
+        "stream_s": t1 - t0,
+        "offline_s": t2 - t1,
+    }
 
 
 def main() -> None:
@@ -75,19 +81,25 @@ def main() -> None:
     data = synthetic(args.sequences, args.seed)
     if not args.no_corpora:
         data.update(corpora(args.corpora))
-    print(f"rows of {args.max_length} tokens, overlong={args.overlong}; {platform.processor() or platform.machine()}, "
-          f"{platform.python_version()}")  # fmt: skip
-    header = f"{'lengths':34s} {'n':>9s} {'buffer':>7s} {'stream eff':>10s} {'offline eff':>11s} {'gap pt':>7s} " \
-             f"{'rows s/o':>17s} {'time s/o':>9s}"  # fmt: skip
+    print(
+        f"rows of {args.max_length} tokens, overlong={args.overlong}; {platform.processor() or platform.machine()}, "
+        f"{platform.python_version()}"
+    )
+    header = (
+        f"{'lengths':34s} {'n':>9s} {'buffer':>7s} {'stream eff':>10s} {'offline eff':>11s} {'gap pt':>7s} "
+        f"{'rows s/o':>17s} {'time s/o':>9s}"
+    )
     print(header)
     results = []
     for name, lengths in data.items():
         for buffer_size in args.buffers:
             r = measure(lengths, args.max_length, buffer_size, args.overlong)
             results.append({"lengths": name, "n": int(lengths.size), "mean": float(lengths.mean()), **r})
-            print(f"{name:34s} {lengths.size:9d} {buffer_size:7d} {r['stream_efficiency']:10.4f} "
-                  f"{r['offline_efficiency']:11.4f} {r['gap_points']:7.3f} "
-                  f"{r['stream_rows']:>8d}/{r['offline_rows']:<8d} {r['stream_s'] / r['offline_s']:8.1f}x")  # fmt: skip
+            print(
+                f"{name:34s} {lengths.size:9d} {buffer_size:7d} {r['stream_efficiency']:10.4f} "
+                f"{r['offline_efficiency']:11.4f} {r['gap_points']:7.3f} "
+                f"{r['stream_rows']:>8d}/{r['offline_rows']:<8d} {r['stream_s'] / r['offline_s']:8.1f}x"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"max_length": args.max_length, "overlong": args.overlong, "results": results}, f, indent=2)

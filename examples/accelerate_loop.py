@@ -74,8 +74,14 @@ def train(
     with FSDP2 (:func:`padless.models.fsdp.shard_model`) instead of DDP. ``before_step(step, model, num_items)``
     runs after the gradients of a step are complete, before the optimiser uses them."""
     lengths = [len(f["input_ids"]) for f in features]
-    sampler = DistributedPackedBatchSampler(lengths, max_length, rows_per_batch, seed=seed,
-                                            num_replicas=accelerator.num_processes, rank=accelerator.process_index)
+    sampler = DistributedPackedBatchSampler(
+        lengths,
+        max_length,
+        rows_per_batch,
+        seed=seed,
+        num_replicas=accelerator.num_processes,
+        rank=accelerator.process_index,
+    )
     collator = PackingCollator.for_model(model, max_length=max_length, pad_token_id=pad_token_id)
     loader = DataLoader(PackedRowView(features, pad_token_id=pad_token_id), batch_sampler=sampler, collate_fn=collator)
     if fsdp and not accelerator.is_fsdp2:  # padless shards; accelerate's FSDP2 plugin would in prepare
@@ -133,12 +139,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     accelerator = Accelerator(cpu=args.cpu)
     if args.attn == "padless":
         register_padless_attention()
-    corpus = load_corpus(args.corpus, "gpt2", train_on="assistant", limit=args.limit, seed=args.seed,
-                         max_length=args.max_length, overlong="drop")
+    corpus = load_corpus(
+        args.corpus,
+        "gpt2",
+        train_on="assistant",
+        limit=args.limit,
+        seed=args.seed,
+        max_length=args.max_length,
+        overlong="drop",
+    )
     model = build_model(args.model, attn_implementation=args.attn, seed=args.seed)
-    losses = train(model, corpus.features(), accelerator=accelerator, max_length=args.max_length,
-                   rows_per_batch=args.rows_per_batch, grad_accum=args.grad_accum, steps=args.steps, lr=args.lr,
-                   seed=args.seed, pad_token_id=50256, fsdp=args.fsdp)  # fmt: skip
+    losses = train(
+        model,
+        corpus.features(),
+        accelerator=accelerator,
+        max_length=args.max_length,
+        rows_per_batch=args.rows_per_batch,
+        grad_accum=args.grad_accum,
+        steps=args.steps,
+        lr=args.lr,
+        seed=args.seed,
+        pad_token_id=50256,
+        fsdp=args.fsdp,
+    )
     if accelerator.is_main_process:
         for step, loss in enumerate(losses, 1):
             print(f"step {step:>3}  loss {loss:.4f}")

@@ -33,8 +33,9 @@ def load_examples(
     examples longer than ``max_length`` are dropped (and counted in the corpus report)."""
     from padless.data.load import load_corpus
 
-    corpus_ = load_corpus(corpus, "gpt2", train_on=train_on, limit=limit, seed=seed, max_length=max_length,
-                          overlong="drop")
+    corpus_ = load_corpus(
+        corpus, "gpt2", train_on=train_on, limit=limit, seed=seed, max_length=max_length, overlong="drop"
+    )
     if world_info()[0] == 0:
         print(f"{corpus}: {corpus_.report}")
     return corpus_.features()
@@ -60,20 +61,37 @@ def make_trainer(
     micro-batch, or ``padded`` micro-batches of ``batch_size`` examples. fp32, CPU, no checkpoints;
     ``pad_token_id`` defaults to GPT-2's ``<|endoftext|>`` (padding is never attended to or trained)."""
     args = TrainingArguments(
-        output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=grad_accum, learning_rate=learning_rate, logging_steps=1, report_to="none",
-        save_strategy="no", use_cpu=True, dataloader_pin_memory=False, disable_tqdm=True, seed=seed,
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=grad_accum,
+        learning_rate=learning_rate,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        dataloader_pin_memory=False,
+        disable_tqdm=True,
+        seed=seed,
         ddp_find_unused_parameters=False,  # every parameter is used; skips DDP's extra graph traversal
-    )  # fmt: skip
+    )
     count_shifted_labels(model)
     if mode == "padded":
         collator = PaddingCollator(pad_token_id=pad_token_id, features=FeatureSpec(vocab_size=model.config.vocab_size))
-        return Trainer(model=model, args=args, train_dataset=list(examples), data_collator=collator,
-                       callbacks=callbacks)
+        return Trainer(
+            model=model, args=args, train_dataset=list(examples), data_collator=collator, callbacks=callbacks
+        )
     if mode != "packed":
         raise ValueError(f"unknown mode {mode!r}; choose packed or padded")
-    return PackedTrainer(model=model, args=args, train_dataset=list(examples), max_length=max_length,
-                         rows_per_batch=rows_per_batch, pad_token_id=pad_token_id, callbacks=callbacks)
+    return PackedTrainer(
+        model=model,
+        args=args,
+        train_dataset=list(examples),
+        max_length=max_length,
+        rows_per_batch=rows_per_batch,
+        pad_token_id=pad_token_id,
+        callbacks=callbacks,
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -102,10 +120,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     examples = load_examples(args.corpus, args.limit, args.seed, max_length=args.max_length, train_on=args.train_on)
     model = build_model(args.model, attn_implementation=args.attn, seed=args.seed)
     trainer = make_trainer(
-        model, examples, mode=args.mode, output_dir=args.output_dir, max_length=args.max_length,
-        rows_per_batch=args.rows_per_batch, batch_size=args.batch_size, grad_accum=args.grad_accum,
-        steps=args.steps, learning_rate=args.lr, seed=args.seed,
-    )  # fmt: skip
+        model,
+        examples,
+        mode=args.mode,
+        output_dir=args.output_dir,
+        max_length=args.max_length,
+        rows_per_batch=args.rows_per_batch,
+        batch_size=args.batch_size,
+        grad_accum=args.grad_accum,
+        steps=args.steps,
+        learning_rate=args.lr,
+        seed=args.seed,
+    )
     result = trainer.train()
     if trainer.is_world_process_zero():
         for log in trainer.state.log_history:

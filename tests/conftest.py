@@ -89,7 +89,7 @@ def make_results(
     rng = np.random.default_rng(seed)
     max_length = 64
     lengths = rng.integers(4, max_length + 1, steps * batch).tolist()
-    batches = [lengths[i * batch:(i + 1) * batch] for i in range(steps)]
+    batches = [lengths[i * batch : (i + 1) * batch] for i in range(steps)]
     by_len = sorted(lengths)
     padded = {
         "padding": [batch * max(b) for b in batches],
@@ -103,9 +103,11 @@ def make_results(
         n = steps
         if interrupted_at is not None and k == len(strategies) - 1:
             n = interrupted_at
-        real = [sum(b) for b in batches][:n] if name != "bucketing" else [
-            sum(by_len[i * batch:(i + 1) * batch]) for i in range(n)
-        ]
+        real = (
+            [sum(b) for b in batches][:n]
+            if name != "bucketing"
+            else [sum(by_len[i * batch : (i + 1) * batch]) for i in range(n)]
+        )
         runs[name] = StrategyRun(
             step_time_s=tuple(1e-3 * p * (1.5 if i == 0 else 1.0) for i, p in enumerate(padded[name][:n])),
             loss=tuple(2.0 + 4.0 * math.exp(-i / 8) + 0.02 * k for i in range(n)),
@@ -130,17 +132,44 @@ def make_results(
     if interrupted_at is not None:
         status = RunStatus("interrupted", tuple(done), strategies[-1], interrupted_at)
     config = RunConfig(
-        model="tiny-gpt2", data="synthetic", strategies=tuple(strategies), steps=steps, batch_size=batch,
-        max_length=max_length, mode="same-examples", seed=seed, device="cpu", dtype="float32",
-        grad_accumulation=1, warmup_steps=1, lr=1e-3,
+        model="tiny-gpt2",
+        data="synthetic",
+        strategies=tuple(strategies),
+        steps=steps,
+        batch_size=batch,
+        max_length=max_length,
+        mode="same-examples",
+        seed=seed,
+        device="cpu",
+        dtype="float32",
+        grad_accumulation=1,
+        warmup_steps=1,
+        lr=1e-3,
     )
     env = Environment(
-        python="3.11.7", torch="2.13.0+cpu", transformers="5.24.0", padless="0.1.0", os="Linux", device="cpu",
-        device_name="Test CPU <x86>", cpu_model="Test CPU <x86>", cpu_count=2, cpu_available=2,
-        torch_threads=2, date="2026-01-01T00:00:00+00:00",
+        python="3.11.7",
+        torch="2.13.0+cpu",
+        transformers="5.24.0",
+        padless="0.1.0",
+        os="Linux",
+        device="cpu",
+        device_name="Test CPU <x86>",
+        cpu_model="Test CPU <x86>",
+        cpu_count=2,
+        cpu_available=2,
+        torch_threads=2,
+        date="2026-01-01T00:00:00+00:00",
     )
-    return BenchResults(config, env, runs, tuple(lengths), status, padless_version="0.1.0", peak_flops_per_s=1e9,
-                        peak_gemm="2048 x 64 x 256 float32")
+    return BenchResults(
+        config,
+        env,
+        runs,
+        tuple(lengths),
+        status,
+        padless_version="0.1.0",
+        peak_flops_per_s=1e9,
+        peak_gemm="2048 x 64 x 256 float32",
+    )
 
 
 # --- schema -------------------------------------------------------------------------------------

@@ -32,8 +32,9 @@ def examples(limit: int = NUM_EXAMPLES) -> list[dict[str, list[int]]]:
     is a target, where Trainer's count for GPT-2 goes wrong without the loss_type fix)."""
     from padless import load_corpus
 
-    return load_corpus(CORPUS, "gpt2", train_on="all", limit=limit, seed=0, max_length=MAX_LENGTH,
-                       overlong="drop").features()  # fmt: skip
+    return load_corpus(
+        CORPUS, "gpt2", train_on="all", limit=limit, seed=0, max_length=MAX_LENGTH, overlong="drop"
+    ).features()
 
 
 def dataset(features: list[dict[str, Any]]) -> Any:
@@ -81,8 +82,16 @@ def grads(model: Any) -> dict[str, Any]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, batch_size: int = NUM_EXAMPLES,
-               grad_accum: int = 1, features: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def first_step(
+    kind: str,
+    attn: str,
+    out_dir: str,
+    *,
+    rows_per_batch: int = 1,
+    batch_size: int = NUM_EXAMPLES,
+    grad_accum: int = 1,
+    features: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Loss (summed over this rank's micro-batches), gradients and ``num_items_in_batch`` of the first
     optimiser step. ``kind``: ``trainer-padded``, ``trainer-packed``, ``trainer-fsdp`` (PackedTrainer on a
     model sharded by :func:`padless.models.fsdp.shard_model`), ``trainer-fsdp-plugin`` (sharded by accelerate's FSDP2
@@ -105,10 +114,22 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
 
     features = features if features is not None else examples()
     net, capture = model(attn), Capture()
-    common = dict(output_dir=out_dir, max_steps=1, per_device_train_batch_size=batch_size, learning_rate=1e-3,
-                  gradient_accumulation_steps=grad_accum, report_to="none", save_strategy="no", use_cpu=True,
-                  dataloader_pin_memory=False, disable_tqdm=True, seed=0, max_grad_norm=0.0, logging_steps=1,
-                  ddp_find_unused_parameters=False)  # fmt: skip
+    common = dict(
+        output_dir=out_dir,
+        max_steps=1,
+        per_device_train_batch_size=batch_size,
+        learning_rate=1e-3,
+        gradient_accumulation_steps=grad_accum,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        dataloader_pin_memory=False,
+        disable_tqdm=True,
+        seed=0,
+        max_grad_norm=0.0,
+        logging_steps=1,
+        ddp_find_unused_parameters=False,
+    )
     if kind.startswith("trainer"):
         args = TrainingArguments(**common)
         if kind == "trainer-padded":
@@ -124,8 +145,9 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
             elif kind == "trainer-fsdp-plugin":  # sharded by accelerate's FSDP2 plugin in prepare
                 common.update(fsdp=True, fsdp_config={"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"})
             args = TrainingArguments(**common)
-            trainer = PackedTrainer(model=net, args=args, train_dataset=features, max_length=MAX_LENGTH,
-                                    callbacks=[capture])  # fmt: skip
+            trainer = PackedTrainer(
+                model=net, args=args, train_dataset=features, max_length=MAX_LENGTH, callbacks=[capture]
+            )
             if kind == "trainer-fsdp-plugin":
                 from accelerate.utils import FullyShardedDataParallelPlugin
 
@@ -142,11 +164,17 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
         if packing:
             common["per_device_train_batch_size"] = rows_per_batch
         # bf16=False: SFTConfig turns bf16 autocast on by default (on a CPU too); these are fp32 comparisons
-        args = SFTConfig(**common, packing=packing, padding_free=padding_free, bf16=False,
-                         max_length=None if padding_free else MAX_LENGTH)  # fmt: skip
+        args = SFTConfig(
+            **common,
+            packing=packing,
+            padding_free=padding_free,
+            bf16=False,
+            max_length=None if padding_free else MAX_LENGTH,
+        )
         cls = trl.SFTTrainer if kind == "trl-padded" else SFTTrainer
-        trainer = cls(model=net, args=args, train_dataset=dataset(features), processing_class=tokenizer(),
-                      callbacks=[capture])  # fmt: skip
+        trainer = cls(
+            model=net, args=args, train_dataset=dataset(features), processing_class=tokenizer(), callbacks=[capture]
+        )
     losses, counts = [], []
     training_step = trainer.training_step
 
@@ -158,8 +186,15 @@ def first_step(kind: str, attn: str, out_dir: str, *, rows_per_batch: int = 1, b
 
     trainer.training_step = record
     trainer.train()
-    return {"loss": sum(losses), "grads": capture.grads, "num_items": counts[0], "micro_batches": len(losses),
-            "rank": trainer.args.process_index, "world": trainer.args.world_size, "sharded": capture.sharded}
+    return {
+        "loss": sum(losses),
+        "grads": capture.grads,
+        "num_items": counts[0],
+        "micro_batches": len(losses),
+        "rank": trainer.args.process_index,
+        "world": trainer.args.world_size,
+        "sharded": capture.sharded,
+    }
 
 
 def _load_example(name: str) -> Any:
@@ -183,8 +218,9 @@ def force_accelerate_fsdp2(accelerator: Any, plugin: Any) -> Any:
     return accelerator
 
 
-def accelerate_first_step(attn: str, *, rows_per_batch: int, grad_accum: int, fsdp: bool = False,
-                          plugin: bool = False) -> dict[str, Any]:  # fmt: skip
+def accelerate_first_step(
+    attn: str, *, rows_per_batch: int, grad_accum: int, fsdp: bool = False, plugin: bool = False
+) -> dict[str, Any]:
     """The first step of examples/accelerate_loop.py's ``train``: its loss and (whole) gradients on this
     rank; ``fsdp``: the model sharded with FSDP2 by padless; ``plugin``: by accelerate's FSDP2 plugin
     (:func:`force_accelerate_fsdp2`: call it last in a process)."""
@@ -204,9 +240,18 @@ def accelerate_first_step(attn: str, *, rows_per_batch: int, grad_accum: int, fs
         if step == 0:  # full_tensors gathers the shards (every rank calls it)
             seen.update(grads=full_tensors(wrapped, grads=True), num_items=int(num_items), sharded=is_sharded(wrapped))
 
-    losses = loop.train(net, examples(), accelerator=accelerator, max_length=MAX_LENGTH, rows_per_batch=rows_per_batch,
-                        grad_accum=grad_accum, steps=1, pad_token_id=50256, fsdp=fsdp,
-                        before_step=before_step)  # fmt: skip
+    losses = loop.train(
+        net,
+        examples(),
+        accelerator=accelerator,
+        max_length=MAX_LENGTH,
+        rows_per_batch=rows_per_batch,
+        grad_accum=grad_accum,
+        steps=1,
+        pad_token_id=50256,
+        fsdp=fsdp,
+        before_step=before_step,
+    )
     return {"loss": losses[0], **seen, "rank": accelerator.process_index, "world": accelerator.num_processes}
 
 
@@ -226,8 +271,14 @@ def padded_accelerate_step(*, world_size: int = 2, micro_batches: int = 2) -> di
     total = trained_tokens(batch["labels"])
     loss = model_loss(net, batch, total)
     loss.backward()
-    return {"loss": loss.item(), "grads": grads(net), "num_items": int(total), "examples": len(chosen),
-            "all_rows": len(rows) == sched.plan.num_rows, "of": len(feats)}  # fmt: skip
+    return {
+        "loss": loss.item(),
+        "grads": grads(net),
+        "num_items": int(total),
+        "examples": len(chosen),
+        "all_rows": len(rows) == sched.plan.num_rows,
+        "of": len(feats),
+    }
 
 
 def main(out_dir: str) -> None:

@@ -20,8 +20,9 @@ def _gpus(monkeypatch, count: int, current: int = 0) -> None:
     (2, "5", 1, 1),  # fewer visible than LOCAL_RANK: the device the process already chose
     (2, None, 0, 0),  # outside torchrun
 ])  # fmt: skip
-def test_bare_cuda_takes_local_rank_only_where_that_many_gpus_are_visible(monkeypatch, count, local_rank, current,
-                                                                           expected):
+def test_bare_cuda_takes_local_rank_only_where_that_many_gpus_are_visible(
+    monkeypatch, count, local_rank, current, expected
+):
     _gpus(monkeypatch, count, current)
     if local_rank is None:
         monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -47,4 +48,6 @@ def test_cpu_names_and_dtypes():
     assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
     with pytest.raises(ValueError, match="not a torch floating dtype"):
         resolve_dtype("int8", torch.device("cpu"))
-    assert dtype_name(torch.bfloat16) == "bfloat16" and is_half_precision("float16") and not is_half_precision("float32")
+    assert (
+        dtype_name(torch.bfloat16) == "bfloat16" and is_half_precision("float16") and not is_half_precision("float32")
+    )

@@ -31,18 +31,20 @@ def _results(folder: str):
 def test_headline_ratios_are_the_runs_own(folder):
     s = _results(folder).summary()
     sentence = HEADLINES[folder].format(
-        over_strongest=f"{s.speedup_over_strongest:.2f}", strongest=s.strongest_baseline,
+        over_strongest=f"{s.speedup_over_strongest:.2f}",
+        strongest=s.strongest_baseline,
         over_padding=f"{s.speedup['packing']:.2f}",
-    )  # fmt: skip
+    )
     assert " ".join(sentence.split()) in " ".join(RESULTS.split())
 
 
 def test_the_readme_headline_is_the_smollm2_runs():
     s = _results("docs/bench/smollm2-cpu").summary()
     sentence = HEADLINES["docs/bench/smollm2-cpu"].format(
-        over_strongest=f"{s.speedup_over_strongest:.2f}", strongest=s.strongest_baseline,
+        over_strongest=f"{s.speedup_over_strongest:.2f}",
+        strongest=s.strongest_baseline,
         over_padding=f"{s.speedup['packing']:.2f}",
-    )  # fmt: skip
+    )
     assert " ".join(sentence.split()) in " ".join(README.split())
 
 

@@ -35,7 +35,10 @@ PUBLIC_API_0_1_0 = (
 PUBLIC_API_ADDED = (
     # names added after 0.1.0
     "compile_layers",
-    "init_distributed", "shard_model", "sync_gradients", "full_tensors",
+    "init_distributed",
+    "shard_model",
+    "sync_gradients",
+    "full_tensors",
 )
 
 # Modules outside cli/ that still print, each with why; the test fails for any other, and for one of
@@ -190,7 +193,17 @@ MAY_IMPORT: dict[str, set[str]] = {
     "isolation": {"planning", "attention", "batching", "objectives", "models", "data"},
     "export": {"planning", "data", "batching"},
     "integrations": {"planning", "data", "attention", "batching", "objectives", "isolation", "models", "export"},
-    "bench": {"planning", "data", "attention", "batching", "objectives", "isolation", "models", "export", "integrations"},
+    "bench": {
+        "planning",
+        "data",
+        "attention",
+        "batching",
+        "objectives",
+        "isolation",
+        "models",
+        "export",
+        "integrations",
+    },
 }
 """The data flow of DESIGN.md: data and planning at the bottom, the model-facing stages above them,
 bench and cli (which may import anything) on top. Nothing imports a stage above it."""
@@ -200,7 +213,11 @@ MAX_TOP_LEVEL_MODULES = 8
 
 def _stage(module: str) -> str:
     parts = module.split(".")
-    return module if len(parts) == 2 and f"{module}" in MODULES and not MODULES[module].name == "__init__.py" else ".".join(parts[:2])
+    return (
+        module
+        if len(parts) == 2 and f"{module}" in MODULES and not MODULES[module].name == "__init__.py"
+        else ".".join(parts[:2])
+    )
 
 
 def test_the_top_level_holds_few_modules() -> None:
@@ -305,7 +322,9 @@ def test_every_module_has_a_test_home() -> None:
         home = TEST_HOMES.get(name) or str(Path(*rel.parts[:-1], f"test_{rel.stem.lstrip('_')}.py"))
         if not (tests / home).is_file():
             missing.append(f"{name}: no {home}")
-    assert missing == [], "modules without a test home (add the test file or a TEST_HOMES entry):\n" + "\n".join(missing)
+    assert missing == [], "modules without a test home (add the test file or a TEST_HOMES entry):\n" + "\n".join(
+        missing
+    )
 
 
 def test_every_package_docstring_names_its_modules() -> None:

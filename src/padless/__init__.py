@@ -124,27 +124,27 @@ _MOVED: dict[str, str] = {
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, moved=_MOVED, extra=["__version__"])
 
 if TYPE_CHECKING:  # pragma: no cover - _EXPORTS for static analysis (tests/test_api.py holds both equal)
-    from padless.planning.plan import PackPlan, plan_packs
+    from padless.attention.accept import check_batch
+    from padless.attention.backend import register_padless_attention
+    from padless.attention.select import check_exact
     from padless.batching.collate import PackingCollator, PaddingCollator
     from padless.batching.preference import PreferenceCollator, RolloutCollator
     from padless.batching.rowformat import check_collator
     from padless.batching.rows import PackedRows, PackedRowView
     from padless.batching.samplers import DistributedPackedBatchSampler, LengthGroupedBatchSampler
     from padless.batching.stream import PackedIterableDataset, PackedStream
-    from padless.integrations.datasets import pack_dataset
-    from padless.export.parquet import pack_to_parquet
     from padless.data.load import load_corpus
-    from padless.data.tokenizer import load_tokenizer
     from padless.data.records import RecordError
-    from padless.models.factory import build_model
-    from padless.models.compile import compile_layers
-    from padless.attention.backend import register_padless_attention
-    from padless.attention.accept import check_batch
-    from padless.attention.select import check_exact
-    from padless.objectives.loss import causal_lm_loss, model_loss, step_num_items
-    from padless.objectives.logprobs import sequence_logprobs
-    from padless.objectives.dpo import dpo_loss
-    from padless.objectives.grpo import grpo_loss
-    from padless.objectives.evaluation import packed_eval_loss
-    from padless.isolation.verify import verify_isolation
+    from padless.data.tokenizer import load_tokenizer
+    from padless.export.parquet import pack_to_parquet
+    from padless.integrations.datasets import pack_dataset
     from padless.isolation.guard import IsolationError, IsolationGuard
+    from padless.isolation.verify import verify_isolation
+    from padless.models.compile import compile_layers
+    from padless.models.factory import build_model
+    from padless.objectives.dpo import dpo_loss
+    from padless.objectives.evaluation import packed_eval_loss
+    from padless.objectives.grpo import grpo_loss
+    from padless.objectives.logprobs import sequence_logprobs
+    from padless.objectives.loss import causal_lm_loss, model_loss, step_num_items
+    from padless.planning.plan import PackPlan, plan_packs

@@ -37,8 +37,11 @@ def lazy_exports(
             return value
         home = moved.get(name)
         if home is not None:  # this function is the package's __getattr__: stacklevel=2 is the line that asked
-            warnings.warn(f"{module_name}.{name} moved: import it from {home} ({module_name}.{name} is deprecated)",
-                          DeprecationWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{module_name}.{name} moved: import it from {home} ({module_name}.{name} is deprecated)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             return getattr(importlib.import_module(home), name)
         raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
 

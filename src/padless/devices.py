@@ -50,8 +50,9 @@ def resolve_device(name: str = "auto") -> torch.device:
     except RuntimeError as exc:
         raise ValueError(f"device={name!r} is not a device name (auto, cpu, cuda, cuda:1, ...): {exc}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r}: this machine has no CUDA GPU that torch {torch.__version__} can use; "
-                         "use 'cpu' or 'auto'")  # fmt: skip
+        raise ValueError(
+            f"device={name!r}: this machine has no CUDA GPU that torch {torch.__version__} can use; use 'cpu' or 'auto'"
+        )
     if device.type != "cpu" and device.index is None:
         device = torch.device(device.type, _default_index(device.type, int(os.environ.get("LOCAL_RANK", 0))))
     if device.type == "cuda" and device.index >= torch.cuda.device_count():

@@ -71,9 +71,11 @@ def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> bool:
 
 
 def _hint(what: str, builtin: Sequence[str]) -> str:
-    return (f"a {what} name is one of the built-in names ({', '.join(builtin)}), a local folder saved with "
-            f"save_pretrained (config.json{', tokenizer files' if what == 'tokenizer' else ', weights'}), "
-            "or a model-hub name when the hub can be reached")
+    return (
+        f"a {what} name is one of the built-in names ({', '.join(builtin)}), a local folder saved with "
+        f"save_pretrained (config.json{', tokenizer files' if what == 'tokenizer' else ', weights'}), "
+        "or a model-hub name when the hub can be reached"
+    )
 
 
 def _offline_reason() -> str:
@@ -91,8 +93,10 @@ def check_name(name: str, what: str, builtin: Sequence[str]) -> None:
     cache = hub_cache_dir()
     if "/" not in name and not cache.is_dir():  # nothing to look up on disk: not even a cache-only load
         why = _offline_reason() if hub_offline() else "a model-hub name ('org/name') needs network; "
-        raise ValueError(f"unknown {what} {name!r}: not built in, not a local folder, and this machine has no "
-                         f"model-hub cache ({cache}); {why}{_hint(what, builtin)}")  # fmt: skip
+        raise ValueError(
+            f"unknown {what} {name!r}: not built in, not a local folder, and this machine has no "
+            f"model-hub cache ({cache}); {why}{_hint(what, builtin)}"
+        )
 
 
 def from_pretrained(load: Callable[..., Any], name: str, what: str, builtin: Sequence[str], **kwargs: Any) -> Any:
@@ -113,11 +117,15 @@ def from_pretrained(load: Callable[..., Any], name: str, what: str, builtin: Seq
     except (OSError, ValueError):
         pass
     if hub_offline():
-        raise ValueError(f"unknown {what} {name!r}: not built in, not a local folder, not in the hub cache, and "
-                         f"{_offline_reason()}{hint}")  # fmt: skip
+        raise ValueError(
+            f"unknown {what} {name!r}: not built in, not a local folder, not in the hub cache, and "
+            f"{_offline_reason()}{hint}"
+        )
     if not hub_reachable():
-        raise ValueError(f"unknown {what} {name!r}: not built in, not a local folder, not in the hub cache, "
-                         f"and the model hub cannot be reached; {hint}")  # fmt: skip
+        raise ValueError(
+            f"unknown {what} {name!r}: not built in, not a local folder, not in the hub cache, "
+            f"and the model hub cannot be reached; {hint}"
+        )
     try:
         return load(name, **kwargs)
     except (OSError, ValueError) as err:

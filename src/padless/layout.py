@@ -133,8 +133,10 @@ def _int_array(values: Any, what: str, where: str) -> np.ndarray:
         big = next((v for v in arr.tolist() if not -(2**63) <= v < 2**63), None)
         if big is None:
             return arr.astype(np.int64)
-        raise TokenError("bad_token" if what == "input_ids" else "bad_label", f"{where}: {what} holds {big}, "
-                         "far outside any vocabulary")
+        raise TokenError(
+            "bad_token" if what == "input_ids" else "bad_label",
+            f"{where}: {what} holds {big}, far outside any vocabulary",
+        )
     if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
         arr = arr.astype(np.int64)  # 3.0 from a JSON/CSV reader is the integer 3
     if arr.dtype.kind not in "iu":
@@ -163,19 +165,24 @@ def check_tokens(
     low_i, high_i = int(ids.min()), int(ids.max())
     if low_i < 0 or (vocab_size is not None and high_i >= vocab_size):
         bad = int(np.flatnonzero((ids < 0) | (ids >= (vocab_size if vocab_size is not None else 2**63 - 1)))[0])
-        raise TokenError("bad_token", f"{where}: token id {int(ids[bad])} is outside the vocabulary "
-                         f"[0, {high}) (input_ids[{bad}])")
+        raise TokenError(
+            "bad_token", f"{where}: token id {int(ids[bad])} is outside the vocabulary [0, {high}) (input_ids[{bad}])"
+        )
     if labels is None:
         return ids, ids.copy()
     lab = _int_array(labels, "labels", where)
     if lab.size != ids.size:
-        raise TokenError("length_mismatch", f"{where}: labels has {lab.size} tokens but input_ids has {ids.size}; "
-                         "they must match")
+        raise TokenError(
+            "length_mismatch", f"{where}: labels has {lab.size} tokens but input_ids has {ids.size}; they must match"
+        )
     wrong = (lab != IGNORE_INDEX) & ((lab < 0) | (lab >= (vocab_size if vocab_size is not None else 2**63 - 1)))
     if wrong.any():
         bad = int(np.flatnonzero(wrong)[0])
-        raise TokenError("bad_label", f"{where}: label {int(lab[bad])} (labels[{bad}]) is neither {IGNORE_INDEX} "
-                         f"(not trained) nor a token id in [0, {high})")
+        raise TokenError(
+            "bad_label",
+            f"{where}: label {int(lab[bad])} (labels[{bad}]) is neither {IGNORE_INDEX} "
+            f"(not trained) nor a token id in [0, {high})",
+        )
     return ids, lab
 
 
@@ -195,12 +202,17 @@ def build_row(
     for index, start, length in pieces:
         seq, lab = lookup(int(index))
         if length < 1 or start < 0 or start + length > min(seq.size, lab.size):
-            raise ValueError(f"sequence {index} has {seq.size} tokens and {lab.size} labels, too few for the "
-                             f"piece [{start}, {start + length}); were the lengths planned from these sequences?")
+            raise ValueError(
+                f"sequence {index} has {seq.size} tokens and {lab.size} labels, too few for the "
+                f"piece [{start}, {start + length}); were the lengths planned from these sequences?"
+            )
         ids.append(seq[start : start + length])
         labels.append(lab[start : start + length])
-    return (np.concatenate(ids).astype(dtype, copy=False), np.concatenate(labels).astype(dtype, copy=False),
-            np.fromiter((n for _, _, n in pieces), dtype=dtype, count=len(pieces)))  # fmt: skip
+    return (
+        np.concatenate(ids).astype(dtype, copy=False),
+        np.concatenate(labels).astype(dtype, copy=False),
+        np.fromiter((n for _, _, n in pieces), dtype=dtype, count=len(pieces)),
+    )
 
 
 def mask_document_starts(labels: np.ndarray, seq_lengths: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -226,5 +238,7 @@ def append_separator(
     if input_ids.size and input_ids[-1] == separator_id:
         return input_ids, labels
     trained = trainable and labels.size > 0 and labels[-1] != IGNORE_INDEX
-    return (np.append(input_ids, separator_id).astype(input_ids.dtype, copy=False),
-            np.append(labels, separator_id if trained else IGNORE_INDEX).astype(labels.dtype, copy=False))  # fmt: skip
+    return (
+        np.append(input_ids, separator_id).astype(input_ids.dtype, copy=False),
+        np.append(labels, separator_id if trained else IGNORE_INDEX).astype(labels.dtype, copy=False),
+    )

@@ -136,7 +136,9 @@ def _overrides(config: Any, depth: int = 0) -> dict[str, Any]:
     if isinstance(own.get("qk_rope_head_dim"), int) and "head_dim" in kw:  # latent attention: rope dims
         kw["head_dim"] = SIZES["qk_rope_head_dim"]
     if isinstance(own.get("kv_lora_rank"), int) and "num_key_value_heads" in kw:
-        kw["num_key_value_heads"] = HEADS  # latent attention expands keys to every head (real configs: kv heads == heads)
+        kw["num_key_value_heads"] = (
+            HEADS  # latent attention expands keys to every head (real configs: kv heads == heads)
+        )
     if isinstance(own.get("rotary_dim"), int):
         kw["rotary_dim"] = 8
     layers_key = next((k for k in DEPTH_KEYS if isinstance(own.get(k), int)), None)
@@ -276,8 +278,11 @@ def check(model: Any, model_type: str, collator: str, backend: str) -> Outcome:
         if collator == "for_model":
             batch = PackingCollator.for_model(model, max_length=ROW)(feats)
         else:
-            plain = PackingCollator(max_length=ROW, attention="position_ids" if collator == "plain_position_ids" else "mask4d",
-                                    features=FeatureSpec())  # fmt: skip
+            plain = PackingCollator(
+                max_length=ROW,
+                attention="position_ids" if collator == "plain_position_ids" else "mask4d",
+                features=FeatureSpec(),
+            )
             # what a user of a model-free collator does: fit it to the model; padless' consumers check each batch
             batch = padless.check_collator(model, plain)(feats)
             padless.check_batch(model, batch)
@@ -357,16 +362,22 @@ def summary(outcomes: list[Outcome], unbuilt: dict[str, str]) -> dict[str, Any]:
     by_type: dict[str, list[Outcome]] = {}
     for o in outcomes:
         by_type.setdefault(o.model_type, []).append(o)
-    exact_for_model = sorted(t for t, os in by_type.items() if any(o.collator == "for_model" and o.status == "exact" for o in os))
+    exact_for_model = sorted(
+        t for t, os in by_type.items() if any(o.collator == "for_model" and o.status == "exact" for o in os)
+    )
     refused = sorted(t for t in by_type if t not in exact_for_model)
     reasons = Counter()
     for t in refused:
         details = [o.detail for o in by_type[t] if o.collator == "for_model" and o.status == "refused"]
         reasons[_reason_class(details[0]) if details else "crashed or unsupported"] += 1
     contaminated = sorted({f"{o.model_type}/{o.collator}/{o.backend}" for o in outcomes if o.status == "contaminated"})
-    plain_exact = sorted(t for t, os in by_type.items() if any(o.collator != "for_model" and o.status == "exact" for o in os))
-    raw = {c: sorted(t for t, os in by_type.items() if any(o.collator == c and o.raw == "contaminated" for o in os))
-           for c in COLLATORS[1:]}  # fmt: skip
+    plain_exact = sorted(
+        t for t, os in by_type.items() if any(o.collator != "for_model" and o.status == "exact" for o in os)
+    )
+    raw = {
+        c: sorted(t for t, os in by_type.items() if any(o.collator == c and o.raw == "contaminated" for o in os))
+        for c in COLLATORS[1:]
+    }
     return {
         "types": len(by_type) + len(unbuilt),
         "built": len(by_type),
@@ -395,14 +406,15 @@ def table(outcomes: list[Outcome], unbuilt: dict[str, str]) -> str:
         f"transformers {transformers.__version__}: {s['types']} causal-LM types, {s['built']} built as tiny configs; "
         f"**{s['exact']} exact on at least one backend** with `for_model`, **{s['refused']} refused** "
         f"({reasons}), **{len(s['contaminated'])} contaminated**. A model-free `PackingCollator(max_length=...)` "
-        f"(a 4D block mask, or `attention=\"position_ids\"`) collates only once fitted to the model; fitted with "
+        f'(a 4D block mask, or `attention="position_ids"`) collates only once fitted to the model; fitted with '
         f"`padless.check_collator`, it is exact on at least one backend for {s['plain_exact']} architectures "
         f"and refused by `check_collator` / `check_batch` everywhere else; fed raw (`model_free=True`, no check), "
         f"the same batches would be contaminated on {s['raw_contaminated']} architectures "
         f"({s['raw_contaminated_by_collator']['plain']} with the 4D block mask, "
         f"{s['raw_contaminated_by_collator']['plain_position_ids']} with position ids alone). "
         f"{s['configurations']} configurations (architecture x collator x backend): "
-        + ", ".join(f"{k} {v}" for k, v in s["statuses"].items()) + ".",
+        + ", ".join(f"{k} {v}" for k, v in s["statuses"].items())
+        + ".",
         "",
         "| architecture | `for_model`: exact on | `for_model`: refused or crashed elsewhere (why) | model-free, fitted: exact on | model-free fed raw: contaminated on |",
         "|---|---|---|---|---|",
@@ -413,13 +425,28 @@ def table(outcomes: list[Outcome], unbuilt: dict[str, str]) -> str:
         named = lambda o: o.backend + ("" if o.collator == "plain" else " (position_ids)")  # noqa: E731
         plain = [named(o) for o in os if o.collator != "for_model" and o.status == "exact"]
         raw = [named(o) for o in os if o.raw == "contaminated"]
-        why = sorted({_clean(o.detail) for o in os if o.collator == "for_model" and o.status != "exact"
-                      and o.status != "unsupported"})  # fmt: skip
-        cells = [f"`{t}`", ", ".join(exact) or "-", "; ".join(why) or "-", ", ".join(plain) or "-", ", ".join(raw) or "-"]
+        why = sorted(
+            {
+                _clean(o.detail)
+                for o in os
+                if o.collator == "for_model" and o.status != "exact" and o.status != "unsupported"
+            }
+        )
+        cells = [
+            f"`{t}`",
+            ", ".join(exact) or "-",
+            "; ".join(why) or "-",
+            ", ".join(plain) or "-",
+            ", ".join(raw) or "-",
+        ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     if unbuilt:
-        lines += ["", f"Not built as a tiny config ({len(unbuilt)}): "
-                  + "; ".join(f"`{t}` ({_clean(why)[:80]})" for t, why in sorted(unbuilt.items())) + "."]  # fmt: skip
+        lines += [
+            "",
+            f"Not built as a tiny config ({len(unbuilt)}): "
+            + "; ".join(f"`{t}` ({_clean(why)[:80]})" for t, why in sorted(unbuilt.items()))
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 

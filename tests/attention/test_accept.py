@@ -17,8 +17,14 @@ from padless.batching.rowformat import check_collator
 
 VOCAB, WINDOW, ROW = 64, 8, 32
 LENGTHS = (20, 3, 13, 1, 17, 9)
-TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2)  # fmt: skip
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
 def _model(kind: str, backend: str = "sdpa"):
@@ -30,8 +36,9 @@ def _model(kind: str, backend: str = "sdpa"):
     config = {
         "llama": lambda: tf.LlamaConfig(**TINY),
         "mistral": lambda: tf.MistralConfig(**TINY, sliding_window=WINDOW),
-        "gemma3": lambda: tf.Gemma3TextConfig(**TINY, head_dim=8, sliding_window=WINDOW,
-                                              layer_types=["sliding_attention", "full_attention"]),
+        "gemma3": lambda: tf.Gemma3TextConfig(
+            **TINY, head_dim=8, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]
+        ),
         "roberta": lambda: tf.RobertaConfig(**{**TINY, "num_key_value_heads": None}, is_decoder=True),
     }[kind]()
     return tf.AutoModelForCausalLM.from_config(config, attn_implementation=backend).eval()
@@ -93,13 +100,18 @@ def test_padded_batches_pass_and_inputs_are_read_from_the_batch():
     check_batch(model, padded)
     assert carried_inputs(PackingCollator(model_free=True, max_length=ROW)(feats)) == "mask4d"
     assert carried_inputs(PackingCollator(model_free=True, max_length=ROW, attention="varlen")(feats)) == "varlen"
-    assert carried_inputs(PackingCollator(model_free=True, max_length=ROW, attention="position_ids")(feats)) == "position_ids"
+    assert (
+        carried_inputs(PackingCollator(model_free=True, max_length=ROW, attention="position_ids")(feats))
+        == "position_ids"
+    )
 
 
 def test_row_documents_are_the_placed_documents():
     batch = PackingCollator(model_free=True, max_length=ROW)(_feats())
     docs = row_documents(batch)
-    starts = {(r, int(o)) for r, row in enumerate(docs) for o in ([0, *list(__import__("itertools").accumulate(row))[:-1]])}
+    starts = {
+        (r, int(o)) for r, row in enumerate(docs) for o in ([0, *list(__import__("itertools").accumulate(row))[:-1]])
+    }
     pl = batch.placements
     for j in range(pl.feature.size):
         r, o, n = int(pl.row[j]), int(pl.offset[j]), int(pl.length[j])
@@ -132,8 +144,10 @@ def test_a_collator_built_without_the_model_refuses_to_collate_until_fitted():
     pair = {"prompt_ids": [1, 2, 3], "chosen_ids": list(range(4, 16)), "rejected_ids": list(range(20, 31))}
     group = {"prompt_ids": [1, 2, 3], "completion_ids": [list(range(4, 16)), list(range(20, 31))]}
     mistral = _model("mistral")
-    for collator, features in ((PreferenceCollator(max_length=ROW, share_prompt=False), [pair]),
-                               (RolloutCollator(max_length=ROW, share_prompt=False), [group])):  # fmt: skip
+    for collator, features in (
+        (PreferenceCollator(max_length=ROW, share_prompt=False), [pair]),
+        (RolloutCollator(max_length=ROW, share_prompt=False), [group]),
+    ):
         batch = collator(features)
         with pytest.raises(ValueError, match="sliding window of 8 tokens"):
             sequence_logprobs(mistral, batch)
@@ -165,7 +179,9 @@ def test_a_fitted_collator_whose_settings_changed_must_be_fitted_again():
     longer = dataclasses.replace(short, max_length=ROW)  # now documents do, and the mask still has no window
     with pytest.raises(ValueError, match=f"fitted to MistralForCausalLM \\(sdpa\\).*max_length {WINDOW} -> {ROW}"):
         longer(feats)
-    assert max_diff_to_alone(mistral, feats, dataclasses.replace(longer, model_free=True)(feats)) > 1e-2  # what it prevents
+    assert (
+        max_diff_to_alone(mistral, feats, dataclasses.replace(longer, model_free=True)(feats)) > 1e-2
+    )  # what it prevents
     with pytest.raises(ValueError, match="sliding windows None, the model needs 8"):
         check_collator(mistral, longer)
     dataclasses.replace(short, pad_to_multiple_of=4)(make_features([3, 5], vocab_size=VOCAB))  # padding: still fitted
@@ -250,8 +266,11 @@ def test_a_2d_mask_on_packed_rows_is_refused_everywhere_and_the_batch_without_it
     assert masked.placements is batch.placements
     assert max_diff_to_alone(model, feats, masked) > 1e-2  # what the refusal prevents
     n = step_num_items([batch])
-    for call in (lambda: check_batch(model, masked), lambda: model_loss(model, masked, n),
-                 lambda: sequence_logprobs(model, masked)):  # fmt: skip
+    for call in (
+        lambda: check_batch(model, masked),
+        lambda: model_loss(model, masked, n),
+        lambda: sequence_logprobs(model, masked),
+    ):
         with pytest.raises(ValueError, match="packed .*2D attention_mask.*drop the 'attention_mask' key.*for_model"):
             call()
     # the same loss, exact: padded rows (one document each) against the packed batch without the mask
@@ -270,9 +289,11 @@ def test_masks_that_cannot_isolate_the_documents_are_refused_by_shape_and_block(
     model, feats = _model("llama"), _feats()
     batch = PackingCollator(model_free=True, max_length=ROW)(feats)  # a 4D block-causal mask
     R, L = batch["input_ids"].shape
-    for bad, what in ((batch["attention_mask"][:, :, :-1, :-1], "4D attention_mask has shape"),
-                      (batch["attention_mask"][:, 0], "attention_mask has shape"),
-                      (torch.ones(R, L + 1, dtype=torch.long), "attention_mask has shape")):  # fmt: skip
+    for bad, what in (
+        (batch["attention_mask"][:, :, :-1, :-1], "4D attention_mask has shape"),
+        (batch["attention_mask"][:, 0], "attention_mask has shape"),
+        (torch.ones(R, L + 1, dtype=torch.long), "attention_mask has shape"),
+    ):
         with pytest.raises(ValueError, match=f"{what}.*drop the 'attention_mask' key"):
             check_batch(model, dict(batch, attention_mask=bad))
     causal = torch.full((L, L), torch.finfo(torch.float32).min).triu(1).expand(R, 1, L, L)  # no document blocks

@@ -38,8 +38,14 @@ def _wrap(model, adapter):
     if adapter == "ia3":
         config = peft.IA3Config(task_type="CAUSAL_LM", init_ia3_weights=False, fan_in_fan_out=conv1d)
     else:
-        config = peft.LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, init_lora_weights=False,
-                                 use_dora=adapter == "dora", fan_in_fan_out=conv1d)  # fmt: skip
+        config = peft.LoraConfig(
+            task_type="CAUSAL_LM",
+            r=4,
+            lora_alpha=8,
+            init_lora_weights=False,
+            use_dora=adapter == "dora",
+            fan_in_fan_out=conv1d,
+        )
     wrapped = peft.get_peft_model(model, config)
     if adapter == "lora-merged":
         wrapped.merge_adapter()  # weights merged, the wrapper kept (merge_and_unload returns the plain model)
@@ -132,8 +138,9 @@ def test_prompt_learning_is_refused_with_the_reason(kind):
     make = {
         "prompt_tuning": lambda: peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),
         "prefix_tuning": lambda: peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),
-        "p_tuning": lambda: peft.PromptEncoderConfig(task_type="CAUSAL_LM", num_virtual_tokens=4,
-                                                     encoder_hidden_size=16),
+        "p_tuning": lambda: peft.PromptEncoderConfig(
+            task_type="CAUSAL_LM", num_virtual_tokens=4, encoder_hidden_size=16
+        ),
     }[kind]
     model = peft.get_peft_model(build_model("tiny-llama", seed=0), make())
     assert "virtual tokens in front of each row" in adapter_refusal(model)
@@ -171,8 +178,14 @@ def test_packed_trainer_trains_a_lora_model_with_its_own_exact_collator(tmp_path
 
     model = _adapted("gpt2", "sdpa", "lora").train()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=2,
-                             per_device_train_batch_size=2, learning_rate=1e-2)  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        max_steps=2,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+    )
     trainer = PackedTrainer(model=model, args=args, train_dataset=make_features(LENGTHS, seed=7), max_length=ROW)
     assert trainer.data_collator.attention == "mask4d"  # the rule answered from the wrapped GPT-2
     trainer.train()

@@ -14,7 +14,9 @@ from padless.attention.select import check_exact
 from padless.attention.varlen import KERNELS, choose_impl, flash_attn_available
 from padless.objectives.loss import reduce_device, step_num_items
 
-CUDA_BF16 = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16, shape=(8, 2, 64))  # what choose_impl reads
+CUDA_BF16 = types.SimpleNamespace(
+    device=torch.device("cuda", 0), dtype=torch.bfloat16, shape=(8, 2, 64)
+)  # what choose_impl reads
 
 
 @pytest.fixture(autouse=True)
@@ -37,13 +39,15 @@ def _flash_package(tmp_path, monkeypatch, body: str) -> None:
     monkeypatch.syspath_prepend(str(tmp_path))
 
 
-BROKEN = 'raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDevice (built for another torch)")\n'
-WORKING = '''
+BROKEN = (
+    'raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDevice (built for another torch)")\n'
+)
+WORKING = """
 def flash_attn_varlen_func(q, k, v, *args, dropout_p=0.0, softcap=0.0, **kwargs):
     if softcap and dropout_p:
         raise RuntimeError("Softcapping does not support dropout for now")
     return q
-'''
+"""
 
 
 # ------------------------------------------------------------------------------ the rank's device
@@ -78,11 +82,16 @@ def test_step_num_items_reduces_on_the_device_reduce_device_picks(monkeypatch):
 
 @pytest.mark.parametrize(
     "device, local_rank, gpus, expected_set, expected_backend",
-    [("auto", "1", 2, [1], "nccl"), ("cuda:0", "1", 2, [0], "nccl"), ("cpu", "1", 2, [], "gloo"),
-     ("auto", "1", 1, [0], "nccl")],  # a launcher that leaves each rank one visible GPU
+    [
+        ("auto", "1", 2, [1], "nccl"),
+        ("cuda:0", "1", 2, [0], "nccl"),
+        ("cpu", "1", 2, [], "gloo"),
+        ("auto", "1", 1, [0], "nccl"),
+    ],  # a launcher that leaves each rank one visible GPU
 )
-def test_bench_sets_each_ranks_device_before_nccl(monkeypatch, device, local_rank, gpus, expected_set,
-                                                  expected_backend):
+def test_bench_sets_each_ranks_device_before_nccl(
+    monkeypatch, device, local_rank, gpus, expected_set, expected_backend
+):
     import torch.distributed as dist
 
     from padless.bench.parallel import init_distributed
@@ -134,20 +143,41 @@ def test_softcap_with_dropout_gets_padless_own_error(tmp_path, monkeypatch):
     _flash_package(tmp_path, monkeypatch, WORKING)  # would raise flash-attn's RuntimeError if reached
     q = CUDA_BF16
     with pytest.raises(ValueError, match="no attention dropout together with logit soft-capping"):
-        KERNELS["flash_attn"](q, q, q, None, scale=1.0, causal=True, dropout_p=0.1, sliding_window=None,
-                                 softcap=30.0)  # fmt: skip
-    assert KERNELS["flash_attn"](q, q, q, types.SimpleNamespace(cu_seqlens=None, max_seqlen=4), scale=1.0,
-                                    causal=True, dropout_p=0.0, sliding_window=None, softcap=30.0) is q  # fmt: skip
+        KERNELS["flash_attn"](q, q, q, None, scale=1.0, causal=True, dropout_p=0.1, sliding_window=None, softcap=30.0)
+    assert (
+        KERNELS["flash_attn"](
+            q,
+            q,
+            q,
+            types.SimpleNamespace(cu_seqlens=None, max_seqlen=4),
+            scale=1.0,
+            causal=True,
+            dropout_p=0.0,
+            sliding_window=None,
+            softcap=30.0,
+        )
+        is q
+    )
 
 
 def test_softcap_with_dropout_is_refused_by_the_rule(tmp_path, monkeypatch):
     from transformers import Gemma2Config
 
     _flash_package(tmp_path, monkeypatch, WORKING)
-    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, attention_dropout=0.1)  # fmt: skip
+    config = Gemma2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        attention_dropout=0.1,
+    )
     for backend in ("padless", "flash_attention_2"):
-        with pytest.raises(ValueError, match="no attention dropout together with logit soft-capping.*use backend 'eager'"):
+        with pytest.raises(
+            ValueError, match="no attention dropout together with logit soft-capping.*use backend 'eager'"
+        ):
             check_exact(config, backend, device="cuda", dtype=torch.bfloat16)
     config.attention_dropout = 0.0
     for backend in ("padless", "flash_attention_2"):
@@ -166,13 +196,20 @@ def _gpu(monkeypatch, capability=(9, 0)) -> None:
 def _tiny(kind: str, **extra):
     import transformers
 
-    common = dict(vocab_size=64, hidden_size=64, num_attention_heads=4, num_hidden_layers=2, bos_token_id=0,
-                  eos_token_id=0)  # fmt: skip
+    common = dict(
+        vocab_size=64, hidden_size=64, num_attention_heads=4, num_hidden_layers=2, bos_token_id=0, eos_token_id=0
+    )
     configs = {
         "llama": lambda: transformers.LlamaConfig(intermediate_size=64, num_key_value_heads=2, **common),
-        "gpt_neo": lambda: transformers.GPTNeoConfig(vocab_size=64, hidden_size=64, num_heads=4, num_layers=2,
-                                                     attention_types=[[["global"], 2]], bos_token_id=0,
-                                                     eos_token_id=0),  # fmt: skip
+        "gpt_neo": lambda: transformers.GPTNeoConfig(
+            vocab_size=64,
+            hidden_size=64,
+            num_heads=4,
+            num_layers=2,
+            attention_types=[[["global"], 2]],
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
         "falcon": lambda: transformers.FalconConfig(**common),
     }
     config = configs[kind]()
@@ -189,8 +226,9 @@ def _tiny(kind: str, **extra):
         ("llama", None, "padless"),
     ],
 )
-def test_flash_attention_2_only_where_the_model_hands_the_kernel_cu_seq_lens(tmp_path, monkeypatch, kind, refused,
-                                                                             fallback):  # fmt: skip
+def test_flash_attention_2_only_where_the_model_hands_the_kernel_cu_seq_lens(
+    tmp_path, monkeypatch, kind, refused, fallback
+):
     _flash_package(tmp_path, monkeypatch, WORKING)
     _gpu(monkeypatch)
     from padless.attention.select import resolve_backend
@@ -226,8 +264,15 @@ def test_softcap_on_padless_needs_a_flash_kernel_that_runs_here(tmp_path, monkey
     from transformers import Gemma2Config
 
     _flash_package(tmp_path, monkeypatch, WORKING)
-    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
+    config = Gemma2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
     _gpu(monkeypatch, capability=(8, 6))
     check_exact(config, "padless", device="cuda", dtype=torch.bfloat16)
     _gpu(monkeypatch, capability=(7, 0))  # a V100: flash-attn 2 does not run, SDPA has no soft-cap

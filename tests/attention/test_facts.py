@@ -23,8 +23,15 @@ def _mistral(backend: str = "sdpa"):
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
-    config = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=WINDOW)  # fmt: skip
+    config = MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=WINDOW,
+    )
     return MistralForCausalLM._from_config(config, attn_implementation=backend).eval()
 
 
@@ -115,8 +122,9 @@ def test_collator_fit_and_batch_check_share_one_comparison(monkeypatch):
     model = _mistral()
     seen = []
     real = verdict.mismatch
-    monkeypatch.setattr(verdict, "mismatch", lambda v, carried, **kw: seen.append((kw["subject"], carried))
-                        or real(v, carried, **kw))  # fmt: skip
+    monkeypatch.setattr(
+        verdict, "mismatch", lambda v, carried, **kw: seen.append((kw["subject"], carried)) or real(v, carried, **kw)
+    )
     collator = check_collator(model, PackingCollator(max_length=ROW, attention="position_ids"))
     check_batch(model, collator(make_features([20, 3, 13], vocab_size=VOCAB, seed=1)))
     # check_collator, the fitted check where the batch is built, the batch check: one comparison
@@ -126,5 +134,7 @@ def test_collator_fit_and_batch_check_share_one_comparison(monkeypatch):
     assert "only with 'mask4d'" in real(v, "varlen", subject="batch")
     assert "only with 'mask4d'" in real(v, "varlen", subject="collator")
     assert "sliding windows None" in real(v, "mask4d", subject="collator", windows=None, mask_dtype=torch.float32)
-    assert real(v, "mask4d", subject="collator", windows={"sliding_attention": WINDOW}, mask_dtype=torch.float32) is None
+    assert (
+        real(v, "mask4d", subject="collator", windows={"sliding_attention": WINDOW}, mask_dtype=torch.float32) is None
+    )
     assert "use_cache=False" in real(v, "position_ids", subject="batch", use_cache=True)

@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from padless.attention.backend import (cu_seqlens_from_host_positions, cu_seqlens_from_position_ids,
-                                       register_padless_attention)  # fmt: skip
+from padless.attention.backend import (
+    cu_seqlens_from_host_positions,
+    cu_seqlens_from_position_ids,
+    register_padless_attention,
+)
 from padless.attention.host import host_values, remember_host_copy, remember_moved
 from padless.batching.batch import batch_to, forward_inputs
 from padless.batching.collate import PackingCollator
@@ -80,7 +83,10 @@ def test_host_positions_equal_the_device_reference():
     rng = np.random.default_rng(0)
     for batch in (1, 3):
         pos = torch.from_numpy(np.concatenate([np.arange(n) for n in rng.integers(1, 6, 12)])[:20]).repeat(batch, 1)
-        assert cu_seqlens_from_host_positions(pos.numpy(), batch).tolist() == cu_seqlens_from_position_ids(pos, batch).tolist()
+        assert (
+            cu_seqlens_from_host_positions(pos.numpy(), batch).tolist()
+            == cu_seqlens_from_position_ids(pos, batch).tolist()
+        )
     assert cu_seqlens_from_host_positions(np.array([[0, 1, 0]]), 2).tolist() == [0, 2, 3, 5, 6]
 
 
@@ -145,9 +151,13 @@ def test_shared_prompt_rows_one_transfer_per_forward_and_none_after_batch_to(mon
 
     model = _model()
     rng = np.random.default_rng(0)
-    groups = [{"prompt_ids": rng.integers(1, 60, int(rng.integers(2, 9))).tolist(),
-               "completion_ids": [rng.integers(1, 60, int(rng.integers(1, 6))).tolist() for _ in range(3)]}
-              for _ in range(4)]  # fmt: skip
+    groups = [
+        {
+            "prompt_ids": rng.integers(1, 60, int(rng.integers(2, 9))).tolist(),
+            "completion_ids": [rng.integers(1, 60, int(rng.integers(1, 6))).tolist() for _ in range(3)],
+        }
+        for _ in range(4)
+    ]
     collate = RolloutCollator.for_model(model, max_length=40)
     batch = collate(groups)
     assert "tree_cu_seqlens" in batch

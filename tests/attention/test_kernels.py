@@ -119,8 +119,13 @@ def test_head_dim_of_configs():
 
 
 def test_transformers_models():
-    from transformers import (FalconForCausalLM, GPT2LMHeadModel, GPTNeoForCausalLM, LlamaForCausalLM,
-                              StableLmForCausalLM)  # fmt: skip
+    from transformers import (
+        FalconForCausalLM,
+        GPT2LMHeadModel,
+        GPTNeoForCausalLM,
+        LlamaForCausalLM,
+        StableLmForCausalLM,
+    )
 
     assert flash_boundaries(LlamaForCausalLM) == "cu_seq_lens"  # _supports_attention_backend: kwargs reach the kernel
     assert flash_boundaries(GPT2LMHeadModel) == "cu_seq_lens"
@@ -142,7 +147,9 @@ CALLS = {
 
 
 def _model_class(tmp_path, monkeypatch, name: str, calls: list[str]) -> type:
-    body = "\n".join(f"    def f{i}(self, q, k, v, mask, n, cu, pos, **kwargs):\n        return {c}" for i, c in enumerate(calls))
+    body = "\n".join(
+        f"    def f{i}(self, q, k, v, mask, n, cu, pos, **kwargs):\n        return {c}" for i, c in enumerate(calls)
+    )
     source = f"class Attention:\n    pass\n{body}\n\nclass Model:\n    _supports_flash_attn = True\n"
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -30,7 +30,10 @@ def _slow_reference(lengths):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.lists(st.integers(1, 9), min_size=1, max_size=5), min_size=1, max_size=3), st.sampled_from([torch.float32, torch.bfloat16]))
+@given(
+    st.lists(st.lists(st.integers(1, 9), min_size=1, max_size=5), min_size=1, max_size=3),
+    st.sampled_from([torch.float32, torch.bfloat16]),
+)
 def test_additive_mask_matches_reference(rows, dtype):
     width = max(sum(r) for r in rows)
     rows = [r + ([width - sum(r)] if sum(r) < width else []) for r in rows]  # pad docs fill each row

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 import transformers as T
-from conftest import make_features
 
 import padless
+from conftest import make_features
 from padless.attention import mixers
 from padless.attention.backend import packed_documents
 from padless.attention.mixers import (
@@ -29,11 +29,26 @@ from padless.models.factory import tiny_config
 VOCAB = 128
 EXACT, CONTAMINATED = 1e-5, 1e-3
 # initializer_range 0.1 (not 0.02): with tiny weights a short convolution's leak is below 1e-3
-_COMMON = dict(initializer_range=0.1, vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-               num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+_COMMON = dict(
+    initializer_range=0.1,
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 _MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=8, mamba_expand=2)
-_DELTANET = dict(head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
-                 linear_value_head_dim=8, linear_conv_kernel_dim=4)  # fmt: skip
+_DELTANET = dict(
+    head_dim=8,
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+)
 _HYBRID = ["linear_attention", "full_attention"]
 _NO_FFN = {k: v for k, v in _COMMON.items() if k != "intermediate_size"}  # MoE-only configs
 _MOE = dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
@@ -49,48 +64,149 @@ CONFIGS: dict[str, tuple[type, dict]] = {
     "qwen3_next": (T.Qwen3NextConfig, dict(**_NO_FFN, **_TWO, layer_types=_HYBRID, **_DELTANET, **_MOE)),
     "qwen3_5_moe_text": (T.Qwen3_5MoeTextConfig, dict(**_NO_FFN, **_TWO, layer_types=_HYBRID, **_DELTANET, **_MOE)),
     "lara_mini": (T.LaraMiniConfig, dict(**_NO_FFN, **_TWO, layer_types=_HYBRID, **_DELTANET, **_MOE)),
-    "olmo_hybrid": (T.OlmoHybridConfig, dict(**_COMMON, **_TWO, layer_types=_HYBRID,
-                                             **{k: v for k, v in _DELTANET.items() if k != "head_dim"})),
-    "kimi_linear": (T.KimiLinearConfig, dict(**_KV4, **_TWO, layer_types=_HYBRID, kv_lora_rank=16, **_MLA,
-                                             linear_head_dim=8, linear_num_heads=4, num_experts=4,
-                                             num_experts_per_tok=2, moe_intermediate_size=32,
-                                             mlp_layer_types=["dense", "sparse"])),
-    "bailing_hybrid": (T.BailingHybridConfig, dict(**_KV4, **_TWO, layer_types=_HYBRID, **_MLA, head_dim=8,
-                                                   mlp_layer_types=["dense", "dense"], moe_intermediate_size=32,
-                                                   num_local_experts=4, num_experts_per_tok=2, num_mtp_layers=0,
-                                                   layer_group_size=2)),
+    "olmo_hybrid": (
+        T.OlmoHybridConfig,
+        dict(**_COMMON, **_TWO, layer_types=_HYBRID, **{k: v for k, v in _DELTANET.items() if k != "head_dim"}),
+    ),
+    "kimi_linear": (
+        T.KimiLinearConfig,
+        dict(
+            **_KV4,
+            **_TWO,
+            layer_types=_HYBRID,
+            kv_lora_rank=16,
+            **_MLA,
+            linear_head_dim=8,
+            linear_num_heads=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            mlp_layer_types=["dense", "sparse"],
+        ),
+    ),
+    "bailing_hybrid": (
+        T.BailingHybridConfig,
+        dict(
+            **_KV4,
+            **_TWO,
+            layer_types=_HYBRID,
+            **_MLA,
+            head_dim=8,
+            mlp_layer_types=["dense", "dense"],
+            moe_intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            num_mtp_layers=0,
+            layer_group_size=2,
+        ),
+    ),
     "lfm2": (T.Lfm2Config, dict(**_COMMON, **_TWO, layer_types=["conv", "full_attention"], conv_L_cache=3)),
-    "lfm2_moe": (T.Lfm2MoeConfig, dict(**_COMMON, **_TWO, layer_types=["conv", "full_attention"], num_dense_layers=1,
-                                       moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)),
+    "lfm2_moe": (
+        T.Lfm2MoeConfig,
+        dict(
+            **_COMMON,
+            **_TWO,
+            layer_types=["conv", "full_attention"],
+            num_dense_layers=1,
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+        ),
+    ),
     "lfm3": (T.Lfm3Config, dict(**_COMMON, **_TWO, layer_types=["conv", "full_attention"], head_dim=8)),
     "bamba": (T.BambaConfig, dict(**_COMMON, **_TWO, attn_layer_indices=[1], **_MAMBA2)),
     "falcon_h1": (T.FalconH1Config, dict(**_COMMON, **_TWO, head_dim=8, mamba_d_ssm=64, **_MAMBA2)),
-    "granitemoehybrid": (T.GraniteMoeHybridConfig, dict(**_COMMON, **_TWO, layer_types=["mamba", "attention"],
-                                                        num_local_experts=0, **_MAMBA2)),
-    "jamba": (T.JambaConfig, dict(**_COMMON, **_TWO, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-                                  expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_d_conv=4,
-                                  mamba_expand=2)),
-    "nemotron_h": (T.NemotronHConfig, dict(**_COMMON, num_hidden_layers=3, hybrid_override_pattern="M*-", head_dim=8,
-                                           mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=1,
-                                           chunk_size=8, expand=2)),
-    "zamba": (T.ZambaConfig, dict(**_COMMON, num_hidden_layers=3, mamba_d_state=8, n_mamba_heads=2, mamba_expand=2,
-                                  layers_block_type=["linear_attention", "hybrid", "hybrid"])),
-    "zamba2": (T.Zamba2Config, dict(**_COMMON, **_TWO, layers_block_type=["mamba", "hybrid"], mamba_d_state=8,
-                                    mamba_ngroups=1, mamba_headdim=16, n_mamba_heads=4, chunk_size=8)),
-    "minimax": (T.MiniMaxConfig, dict(**_COMMON, **_TWO, layer_types=_HYBRID, head_dim=8, num_local_experts=2,
-                                      num_experts_per_tok=1, block_size=8)),
-    "recurrent_gemma": (T.RecurrentGemmaConfig, dict(**_SSM, initializer_range=0.1, intermediate_size=64,
-                                                     num_attention_heads=4, num_key_value_heads=1, lru_width=32,
-                                                     block_types=["recurrent", "attention"], conv1d_width=4,
-                                                     attention_window_size=64, pad_token_id=0)),
+    "granitemoehybrid": (
+        T.GraniteMoeHybridConfig,
+        dict(**_COMMON, **_TWO, layer_types=["mamba", "attention"], num_local_experts=0, **_MAMBA2),
+    ),
+    "jamba": (
+        T.JambaConfig,
+        dict(
+            **_COMMON,
+            **_TWO,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            num_experts=2,
+            mamba_d_state=8,
+            mamba_d_conv=4,
+            mamba_expand=2,
+        ),
+    ),
+    "nemotron_h": (
+        T.NemotronHConfig,
+        dict(
+            **_COMMON,
+            num_hidden_layers=3,
+            hybrid_override_pattern="M*-",
+            head_dim=8,
+            mamba_num_heads=4,
+            mamba_head_dim=16,
+            ssm_state_size=8,
+            n_groups=1,
+            chunk_size=8,
+            expand=2,
+        ),
+    ),
+    "zamba": (
+        T.ZambaConfig,
+        dict(
+            **_COMMON,
+            num_hidden_layers=3,
+            mamba_d_state=8,
+            n_mamba_heads=2,
+            mamba_expand=2,
+            layers_block_type=["linear_attention", "hybrid", "hybrid"],
+        ),
+    ),
+    "zamba2": (
+        T.Zamba2Config,
+        dict(
+            **_COMMON,
+            **_TWO,
+            layers_block_type=["mamba", "hybrid"],
+            mamba_d_state=8,
+            mamba_ngroups=1,
+            mamba_headdim=16,
+            n_mamba_heads=4,
+            chunk_size=8,
+        ),
+    ),
+    "minimax": (
+        T.MiniMaxConfig,
+        dict(
+            **_COMMON, **_TWO, layer_types=_HYBRID, head_dim=8, num_local_experts=2, num_experts_per_tok=1, block_size=8
+        ),
+    ),
+    "recurrent_gemma": (
+        T.RecurrentGemmaConfig,
+        dict(
+            **_SSM,
+            initializer_range=0.1,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            lru_width=32,
+            block_types=["recurrent", "attention"],
+            conv1d_width=4,
+            attention_window_size=64,
+            pad_token_id=0,
+        ),
+    ),
     # state-space / recurrent models without attention (and without position_ids)
     "mamba": (T.MambaConfig, dict(**_SSM, state_size=8, expand=2, conv_kernel=4)),
-    "mamba2": (T.Mamba2Config, dict(**_SSM, state_size=8, expand=2, num_heads=4, head_dim=16, n_groups=1, chunk_size=8,
-                                    conv_kernel=4)),
+    "mamba2": (
+        T.Mamba2Config,
+        dict(**_SSM, state_size=8, expand=2, num_heads=4, head_dim=16, n_groups=1, chunk_size=8, conv_kernel=4),
+    ),
     "falcon_mamba": (T.FalconMambaConfig, dict(**_SSM, state_size=8, expand=2, conv_kernel=4)),
     "rwkv": (T.RwkvConfig, dict(**_SSM, attention_hidden_size=32, intermediate_size=64, context_length=256)),
-    "xlstm": (T.xLSTMConfig, dict(**_SSM, embedding_dim=32, num_heads=2, chunk_size=8, qk_dim_factor=0.5,
-                                  v_dim_factor=1.0)),
+    "xlstm": (
+        T.xLSTMConfig,
+        dict(**_SSM, embedding_dim=32, num_heads=2, chunk_size=8, qk_dim_factor=0.5, v_dim_factor=1.0),
+    ),
 }
 NO_ATTENTION = {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"}
 LENGTHS = [7, 13, 5, 11]  # one row; default grouping: [13, 11] and [7, 5], both right-padded
@@ -162,11 +278,22 @@ def test_packed_equals_alone(family, attn):
     assert after <= EXACT, f"{family} {attn}: packed vs alone {after:.2e} after enable_per_document_mixers"
 
 
-PADLESS_FAMILIES = [f for f in CONFIGS if f not in NO_ATTENTION and f not in {
-    # padless attention itself cannot run these (not the mixers): the MLA value head differs from the
-    # query head (kimi_linear, bailing_hybrid); the decoder layers pass attention no position_ids or
-    # boundaries (granitemoehybrid, zamba, recurrent_gemma)
-    "kimi_linear", "bailing_hybrid", "granitemoehybrid", "zamba", "recurrent_gemma"}]  # fmt: skip
+PADLESS_FAMILIES = [
+    f
+    for f in CONFIGS
+    if f not in NO_ATTENTION
+    and f
+    not in {
+        # padless attention itself cannot run these (not the mixers): the MLA value head differs from the
+        # query head (kimi_linear, bailing_hybrid); the decoder layers pass attention no position_ids or
+        # boundaries (granitemoehybrid, zamba, recurrent_gemma)
+        "kimi_linear",
+        "bailing_hybrid",
+        "granitemoehybrid",
+        "zamba",
+        "recurrent_gemma",
+    }
+]
 
 
 @pytest.mark.parametrize("family", PADLESS_FAMILIES)
@@ -451,8 +578,17 @@ def test_padless_attention_is_refused_where_it_cannot_separate_documents(family)
 
 
 def test_padless_attention_refuses_value_heads_unlike_query_heads():
-    config = T.DeepseekV3Config(**_KV4, **_TWO, kv_lora_rank=16, q_lora_rank=None, **_MLA, n_routed_experts=4,
-                                num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=2)  # fmt: skip
+    config = T.DeepseekV3Config(
+        **_KV4,
+        **_TWO,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        **_MLA,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=2,
+    )
     with pytest.raises(ValueError, match=r"value heads as large as query/key heads.* 8 and 16"):
         padless.check_exact(config, "padless")
     padless.check_exact(config, "sdpa")
@@ -482,8 +618,12 @@ def test_padless_attention_refuses_value_heads_at_run_time_too():
 def test_4d_mask_dict_without_the_mixer_layer_types_is_refused_not_crashed():
     """A model whose layers differ in window takes a dict of 4D masks looked up by layer type, mixer
     types included (LFM3, Lara-mini): padless' dict has none for them, so the 4D path is refused."""
-    config = T.Lfm3Config(**{**_COMMON, "num_hidden_layers": 3}, head_dim=8, sliding_window=4,
-                          layer_types=["conv", "sliding_attention", "full_attention"])  # fmt: skip
+    config = T.Lfm3Config(
+        **{**_COMMON, "num_hidden_layers": 3},
+        head_dim=8,
+        sliding_window=4,
+        layer_types=["conv", "sliding_attention", "full_attention"],
+    )
     model = T.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     with pytest.raises(ValueError, match=r"none for the token-mixer layers \('conv'\)"):
         padless.PackingCollator.for_model(model, max_length=32)

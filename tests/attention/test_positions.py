@@ -8,11 +8,11 @@ from transformers import BloomConfig, BloomForCausalLM, FalconConfig, FalconForC
 
 from padless.attention.masks import additive_block_causal_mask
 from padless.attention.positions import alibi_refusal, position_scheme
+from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator
 from padless.layout import position_ids_from_lengths
-from padless.batching.batch import forward_inputs
-from padless.objectives.logprobs import sequence_logprobs
 from padless.models.factory import build_model, tiny_config
+from padless.objectives.logprobs import sequence_logprobs
 
 V = 128
 
@@ -22,8 +22,17 @@ def _bloom():
 
 
 def _falcon(alibi=True):
-    return FalconForCausalLM(FalconConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                          alibi=alibi, new_decoder_architecture=False, multi_query=False)).eval()  # fmt: skip
+    return FalconForCausalLM(
+        FalconConfig(
+            vocab_size=V,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            alibi=alibi,
+            new_decoder_architecture=False,
+            multi_query=False,
+        )
+    ).eval()
 
 
 def _mpt(backend="eager", dtype=torch.float32):
@@ -95,7 +104,8 @@ def test_what_transformers_does_with_bloom_and_falcon():
     docs = [500, 12]
     ids = torch.randint(0, V, (1, sum(docs)))
     with torch.no_grad():
-        packed = model(input_ids=ids, position_ids=torch.from_numpy(position_ids_from_lengths(docs))[None],
-                       use_cache=False).logits[0, 500:]  # fmt: skip
+        packed = model(
+            input_ids=ids, position_ids=torch.from_numpy(position_ids_from_lengths(docs))[None], use_cache=False
+        ).logits[0, 500:]
         alone = model(input_ids=ids[:, 500:], use_cache=False).logits[0]
     assert (packed - alone).abs().max() > 1e-4

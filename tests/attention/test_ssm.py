@@ -7,10 +7,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_features
-from test_mixers import CONTAMINATED, EXACT, LENGTHS, NO_ATTENTION, VOCAB, alone_logits, assert_packed_grads_equal_alone, build
+from test_mixers import (
+    CONTAMINATED,
+    EXACT,
+    LENGTHS,
+    NO_ATTENTION,
+    VOCAB,
+    alone_logits,
+    assert_packed_grads_equal_alone,
+    build,
+)
 
 import padless
+from conftest import make_features
 from padless.attention.mixers import disable_per_document_mixers, enable_per_document_mixers, mixer_refusal
 from padless.attention.select import BACKENDS, attention_free
 from padless.layout import lengths_from_position_ids

@@ -63,8 +63,12 @@ def test_quick_sweep_knows_what_is_exact_and_what_is_refused(quick):
     for model_type in ("llama", "gpt2", "mistral", "gemma3_text", "qwen2"):
         assert status[(model_type, "for_model", "sdpa")].status == "exact", status[(model_type, "for_model", "sdpa")]
         assert status[(model_type, "for_model", "padless")].status == "exact"
-    for model_type, needle in (("roberta", "padding_idx + 1"), ("deepseek_v32", "mix tokens without"),
-                               ("bart", "no position_ids"), ("bloom", "ALiBi")):  # fmt: skip
+    for model_type, needle in (
+        ("roberta", "padding_idx + 1"),
+        ("deepseek_v32", "mix tokens without"),
+        ("bart", "no position_ids"),
+        ("bloom", "ALiBi"),
+    ):
         o = status[(model_type, "for_model", "eager")]  # every model has eager (BLOOM: no sdpa)
         assert o.status == "refused" and needle in o.detail, o
     # pure state-space models: restarted position_ids through **kwargs reach the per-document mixers
@@ -87,7 +91,9 @@ def test_quick_sweep_knows_what_is_exact_and_what_is_refused(quick):
     assert status[("mistral", "plain_position_ids", "sdpa")].status == "exact"  # transformers' masks keep the window
     # latent attention (DeepSeek-V3): exact everywhere; Doge's own dynamic mask: padless attention refused up front
     for backend in ("sdpa", "eager", "padless"):
-        assert status[("deepseek_v3", "for_model", backend)].status == "exact", status[("deepseek_v3", "for_model", backend)]
+        assert status[("deepseek_v3", "for_model", backend)].status == "exact", status[
+            ("deepseek_v3", "for_model", backend)
+        ]
     assert "mask of their own" in status[("doge", "for_model", "padless")].detail
     assert status[("doge", "for_model", "sdpa")].status == "exact"
 
@@ -113,7 +119,9 @@ def test_the_docs_lead_with_the_tables_counts():
     lead = re.search(
         r"transformers [\d.]+: (\d+) causal-LM types, (\d+) built.*?\*\*(\d+) exact on at least one backend\*\* with "
         r"`for_model`, \*\*(\d+) refused\*\*.*?\*\*(\d+) contaminated\*\*.*?for (\d+) architectures.*?"
-        r"contaminated on (\d+) architectures \((\d+) with the 4D block mask, (\d+) with position ids alone\)", doc)  # fmt: skip
+        r"contaminated on (\d+) architectures \((\d+) with the 4D block mask, (\d+) with position ids alone\)",
+        doc,
+    )
     assert lead, "the table's summary line changed shape"
     types, built, exact, refused, contaminated, fitted, raw, raw_mask, raw_positions = lead.groups()
     rows = [line.split("|") for line in doc.splitlines() if line.startswith("| `") and line.count("|") == 6]
@@ -130,7 +138,7 @@ def test_the_docs_lead_with_the_tables_counts():
         f"{raw_positions} with position ids alone)",
         f"exact for {on['sdpa']} architectures on sdpa, {on['eager']} on eager and {on['padless']} on padless attention",
         f"CI runs {len(QUICK)} representative architectures",
-    ):  # fmt: skip
+    ):
         assert needle in readme, needle
 
 

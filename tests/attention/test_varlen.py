@@ -7,12 +7,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padless.attention.select import BACKENDS, backend_inputs, resolve_backend
-from padless.attention.backend import cu_seqlens_from_position_ids, packed_documents, padless_attention, register_padless_attention
-from padless.layout import cu_seqlens_from_lengths, position_ids_from_lengths
+from padless.attention.backend import (
+    cu_seqlens_from_position_ids,
+    packed_documents,
+    padless_attention,
+    register_padless_attention,
+)
 from padless.attention.masks import additive_block_causal_mask
-from padless.models.factory import build_model
+from padless.attention.select import BACKENDS, backend_inputs, resolve_backend
 from padless.attention.varlen import BucketCost, bucket_documents, reference_varlen_attention, varlen_attention
+from padless.layout import cu_seqlens_from_lengths, position_ids_from_lengths
+from padless.models.factory import build_model
 
 # ------------------------------------------------------------------------------------------ kernels
 
@@ -162,7 +167,9 @@ def test_varlen_cuda(impl, hk, window):
     if impl == "torch_varlen" and not torch_varlen_available():
         pytest.skip("torch varlen_attn needs torch.nn.attention.varlen and an sm80+ GPU")
     lengths = [1, 9, 1, 130, 2, 2, 17, 64]
-    _check_against_reference(lengths, 4, hk, dtype=torch.bfloat16, atol=3e-2, impl=impl, device="cuda", sliding_window=window)
+    _check_against_reference(
+        lengths, 4, hk, dtype=torch.bfloat16, atol=3e-2, impl=impl, device="cuda", sliding_window=window
+    )
 
 
 @pytest.mark.gpu
@@ -389,8 +396,15 @@ def test_resolve_backend(requested, device, dtype, config, max_length, expected)
 def _gemma2_config():
     from transformers import Gemma2Config
 
-    return Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
+    return Gemma2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
 
 
 def _bloom_config():
@@ -408,7 +422,13 @@ def _bloom_config():
         ("flash_attention_2", "cpu", BF16, _config("llama"), "CUDA only.*use backend 'padless'"),
         ("flash_attention_2", "cuda", F32, _config("llama"), "fp16 or bf16"),
         ("sdpa", "cpu", F32, _config("mistral", sliding_window=64), None),  # the 4D mask carries the window
-        ("eager", "cpu", F32, _bloom_config(), "ALiBi positions: BLOOM builds its ALiBi bias.*; no attention backend can$"),
+        (
+            "eager",
+            "cpu",
+            F32,
+            _bloom_config(),
+            "ALiBi positions: BLOOM builds its ALiBi bias.*; no attention backend can$",
+        ),
         ("sdpa", "cpu", F32, None, None),
         ("nope", "cpu", F32, None, "unknown attention backend"),
     ],

@@ -16,15 +16,21 @@ from padless.attention.backend import register_padless_attention
 from padless.attention.masks import additive_block_causal_mask, block_causal_mask
 from padless.attention.rules import attention_rules
 from padless.attention.select import check_exact, resolve_backend
-from padless.batching.collate import PackingCollator
 from padless.batching.batch import batch_to
+from padless.batching.collate import PackingCollator
 
 VOCAB, WINDOW, ROW = 64, 8, 32
 LENGTHS = (20, 3, 13, 1, 17, 9)  # five of six documents longer than the window once packed with others
 ATOL = 1e-5
 BACKENDS = ("sdpa", "eager", "padless")
-TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2)  # fmt: skip
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 ALTERNATING = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
 
 
@@ -43,8 +49,9 @@ def _starcoder2():
 def _gemma2(softcap=None):
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    return Gemma2ForCausalLM(Gemma2Config(**TINY, head_dim=8, sliding_window=WINDOW, layer_types=ALTERNATING,
-                                          attn_logit_softcapping=softcap))  # fmt: skip
+    return Gemma2ForCausalLM(
+        Gemma2Config(**TINY, head_dim=8, sliding_window=WINDOW, layer_types=ALTERNATING, attn_logit_softcapping=softcap)
+    )
 
 
 def _gemma3():
@@ -144,7 +151,10 @@ def test_rules_read_windows_per_layer_type():
     all_full = Qwen2Config(**TINY, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=4)
     assert attention_rules(all_full).mask_windows(None) is None
     gemma3 = attention_rules(_gemma3())
-    assert gemma3.accepts_mask_dict and gemma3.mask_windows(None) == {"sliding_attention": WINDOW, "full_attention": None}
+    assert gemma3.accepts_mask_dict and gemma3.mask_windows(None) == {
+        "sliding_attention": WINDOW,
+        "full_attention": None,
+    }
 
 
 # --------------------------------------------------- packed == alone, or refused naming a backend
@@ -210,8 +220,12 @@ def test_gemma3_local_windows_in_long_rows():
     """The real case, scaled down: local layers with a window of 16, global layers none, rows of 96."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    config = Gemma3TextConfig(**{**TINY, "num_hidden_layers": 3}, head_dim=8, sliding_window=16,
-                              layer_types=["sliding_attention", "sliding_attention", "full_attention"])  # fmt: skip
+    config = Gemma3TextConfig(
+        **{**TINY, "num_hidden_layers": 3},
+        head_dim=8,
+        sliding_window=16,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    )
     feats = make_features([60, 30, 2, 45, 17, 40], vocab_size=VOCAB, seed=3)
     for backend in BACKENDS:
         torch.manual_seed(0)
@@ -232,9 +246,18 @@ def _llama_gqa():
 def _neox_partial_rotary():
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    return GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, rotary_pct=0.25, attention_dropout=0.0,
-                                            hidden_dropout=0.0))  # fmt: skip
+    return GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            rotary_pct=0.25,
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+        )
+    )
 
 
 def _phi_partial_rotary():
@@ -252,8 +275,11 @@ def _mixtral_moe():
 def _qwen2_moe():
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
-    return Qwen2MoeForCausalLM(Qwen2MoeConfig(**TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                              shared_expert_intermediate_size=32))  # fmt: skip
+    return Qwen2MoeForCausalLM(
+        Qwen2MoeConfig(
+            **TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32
+        )
+    )
 
 
 OTHERS = {
@@ -320,8 +346,14 @@ def test_every_path_asks_the_same_rule(name):
     for result in report.results:
         backend, _, layout = result.backend.partition("+")  # "sdpa+shared_prompt": the tree layout's row
         try:
-            check_exact(model, backend, device="cpu", dtype=torch.float32,
-                        max_length=None if layout else report.max_length, layout=layout or "documents")
+            check_exact(
+                model,
+                backend,
+                device="cpu",
+                dtype=torch.float32,
+                max_length=None if layout else report.max_length,
+                layout=layout or "documents",
+            )
             assert result.status in ("pass", "unavailable"), result
         except ValueError:
             assert result.status == "refused", result
@@ -350,8 +382,10 @@ def test_for_model_refuses_inputs_that_do_not_fit_the_backend():
     "config_kw, match",
     [
         ({"use_bidirectional_attention": True}, "both directions"),
-        ({"layer_types": ["sliding_attention", "linear_attention", "full_attention", "full_attention"]},
-         "'linear_attention' mix tokens without the attention mask"),  # fmt: skip
+        (
+            {"layer_types": ["sliding_attention", "linear_attention", "full_attention", "full_attention"]},
+            "'linear_attention' mix tokens without the attention mask",
+        ),
     ],
 )
 def test_model_wide_refusals_name_no_backend(config_kw, match):
@@ -368,9 +402,18 @@ def test_model_wide_refusals_name_no_backend(config_kw, match):
 def test_attention_sinks_refuse_padless():
     from transformers import GptOssConfig
 
-    config = GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
-                          num_experts_per_tok=1, sliding_window=WINDOW)  # fmt: skip
+    config = GptOssConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        sliding_window=WINDOW,
+    )
     with pytest.raises(ValueError, match=r"attention sinks.*use backend 'eager'"):
         check_exact(config, "padless", device="cpu", dtype=torch.float32)
 
@@ -441,8 +484,9 @@ def test_chunked_attention_is_carried_by_position_ids_or_refused_per_backend():
 
     from padless.attention.select import model_inputs
 
-    config = Llama4TextConfig(**TINY, attention_chunk_size=WINDOW, head_dim=8, intermediate_size_mlp=64,
-                              num_local_experts=2)  # fmt: skip
+    config = Llama4TextConfig(
+        **TINY, attention_chunk_size=WINDOW, head_dim=8, intermediate_size_mlp=64, num_local_experts=2
+    )
     assert attention_rules(config).chunk_size == WINDOW and "chunked_attention" in config.layer_types
     with pytest.raises(ValueError, match="the model uses chunked attention"):
         check_exact(config, "padless", device="cpu", dtype=torch.float32)

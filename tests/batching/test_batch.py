@@ -22,13 +22,19 @@ def _reference(plan):
 
 
 def _of(plan):
-    return Placements.from_plan(index=plan.index, start=plan.start, length=plan.length, row_offsets=plan.row_offsets,
-                                num_features=plan.num_sequences)  # fmt: skip
+    return Placements.from_plan(
+        index=plan.index,
+        start=plan.start,
+        length=plan.length,
+        row_offsets=plan.row_offsets,
+        num_features=plan.num_sequences,
+    )
 
 
 def test_from_plan_literal():
-    pl = Placements.from_plan(index=[2, 3, 0, 1, 1], start=[0, 0, 0, 0, 4], length=[6, 2, 5, 4, 3],
-                              row_offsets=[0, 2, 4, 5], num_features=4)  # fmt: skip
+    pl = Placements.from_plan(
+        index=[2, 3, 0, 1, 1], start=[0, 0, 0, 0, 4], length=[6, 2, 5, 4, 3], row_offsets=[0, 2, 4, 5], num_features=4
+    )
     assert pl.feature.tolist() == [2, 3, 0, 1, 1]
     assert pl.start.tolist() == [0, 0, 0, 0, 4]
     assert pl.row.tolist() == [0, 0, 1, 1, 2]
@@ -48,7 +54,9 @@ def test_from_plan_literal():
 def test_from_plan_equals_the_per_row_reference(lengths, max_length, strategy):
     plan = plan_packs(lengths, max_length, strategy=strategy, overlong="split")
     pl = _of(plan)
-    assert [a.tolist() for a in (pl.feature, pl.start, pl.row, pl.offset, pl.length)] == [list(a) for a in _reference(plan)]
+    assert [a.tolist() for a in (pl.feature, pl.start, pl.row, pl.offset, pl.length)] == [
+        list(a) for a in _reference(plan)
+    ]
     assert pl.num_rows == plan.num_rows
     assert all(int(pl.row_pieces(r)[:, 2].sum()) <= max_length for r in range(pl.num_rows))
 
@@ -59,7 +67,8 @@ def test_packing_collator_places_the_plan():
     feats = [{"input_ids": (np.arange(n) + 100 * i) % 997} for i, n in enumerate(lengths)]
     batch = PackingCollator(model_free=True, max_length=16, overlong="split")(feats)
     pl, want = batch.placements, _of(plan_packs(lengths, 16))
-    assert [a.tolist() for a in (pl.feature, pl.start, pl.row, pl.offset, pl.length)] == \
-        [a.tolist() for a in (want.feature, want.start, want.row, want.offset, want.length)]  # fmt: skip
+    assert [a.tolist() for a in (pl.feature, pl.start, pl.row, pl.offset, pl.length)] == [
+        a.tolist() for a in (want.feature, want.start, want.row, want.offset, want.length)
+    ]
     for f, s, r, o, n in zip(pl.feature, pl.start, pl.row, pl.offset, pl.length):  # every token where it says
         assert batch["input_ids"][r, o : o + n].tolist() == feats[f]["input_ids"][s : s + n].tolist()

@@ -1,12 +1,12 @@
 import pytest
 import torch
-from conftest import make_features
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import make_features
+from padless.batching.batch import batch_to
 from padless.batching.collate import PackingCollator, PaddingCollator
 from padless.batching.rowformat import FeatureSpec
-from padless.batching.batch import batch_to
 from padless.layout import IGNORE_INDEX
 
 PAD = 9  # an odd pad id, so a wrong pad value shows up in the literal expectations
@@ -53,8 +53,16 @@ def test_packing_collator_literal_one_row():
 def test_packing_collator_varlen_keys():
     feats = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}, {"input_ids": [6, 7, 8, 9]}]
     batch = PackingCollator(model_free=True, max_length=5, attention="varlen", pad_to_max_length=True)(feats)
-    assert set(batch) == {"input_ids", "labels", "position_ids", "use_cache",
-                          "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}  # fmt: skip
+    assert set(batch) == {
+        "input_ids",
+        "labels",
+        "position_ids",
+        "use_cache",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+    }
     assert batch["input_ids"].shape == (2, 5)
     cu = batch["cu_seq_lens_q"]
     assert cu.dtype == torch.int32 and cu[0] == 0 and cu[-1] == 10
@@ -89,7 +97,9 @@ def test_separator_appended_once():
 def test_every_token_placed_exactly_once(lengths, strategy, seed):
     feats = make_features(lengths, seed=seed, with_labels=True)
     pad = -7  # not a valid token id, so padding can never be mistaken for a document
-    batch = PackingCollator(model_free=True, max_length=40, strategy=strategy, attention="varlen", pad_token_id=pad)(feats)
+    batch = PackingCollator(model_free=True, max_length=40, strategy=strategy, attention="varlen", pad_token_id=pad)(
+        feats
+    )
     assert batch["input_ids"].shape[1] <= 40
     flat_ids = batch["input_ids"].reshape(-1).tolist()
     flat_labels = batch["labels"].reshape(-1).tolist()
@@ -101,7 +111,7 @@ def test_every_token_placed_exactly_once(lengths, strategy, seed):
     pads = [d for d in docs if d[0][0] == pad]
     expected = [(f["input_ids"], [-100] + f["labels"][1:]) for f in feats]
     assert sorted(real) == sorted(expected)
-    assert all(set(i) == {pad} and set(l) == {IGNORE_INDEX} for i, l in pads)
+    assert all(set(i) == {pad} and set(lab) == {IGNORE_INDEX} for i, lab in pads)
 
 
 def test_overlong_policies_are_counted():
@@ -138,8 +148,10 @@ def test_bad_input(features, kwargs, message):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"pixel_values": [[0.1, 0.2]], "image_grid_thw": [[1, 1, 2]]},
-         r"feature 1 carries image inputs \('pixel_values', 'image_grid_thw'\).*image placeholder tokens"),
+        (
+            {"pixel_values": [[0.1, 0.2]], "image_grid_thw": [[1, 1, 2]]},
+            r"feature 1 carries image inputs \('pixel_values', 'image_grid_thw'\).*image placeholder tokens",
+        ),
         ({"w": [1.0, 1.0, 1.0]}, r"feature 1 has keys the collator does not pack: 'w'.*remove_columns"),
         ({"completion_mask": [0, 1, 1]}, r"'completion_mask'.*turn a mask into labels"),
         ({"attention_mask": [1, 1, 0]}, r"feature 1's attention_mask has 1 padding position \(0\)"),

@@ -9,15 +9,15 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import make_features
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import make_features
 from padless.batching.collate import PackingCollator
-from padless.planning.schedule import EMPTY_ROW, REMAINDERS, schedule_epoch
-from padless.batching.samplers import DistributedPackedBatchSampler, world_info
 from padless.batching.rows import PackedRowView
+from padless.batching.samplers import DistributedPackedBatchSampler, world_info
 from padless.layout import IGNORE_INDEX
+from padless.planning.schedule import EMPTY_ROW, REMAINDERS, schedule_epoch
 
 # ----------------------------------------------------------------------------- literal cases
 
@@ -28,8 +28,9 @@ ROW0, ROW1, ROW2 = ((4, 0, 7), (5, 0, 1)), ((2, 0, 6), (3, 0, 2)), ((0, 0, 5), (
 
 
 def _batches(remainder, rank):
-    return list(DistributedPackedBatchSampler(LENGTHS, 8, 1, num_replicas=2, rank=rank, shuffle=False,
-                                              remainder=remainder))
+    return list(
+        DistributedPackedBatchSampler(LENGTHS, 8, 1, num_replicas=2, rank=rank, shuffle=False, remainder=remainder)
+    )
 
 
 def test_literal_schedule_for_each_remainder():
@@ -40,8 +41,9 @@ def test_literal_schedule_for_each_remainder():
     assert _batches("repeat", 1) == [[ROW1], [ROW0]]  # the first row of the epoch, trained again
     assert _batches("drop", 0) == [[ROW0]]
     assert _batches("drop", 1) == [[ROW1]]
-    counts = {r: schedule_epoch(LENGTHS, 8, world_size=2, rows_per_batch=1, shuffle=False, remainder=r)
-              for r in REMAINDERS}
+    counts = {
+        r: schedule_epoch(LENGTHS, 8, world_size=2, rows_per_batch=1, shuffle=False, remainder=r) for r in REMAINDERS
+    }
     assert (counts["empty"].empty_rows, counts["repeat"].repeated_rows, counts["drop"].dropped_rows) == (1, 1, 1)
     assert (counts["repeat"].repeated_tokens, counts["drop"].dropped_tokens) == (8, 8)
     assert counts["empty"].tokens_per_rank.tolist() == [16, 8]
@@ -90,8 +92,8 @@ def test_loader_trains_exactly_the_planned_rows():
 def test_a_micro_batch_of_empty_rows_trains_nothing():
     """What a rank left without a row in the last step (remainder="empty") runs: a forward and backward
     with zero loss and zero gradients, so it joins DDP's all-reduce without changing the update."""
-    from padless.objectives.loss import model_loss
     from padless.models.factory import build_model
+    from padless.objectives.loss import model_loss
 
     model = build_model("tiny-gpt2", seed=0)
     view = PackedRowView([{"input_ids": [1, 2, 3]}], pad_token_id=5)
@@ -108,8 +110,9 @@ def test_a_micro_batch_of_empty_rows_trains_nothing():
 
 def _simulated_ranks(lengths, world, rows, **kwargs):
     """One sampler per rank, each built on its own as separate processes would."""
-    return [DistributedPackedBatchSampler(lengths, 48, rows, num_replicas=world, rank=r, **kwargs)
-            for r in range(world)]
+    return [
+        DistributedPackedBatchSampler(lengths, 48, rows, num_replicas=world, rank=r, **kwargs) for r in range(world)
+    ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -160,6 +163,7 @@ def test_every_rank_plans_alike_and_rows_cover_the_data(lengths, world, rows, re
 
 def test_plans_are_deterministic_and_change_with_the_epoch_and_seed():
     lengths = np.random.default_rng(1).integers(5, 200, 600)
+
     def rows_of(**kw):
         sched = schedule_epoch(lengths, 512, world_size=2, rows_per_batch=2, **kw)
         return sched.batches, {frozenset(r.tolist()) for r in sched.plan.rows()}
@@ -281,21 +285,25 @@ def _ddp_worker(rank, world_size, port, out_dir):
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader
 
-    from padless.objectives.loss import model_loss, step_num_items, trained_tokens
     from padless.models.factory import build_model
+    from padless.objectives.loss import model_loss, step_num_items, trained_tokens
 
     if "lo" in {name for _, name in socket.if_nameindex()}:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # stay on the loopback interface
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
     try:
         model = build_model("tiny-gpt2", seed=0)
         ddp = DistributedDataParallel(model)
         feats = make_features(DDP_LENGTHS, with_labels=True, seed=DDP_SEED)
         sampler = DistributedPackedBatchSampler(DDP_LENGTHS, DDP_MAX_LENGTH, DDP_ROWS, seed=DDP_SEED)  # rank from dist
-        loader = DataLoader(PackedRowView(feats), batch_sampler=sampler,
-                            collate_fn=PackingCollator.for_model(model, max_length=DDP_MAX_LENGTH))
+        loader = DataLoader(
+            PackedRowView(feats),
+            batch_sampler=sampler,
+            collate_fn=PackingCollator.for_model(model, max_length=DDP_MAX_LENGTH),
+        )
         batch = next(iter(loader))
         num_items = step_num_items([batch])  # all-reduced over both ranks
         model_loss(ddp, batch, num_items, world_size=world_size).backward()
@@ -303,9 +311,18 @@ def _ddp_worker(rank, world_size, port, out_dir):
         model.zero_grad(set_to_none=True)
         local = trained_tokens(batch["labels"])
         model_loss(ddp, batch, local).backward()  # naive: each rank's own mean, then DDP averages
-        torch.save({"rank": sampler.rank, "world": sampler.num_replicas, "keys": next(iter(sampler)),
-                    "num_items": int(num_items), "local": int(local), "exact": exact, "naive": _grads(model)},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save(
+            {
+                "rank": sampler.rank,
+                "world": sampler.num_replicas,
+                "keys": next(iter(sampler)),
+                "num_items": int(num_items),
+                "local": int(local),
+                "exact": exact,
+                "naive": _grads(model),
+            },
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
     finally:
         dist.destroy_process_group()
 
@@ -315,8 +332,8 @@ def test_two_gloo_ranks_match_one_rank_with_twice_the_batch(tmp_path):
     import torch
     import torch.multiprocessing as mp
 
-    from padless.objectives.loss import model_loss, trained_tokens
     from padless.models.factory import build_model
+    from padless.objectives.loss import model_loss, trained_tokens
 
     mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]

@@ -15,16 +15,25 @@ import padless
 from padless.attention.backend import register_padless_attention
 from padless.attention.masks import block_causal_mask
 from padless.attention.tree import (
-    additive_tree_mask, plan_tree, shared_prompt_refusal, reference_tree_attention, tree_attention, tree_causal_mask, tree_positions,
-)  # fmt: skip
-from padless.batching.rowformat import FeatureSpec
+    additive_tree_mask,
+    plan_tree,
+    reference_tree_attention,
+    shared_prompt_refusal,
+    tree_attention,
+    tree_causal_mask,
+    tree_positions,
+)
 from padless.batching.batch import batch_to
 from padless.batching.preference import (
-    PairedBatch, PreferenceCollator, RolloutCollator, share_prompt,
-)  # fmt: skip
-from padless.objectives.dpo import dpo_loss
+    PairedBatch,
+    PreferenceCollator,
+    RolloutCollator,
+    share_prompt,
+)
+from padless.batching.rowformat import FeatureSpec
 from padless.layout import IGNORE_INDEX, cu_seqlens_from_lengths, position_ids_from_lengths
 from padless.models.factory import build_model
+from padless.objectives.dpo import dpo_loss
 
 VOCAB = 512
 BACKENDS = ("sdpa", "eager", "padless")
@@ -33,7 +42,9 @@ BACKENDS = ("sdpa", "eager", "padless")
 def _pairs(n, seed=0, prompt=(1, 9), completion=(1, 7)):
     rng = np.random.default_rng(seed)
     draw = lambda lo_hi: rng.integers(0, VOCAB, int(rng.integers(*lo_hi))).tolist()  # noqa: E731
-    return [{"prompt_ids": draw(prompt), "chosen_ids": draw(completion), "rejected_ids": draw(completion)} for _ in range(n)]
+    return [
+        {"prompt_ids": draw(prompt), "chosen_ids": draw(completion), "rejected_ids": draw(completion)} for _ in range(n)
+    ]
 
 
 def _alone(model, prompt, completion):
@@ -68,14 +79,17 @@ def _model(family, backend, seed=0):
 
 def test_tree_mask_and_positions_literal():
     # prompt of 3, completions of 2 and 1 (the module docstring's diagram)
-    want = np.array([
-        [1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 1, 0],
-        [1, 1, 1, 0, 0, 1],
-    ], dtype=bool)  # fmt: skip
+    want = np.array(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 0, 0, 1],
+        ],
+        dtype=bool,
+    )
     np.testing.assert_array_equal(tree_causal_mask([3, 2, 1], [-1, 0, 0]), want)
     np.testing.assert_array_equal(tree_positions([3, 2, 1], [-1, 0, 0]), [0, 1, 2, 3, 4, 3])
     # all parents -1: the plain block-causal mask
@@ -153,8 +167,15 @@ def test_pairs_equal_each_sequence_alone(family, backend, shared):
     batch = collator(feats)
     assert isinstance(batch, PairedBatch) and batch.pairs
     expected_keys = {"input_ids", "labels", "position_ids", "use_cache"}
-    expected_keys |= {"attention_mask"} if backend != "padless" else (
-        {"tree_cu_seqlens", "tree_parents"} if shared else {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"})  # fmt: skip
+    expected_keys |= (
+        {"attention_mask"}
+        if backend != "padless"
+        else (
+            {"tree_cu_seqlens", "tree_parents"}
+            if shared
+            else {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+        )
+    )
     assert set(batch) == expected_keys
     assert batch["input_ids"].shape[1] <= 28 and batch.placements.num_features == 14
     with torch.no_grad():
@@ -181,8 +202,10 @@ def test_the_tree_is_needed():
     del batch["attention_mask"]
     with torch.no_grad():
         got = _packed(model, batch)
-        worst = max((got[2 * i + 1] - _alone(model, f["prompt_ids"], f["rejected_ids"])).abs().max().item()
-                    for i, f in enumerate(feats))  # fmt: skip
+        worst = max(
+            (got[2 * i + 1] - _alone(model, f["prompt_ids"], f["rejected_ids"])).abs().max().item()
+            for i, f in enumerate(feats)
+        )
     assert worst > 1e-2
 
 
@@ -190,9 +213,13 @@ def test_the_tree_is_needed():
 def test_rollout_groups_per_token_equal_each_alone(backend):
     model = _model("llama", backend)
     rng = np.random.default_rng(3)
-    groups = [{"prompt_ids": rng.integers(0, VOCAB, int(rng.integers(2, 10))).tolist(),
-               "completion_ids": [rng.integers(0, VOCAB, int(rng.integers(1, 8))).tolist() for _ in range(k)]}
-              for k in (4, 1, 3, 4)]  # fmt: skip
+    groups = [
+        {
+            "prompt_ids": rng.integers(0, VOCAB, int(rng.integers(2, 10))).tolist(),
+            "completion_ids": [rng.integers(0, VOCAB, int(rng.integers(1, 8))).tolist() for _ in range(k)],
+        }
+        for k in (4, 1, 3, 4)
+    ]
     batch = RolloutCollator.for_model(model, max_length=40)(groups)
     assert not batch.pairs and batch.placements.num_features == 12
     with torch.no_grad():
@@ -209,9 +236,13 @@ def test_shared_prompt_rollouts_read_by_sequence_logprobs_equal_each_alone(backe
     its own run's. The sdpa case was once refused by the block check that judges document masks."""
     model = _model("llama", backend)
     rng = np.random.default_rng(5)
-    groups = [{"prompt_ids": rng.integers(0, VOCAB, int(rng.integers(2, 9))).tolist(),
-               "completion_ids": [rng.integers(0, VOCAB, int(rng.integers(1, 7))).tolist() for _ in range(k)]}
-              for k in (3, 2)]  # fmt: skip
+    groups = [
+        {
+            "prompt_ids": rng.integers(0, VOCAB, int(rng.integers(2, 9))).tolist(),
+            "completion_ids": [rng.integers(0, VOCAB, int(rng.integers(1, 7))).tolist() for _ in range(k)],
+        }
+        for k in (3, 2)
+    ]
     batch = RolloutCollator.for_model(model, max_length=40, share_prompt=True)(groups)
     with torch.no_grad():
         _, tokens = padless.sequence_logprobs(model, batch, per_token=True)
@@ -231,7 +262,9 @@ def test_dpo_gradients_packed_equal_unpacked(backend):
     batch = PreferenceCollator.for_model(model, max_length=32)(feats)
     policy = torch.stack([t.sum() for t in _packed(model, batch)]).view(-1, 2)
     grads = torch.autograd.grad(dpo_loss(policy, ref), list(model.parameters()))
-    alone = torch.stack([_alone(model, f["prompt_ids"], f[k]).sum() for f in feats for k in ("chosen_ids", "rejected_ids")])
+    alone = torch.stack(
+        [_alone(model, f["prompt_ids"], f[k]).sum() for f in feats for k in ("chosen_ids", "rejected_ids")]
+    )
     want = torch.autograd.grad(dpo_loss(alone.view(-1, 2), ref), list(model.parameters()))
     for a, b in zip(grads, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -257,7 +290,9 @@ def test_placements_cover_every_completion_once():
 
 
 def test_separator_is_appended_to_every_completion_and_trained():
-    batch = PreferenceCollator(features=FeatureSpec(separator_id=5))([{"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3, 5]}])
+    batch = PreferenceCollator(features=FeatureSpec(separator_id=5))(
+        [{"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3, 5]}]
+    )
     assert batch["input_ids"][0].tolist() == [1, 2, 5, 3, 5]
     assert batch["labels"][0].tolist() == [-100, 2, 5, 3, 5]
 
@@ -278,7 +313,9 @@ def test_overlong_policies_are_counted():
         trunc = PreferenceCollator(max_length=12, overlong="truncate", share_prompt=shared)
         batch = trunc(feats)
         assert batch["input_ids"].shape[1] <= 12 and trunc.totals["truncated_groups"] == 1
-        assert trunc.totals["truncated_tokens"] == 19 - (batch.placements.length[:2].sum() + (12 - batch.placements.length[:2].sum()) // (1 if shared else 2))  # noqa: E501
+        assert trunc.totals["truncated_tokens"] == 19 - (
+            batch.placements.length[:2].sum() + (12 - batch.placements.length[:2].sum()) // (1 if shared else 2)
+        )  # noqa: E501
 
 
 def test_truncated_pairs_stay_exact():
@@ -293,14 +330,18 @@ def test_truncated_pairs_stay_exact():
             prev = int(pl.prev_offset[pl.feature == f][0])
             prompt_start = int(np.flatnonzero(batch["position_ids"][r, : prev + 1].numpy() == 0)[-1])
             prompt = batch["input_ids"][r, prompt_start : prev + 1].tolist()
-            torch.testing.assert_close(got[f], _alone(model, prompt, batch["input_ids"][r, o : o + n].tolist()), atol=1e-5, rtol=1e-5)  # noqa: E501
+            torch.testing.assert_close(
+                got[f], _alone(model, prompt, batch["input_ids"][r, o : o + n].tolist()), atol=1e-5, rtol=1e-5
+            )  # noqa: E501
 
 
 @pytest.mark.parametrize("backend", ["flash_attention_2", "flex_attention", "something_else"])
 def test_shared_prompt_is_refused_where_it_cannot_be_expressed(backend):
     assert shared_prompt_refusal(backend) is not None
     model = SimpleNamespace(config=SimpleNamespace(_attn_implementation=backend, vocab_size=VOCAB), dtype=torch.float32)
-    with pytest.raises(ValueError, match=f"attention backend '{backend}' cannot guarantee|unknown attention backend '{backend}'"):
+    with pytest.raises(
+        ValueError, match=f"attention backend '{backend}' cannot guarantee|unknown attention backend '{backend}'"
+    ):
         PreferenceCollator.for_model(model)
     if backend in BACKENDS:  # the one rule refuses the tree even where plain packing would be exact
         from padless.attention.select import _reason, _target
@@ -374,7 +415,11 @@ class _TRLModel:
         self.model = model
 
     def __call__(self, input_ids, attention_mask, labels, **kwargs):
-        logp = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float().log_softmax(-1)
+        logp = (
+            self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            .logits.float()
+            .log_softmax(-1)
+        )
         target = labels[:, 1:]
         per_token = logp[:, :-1].gather(2, target.clamp(min=0)[..., None])[..., 0] * (target != IGNORE_INDEX)
         zeros = torch.zeros_like(per_token)
@@ -396,15 +441,26 @@ def test_dpo_loss_equals_trl(shared):
     feats = _pairs(6, seed=2)
     trainer = SimpleNamespace(
         # a real Module: with peft installed, TRL asks accelerate whether it is a PeftModel (reads _modules)
-        model=_TrainingStandIn(), ref_model=_TRLModel(reference),
+        model=_TrainingStandIn(),
+        ref_model=_TRLModel(reference),
         accelerator=SimpleNamespace(device=torch.device("cpu"), gather_for_metrics=lambda x: x, gather=lambda x: x),
-        aux_loss_enabled=False, precompute_ref_logps=False, ld_alpha=None, f_divergence_type="reverse_kl",
-        loss_types=["sigmoid"], loss_weights=[1.0], beta=0.1, use_weighting=False,
-        _metrics=defaultdict(lambda: defaultdict(list)), _total_train_tokens=0, _tp_size=1,
+        aux_loss_enabled=False,
+        precompute_ref_logps=False,
+        ld_alpha=None,
+        f_divergence_type="reverse_kl",
+        loss_types=["sigmoid"],
+        loss_weights=[1.0],
+        beta=0.1,
+        use_weighting=False,
+        _metrics=defaultdict(lambda: defaultdict(list)),
+        _total_train_tokens=0,
+        _tp_size=1,
         args=SimpleNamespace(gradient_checkpointing_kwargs=None),
-    )  # fmt: skip
+    )
     with torch.no_grad():
-        want = DPOTrainer._compute_loss(trainer, _TRLModel(policy), DataCollatorForPreference(pad_token_id=0)(feats), False)
+        want = DPOTrainer._compute_loss(
+            trainer, _TRLModel(policy), DataCollatorForPreference(pad_token_id=0)(feats), False
+        )
         batch = PreferenceCollator.for_model(policy, max_length=28, share_prompt=shared)(feats)
         got = dpo_loss(*(torch.stack([t.sum() for t in _packed(m, batch)]).view(-1, 2) for m in (policy, reference)))
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
@@ -478,7 +534,9 @@ def test_padded_rows_stay_exact(backend):
     with torch.no_grad():
         got = _packed(model, batch)
         for i, f in enumerate(feats):
-            torch.testing.assert_close(got[2 * i + 1], _alone(model, f["prompt_ids"], f["rejected_ids"]), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                got[2 * i + 1], _alone(model, f["prompt_ids"], f["rejected_ids"]), atol=1e-5, rtol=1e-5
+            )
 
 
 def test_sequence_logprobs_reads_pairs_and_refuses_a_tree_on_the_wrong_backend():

@@ -21,7 +21,9 @@ FLOAT_FIELDS = ("advantages", "old_per_token_logps", "ref_per_token_logps")
 
 
 def _collator(shared, **kw):
-    return RolloutCollator(share_prompt=shared, attention="mask4d" if shared else "position_ids", pad_token_id=PAD, **kw)
+    return RolloutCollator(
+        share_prompt=shared, attention="mask4d" if shared else "position_ids", pad_token_id=PAD, **kw
+    )
 
 
 def _groups(sizes, seed=0, tools=True, length=(1, 9), prompt=(2, 8)):
@@ -104,8 +106,14 @@ def test_literal_rollout_fields_in_the_completion_layout():
     assert ind["labels"][0].tolist() == [-100, -100, 1, -100, 3, -100, -100, 4, -100, -100, -100, -100, 8]
     for b in (batch, ind):
         ro = b.rollouts
-        assert set(ro) == {"completion_ids", "completion_mask", "completion_lengths", "tool_mask", "advantages",
-                           "old_per_token_logps"}  # fmt: skip
+        assert set(ro) == {
+            "completion_ids",
+            "completion_mask",
+            "completion_lengths",
+            "tool_mask",
+            "advantages",
+            "old_per_token_logps",
+        }
         assert ro["completion_ids"].tolist() == [[1, 2, 3], [4, PAD, PAD], [PAD, PAD, PAD], [8, PAD, PAD]]
         assert ro["completion_mask"].tolist() == [[1, 0, 1], [1, 0, 0], [0, 0, 0], [1, 0, 0]]
         assert ro["tool_mask"].tolist() == [[1, 0, 1], [1, 0, 0], [0, 0, 0], [1, 0, 0]]  # groups without: all 1
@@ -126,8 +134,16 @@ def test_without_fields_the_layout_still_comes_out():
 
 def test_a_separator_is_a_completion_token_of_the_layout():
     c = _collator(True, features=FeatureSpec(separator_id=2))
-    batch = c([{"prompt_ids": [1], "completion_ids": [[3, 0], [4, 2]], "completion_mask": [[1, 0], [1, 1]],
-                "advantages": [1.0, -1.0]}])  # fmt: skip
+    batch = c(
+        [
+            {
+                "prompt_ids": [1],
+                "completion_ids": [[3, 0], [4, 2]],
+                "completion_mask": [[1, 0], [1, 1]],
+                "advantages": [1.0, -1.0],
+            }
+        ]
+    )
     assert batch.rollouts["completion_ids"].tolist() == [[3, 2], [4, 2]]  # 2 appended after 3, already after 4
     assert batch.rollouts["completion_mask"].tolist() == [[1, 1], [1, 1]]
 
@@ -174,7 +190,11 @@ def test_dropped_groups_take_their_fields_along(shared):
 
 def _trl_padded(groups):
     """TRL's tensors of these groups: prompts left-padded, completions right-padded, per row."""
-    rows = [(g["prompt_ids"], c, m, t) for g in groups for c, m, t in zip(*(g[k] for k in ("completion_ids", "completion_mask", "tool_mask")))]  # noqa: E501
+    rows = [
+        (g["prompt_ids"], c, m, t)
+        for g in groups
+        for c, m, t in zip(*(g[k] for k in ("completion_ids", "completion_mask", "tool_mask")))
+    ]  # noqa: E501
     p, t = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
     prompt_ids = torch.tensor([[0] * (p - len(r[0])) + r[0] for r in rows])
     prompt_mask = torch.tensor([[0] * (p - len(r[0])) + [1] * len(r[0]) for r in rows])
@@ -206,13 +226,25 @@ def test_tool_results_are_context_not_targets(shared, backend):
     groups[1]["completion_mask"][1] = [0] * len(groups[1]["completion_mask"][1])  # an empty rollout
     batch = RolloutCollator.for_model(llama, max_length=48, share_prompt=shared)(groups)
     # the control: the same rollouts without their tool results (so nothing after them sees them)
-    no_tools = [dict(g, tool_mask=None, old_per_token_logps=None, ref_per_token_logps=None, advantages=None,
-                     **{k: [[x for x, m in zip(c, t) if m] for c, t in zip(g[k], g["tool_mask"])]
-                        for k in ("completion_ids", "completion_mask")}) for g in groups]  # fmt: skip
+    no_tools = [
+        dict(
+            g,
+            tool_mask=None,
+            old_per_token_logps=None,
+            ref_per_token_logps=None,
+            advantages=None,
+            **{
+                k: [[x for x, m in zip(c, t) if m] for c, t in zip(g[k], g["tool_mask"])]
+                for k in ("completion_ids", "completion_mask")
+            },
+        )
+        for g in groups
+    ]
     with torch.no_grad():
         sums, per_token = padless.sequence_logprobs(llama, batch, per_token=True)
-        _, without = padless.sequence_logprobs(llama, RolloutCollator.for_model(llama, share_prompt=shared)(no_tools),
-                                               per_token=True)  # fmt: skip
+        _, without = padless.sequence_logprobs(
+            llama, RolloutCollator.for_model(llama, share_prompt=shared)(no_tools), per_token=True
+        )
         llama.set_attn_implementation("sdpa")  # the padded oracle has left padding, which padless attention refuses
         want = _padded_logps(llama, *_trl_padded(groups)[:4])
     trained = batch.rollouts["completion_mask"].bool()
@@ -237,17 +269,24 @@ def test_rollout_features_round_trips_trl_tensors():
     groups[0]["completion_mask"][2] = [0] * len(groups[0]["completion_mask"][2])  # TRL's masked truncation
     prompt_ids, prompt_mask, completion_ids, completion_mask, tool_mask = _trl_padded(groups)
     completion_ids = torch.cat([completion_ids, torch.full((9, 3), 0)], 1)  # pad_to_multiple_of: extra columns
-    completion_mask, tool_mask = (torch.cat([m, torch.full((9, 3), v)], 1) for m, v in ((completion_mask, 0), (tool_mask, 1)))
+    completion_mask, tool_mask = (
+        torch.cat([m, torch.full((9, 3), v)], 1) for m, v in ((completion_mask, 0), (tool_mask, 1))
+    )
     real = completion_mask.bool()
-    table = lambda name: torch.tensor([[x for x in c] + [0.0] * (completion_ids.shape[1] - len(c))  # noqa: E731
-                                       for g in groups for c in g[name]])  # fmt: skip
+
+    def table(name):
+        return torch.tensor(
+            [[x for x in c] + [0.0] * (completion_ids.shape[1] - len(c)) for g in groups for c in g[name]]
+        )
+
     old, ref = (torch.where(real, table(n), torch.tensor(-8.0)) for n in ("old_per_token_logps", "ref_per_token_logps"))
     advantages = torch.tensor([float(np.mean(a)) for g in groups for a in g["advantages"]])  # [B]
     kw = dict(tool_mask=tool_mask, advantages=advantages, old_per_token_logps=old, ref_per_token_logps=ref)
     feats = rollout_features(prompt_ids, prompt_mask, completion_ids, completion_mask, num_generations=3, **kw)
     assert [f["prompt_ids"].tolist() for f in feats] == [g["prompt_ids"] for g in groups]
     assert [[c.tolist() for c in f["completion_ids"]] for f in feats] == [
-        [c[: sum(m)] for c, m in zip(g["completion_ids"], g["completion_mask"])] for g in groups]  # fmt: skip
+        [c[: sum(m)] for c, m in zip(g["completion_ids"], g["completion_mask"])] for g in groups
+    ]
     merged = rollout_features(prompt_ids, prompt_mask, completion_ids, completion_mask, **kw)
     assert [len(f["completion_ids"]) for f in merged] == [3, 6]  # without num_generations: by prompt
     for shared in (True, False):
@@ -329,8 +368,12 @@ def test_bad_group_fields(features, kwargs, message):
 
 
 def _trl(**override):
-    t = dict(prompt_ids=torch.tensor([[0, 1, 2], [0, 1, 2]]), prompt_mask=torch.tensor([[0, 1, 1], [0, 1, 1]]),
-             completion_ids=torch.tensor([[3, 4, 0], [5, 0, 0]]), completion_mask=torch.tensor([[1, 1, 0], [1, 0, 0]]))  # fmt: skip
+    t = dict(
+        prompt_ids=torch.tensor([[0, 1, 2], [0, 1, 2]]),
+        prompt_mask=torch.tensor([[0, 1, 1], [0, 1, 1]]),
+        completion_ids=torch.tensor([[3, 4, 0], [5, 0, 0]]),
+        completion_mask=torch.tensor([[1, 1, 0], [1, 0, 0]]),
+    )
     t.update(override)
     return t
 
@@ -363,12 +406,19 @@ def test_logps_of_other_rows_are_refused_by_length():
     has stripped the padding, the collator refuses them by their length."""
     feats = rollout_features(**_trl(old_per_token_logps=torch.zeros(2, 3)))
     feats[0]["old_per_token_logps"] = feats[0]["old_per_token_logps"][::-1]  # the other row's values
-    with pytest.raises(ValueError, match=r"old_per_token_logps\[0\] has 1 values for the 2 tokens .* from another batch\?"):
+    with pytest.raises(
+        ValueError, match=r"old_per_token_logps\[0\] has 1 values for the 2 tokens .* from another batch\?"
+    ):
         _collator(True)(feats)
 
 
 def test_rollout_features_take_bfloat16_logps():
-    t = _trl(old_per_token_logps=torch.tensor([[-1.5, -0.25, 0.0], [-2.0, 0.0, 0.0]], dtype=torch.bfloat16),
-             advantages=torch.tensor([0.5, -0.5], dtype=torch.bfloat16))  # fmt: skip
+    t = _trl(
+        old_per_token_logps=torch.tensor([[-1.5, -0.25, 0.0], [-2.0, 0.0, 0.0]], dtype=torch.bfloat16),
+        advantages=torch.tensor([0.5, -0.5], dtype=torch.bfloat16),
+    )
     ro = _collator(False)(rollout_features(**t)).rollouts
-    assert ro["old_per_token_logps"].tolist() == [[-1.5, -0.25], [-2.0, 0.0]] and ro["advantages"].tolist() == [0.5, -0.5]
+    assert ro["old_per_token_logps"].tolist() == [[-1.5, -0.25], [-2.0, 0.0]] and ro["advantages"].tolist() == [
+        0.5,
+        -0.5,
+    ]

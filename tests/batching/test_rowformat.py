@@ -36,8 +36,12 @@ def _declared(module, cls_name):
 def test_every_field_is_documented_once():
     own = _declared(rowformat, "RowFormat")
     assert list(own) == FORMAT_FIELDS and all(own.values()), own
-    for module, name in ((collate, "PackingCollator"), (preference, "_GroupCollator"), (preference, "PreferenceCollator"),
-                         (preference, "RolloutCollator")):  # fmt: skip
+    for module, name in (
+        (collate, "PackingCollator"),
+        (preference, "_GroupCollator"),
+        (preference, "PreferenceCollator"),
+        (preference, "RolloutCollator"),
+    ):
         redeclared = set(_declared(module, name)) & set(FORMAT_FIELDS)
         assert redeclared == set(), f"{name} redeclares {redeclared}"
     for cls in (PackingCollator, PreferenceCollator, RolloutCollator):
@@ -47,7 +51,13 @@ def test_every_field_is_documented_once():
 
 def test_constructor_keywords_and_validation():
     c = PackingCollator(max_length=8, strategy="next_fit", pad_token_id=-9, pad_to_multiple_of=4, attention="varlen")
-    assert (c.max_length, c.strategy, c.pad_token_id, c.pad_to_multiple_of, c.attention) == (8, "next_fit", -9, 4, "varlen")
+    assert (c.max_length, c.strategy, c.pad_token_id, c.pad_to_multiple_of, c.attention) == (
+        8,
+        "next_fit",
+        -9,
+        4,
+        "varlen",
+    )
     with pytest.raises(ValueError, match="unknown strategy 'nope'"):
         RowFormat(strategy="nope")
     with pytest.raises(ValueError, match="unknown overlong policy 'cut'"):
@@ -70,8 +80,12 @@ def test_constructor_keywords_and_validation():
 def test_row_width(max_length, pad_to_max_length, multiple, used, width):
     fmt = RowFormat(max_length=max_length, pad_to_max_length=pad_to_max_length, pad_to_multiple_of=multiple)
     assert fmt.row_width(used) == width
-    assert PreferenceCollator(max_length=max_length, pad_to_max_length=pad_to_max_length,
-                              pad_to_multiple_of=multiple).row_width(used) == width  # fmt: skip
+    assert (
+        PreferenceCollator(
+            max_length=max_length, pad_to_max_length=pad_to_max_length, pad_to_multiple_of=multiple
+        ).row_width(used)
+        == width
+    )
     assert round_up(used, multiple) == (-(-used // multiple) * multiple if multiple else used)
 
 
@@ -98,9 +112,11 @@ def test_for_model_passes_the_run_device_and_dtype_to_the_rule(monkeypatch):
     PreferenceCollator.for_model(model, device="cuda", dtype=torch.float16)
     RolloutCollator.for_model(model, share_prompt=False)
     assert [(str(kw["device"]), kw["dtype"], kw["layout"]) for kw in seen] == [
-        ("cpu", torch.float32, "documents"), ("cuda", torch.bfloat16, "documents"),
-        ("cuda", torch.float16, "shared_prompt"), ("cpu", torch.float32, "documents"),
-    ]  # fmt: skip
+        ("cpu", torch.float32, "documents"),
+        ("cuda", torch.bfloat16, "documents"),
+        ("cuda", torch.float16, "shared_prompt"),
+        ("cpu", torch.float32, "documents"),
+    ]
     assert c.mask_dtype == torch.float32  # the mask follows the weights; autocast casts it with the scores
 
 
@@ -122,9 +138,18 @@ def test_independent_groups_keep_the_model_window():
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
-    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
-                                             attn_implementation="sdpa"))  # fmt: skip
+    model = MistralForCausalLM(
+        MistralConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            sliding_window=4,
+            attn_implementation="sdpa",
+        )
+    )
     pairs = [{"prompt_ids": [1, 2, 3, 4, 5], "chosen_ids": [6, 7, 8, 9], "rejected_ids": [10, 11]},
              {"prompt_ids": [12, 13], "chosen_ids": [14, 15, 16, 17, 18], "rejected_ids": [19]}]  # fmt: skip
     collator = PreferenceCollator.for_model(model, max_length=64, share_prompt=False, pad_to_multiple_of=8)

@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
-from conftest import make_features
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import make_features
 from padless.batching.collate import PackingCollator
-from padless.batching.samplers import LengthGroupedBatchSampler
 from padless.batching.rows import PackedRows
+from padless.batching.samplers import LengthGroupedBatchSampler
 
 
 @settings(max_examples=40, deadline=None)
@@ -56,9 +56,9 @@ def test_packed_rows_feed_the_collator_without_replanning():
     feats = make_features([5, 9, 3, 14, 2, 7, 1], with_labels=True, seed=2)
     rows = PackedRows(feats, max_length=16)
     assert len(rows) == rows.plan.num_rows >= 3
-    batch = PackingCollator(model_free=True, max_length=16, pad_to_max_length=True, attention="varlen", pad_token_id=-1)(
-        [rows[r] for r in range(len(rows))]
-    )
+    batch = PackingCollator(
+        model_free=True, max_length=16, pad_to_max_length=True, attention="varlen", pad_token_id=-1
+    )([rows[r] for r in range(len(rows))])
     assert batch["input_ids"].shape == (len(rows), 16)
     placed = sorted(t for t in batch["input_ids"].reshape(-1).tolist() if t != -1)
     assert placed == sorted(t for f in feats for t in f["input_ids"])

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from conftest import row_documents
 from padless.batching import stream as stream_mod
-from padless.planning.buffered import StreamOptions, StreamPlanner, compare_stream_to_offline, stream_plan
 from padless.batching.collate import PackingCollator
 from padless.batching.stream import PackedStream
+from padless.planning.buffered import StreamOptions, StreamPlanner, compare_stream_to_offline, stream_plan
 
 
 def rows_of(plan):
@@ -155,8 +155,9 @@ def test_stream_rows_follow_the_plan_and_hold_the_tokens(overlong):
             starts[i] = starts.get(i, 0) + n
             at += n
         assert row["input_ids"].dtype == np.int64 and at <= 64
-    kept = {i: (min(n, 64) if overlong == "truncate" else n)
-            for i, n in enumerate(lengths) if overlong != "drop" or n <= 64}  # fmt: skip
+    kept = {
+        i: (min(n, 64) if overlong == "truncate" else n) for i, n in enumerate(lengths) if overlong != "drop" or n <= 64
+    }
     assert starts == kept
 
 
@@ -208,8 +209,9 @@ def make_source(kind, feats):
         return Reiterable(feats)
     from datasets import Dataset
 
-    ds = Dataset.from_dict({"input_ids": [f["input_ids"].tolist() for f in feats],
-                            "labels": [f["labels"].tolist() for f in feats]})  # fmt: skip
+    ds = Dataset.from_dict(
+        {"input_ids": [f["input_ids"].tolist() for f in feats], "labels": [f["labels"].tolist() for f in feats]}
+    )
     return ds if kind == "hf-map" else ds.to_iterable_dataset(num_shards=3)
 
 
@@ -308,9 +310,11 @@ def test_stream_and_pack_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from padless.batching.stream import PackedStream; import padless.export.parquet; "
-            "rows = list(PackedStream([{'input_ids': [1, 2]}, {'input_ids': [3]}], 4)); "
-            "print(len(rows), 'torch' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys; from padless.batching.stream import PackedStream; import padless.export.parquet; "
+        "rows = list(PackedStream([{'input_ids': [1, 2]}, {'input_ids': [3]}], 4)); "
+        "print(len(rows), 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "False"]
 

@@ -6,10 +6,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import make_features
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import make_features
 from padless.bench import run as bench_run
 from padless.bench import train as bench_train
 from padless.bench.config import RunConfig
@@ -62,9 +62,21 @@ def test_parse_strategies():
 
 
 def _cfg(**kw):
-    base = dict(model="tiny-gpt2", data="-", strategies=("padding", "packing"), steps=4, batch_size=6,
-                max_length=64, warmup_steps=1, lr=1e-3, eval_examples=4, train_on="all",
-                grad_accumulation=1, limit=None, in_process=True)  # fmt: skip
+    base = dict(
+        model="tiny-gpt2",
+        data="-",
+        strategies=("padding", "packing"),
+        steps=4,
+        batch_size=6,
+        max_length=64,
+        warmup_steps=1,
+        lr=1e-3,
+        eval_examples=4,
+        train_on="all",
+        grad_accumulation=1,
+        limit=None,
+        in_process=True,
+    )
     return RunConfig(**{**base, **kw})
 
 
@@ -83,8 +95,19 @@ def test_padding_and_packing_losses_match_step_for_step():
     losses = {}
     for name in ("padding", "packing", "flattening", "bucketing"):
         rec = StrategyRecorder()
-        bench_train.train_strategy(name, cfg, train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
-                                 pad_token_id=0, recorder=rec, memory=PeakMemory("cpu"), progress=False)  # fmt: skip
+        bench_train.train_strategy(
+            name,
+            cfg,
+            train,
+            evals,
+            steps,
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+            pad_token_id=0,
+            recorder=rec,
+            memory=PeakMemory("cpu"),
+            progress=False,
+        )
         losses[name] = (rec.loss, rec.eval_loss_start, rec.eval_loss_end)
     for name in ("packing", "flattening", "bucketing"):
         np.testing.assert_allclose(losses[name][0], losses["padding"][0], rtol=2e-5)
@@ -108,7 +131,10 @@ def test_quick_preset_end_to_end(tmp_path):
         assert run["figures"]["real_tokens_per_s"] > 0
         assert run["allocator"] == "glibc-tuned" and run["max_rss_bytes"] > 0 and run["figures"]["mfu"] > 0
     assert data["summary"]["strongest_baseline"] in {"padding", "bucketing", "flattening"}
-    assert data["strategies"]["packing"]["figures"]["padding_fraction"] < data["strategies"]["padding"]["figures"]["padding_fraction"]
+    assert (
+        data["strategies"]["packing"]["figures"]["padding_fraction"]
+        < data["strategies"]["padding"]["figures"]["padding_fraction"]
+    )
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html
     redraw = tmp_path / "redraw"
@@ -191,8 +217,9 @@ def test_flops_of_a_tiny_llama_match_a_hand_count():
     from padless.models.factory import tiny_config
 
     shape = ModelShape.from_config(tiny_config("llama"))  # 2 layers, d 64, 4 heads of 16, 2 KV heads, I 128, V 512
-    assert shape == ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
-                               gated_mlp=True)  # fmt: skip
+    assert shape == ModelShape(
+        layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512, gated_mlp=True
+    )
     # per layer and token: q 64x64, k and v 64x32 each, o 64x64 -> 12288 MACs; MLP 3 x 64x128 -> 24576 MACs
     body = 2 * 2 * (12288 + 24576)
     attention = lambda n: 2 * 4 * 64 * n * (n + 1) // 2  # noqa: E731  2 layers x 2 products x 2 FLOPs x Hq*D
@@ -200,14 +227,17 @@ def test_flops_of_a_tiny_llama_match_a_hand_count():
     assert needed_step_flops(shape, [3, 5], trained_tokens=4) == 3 * (8 * body + attention(3) + attention(5) + 4 * head)
     # LoRA (base weights frozen): no weight gradients, so the weight matmuls cost 2x; attention still 3x
     assert needed_step_flops(shape, [3, 5], trained_tokens=4, frozen_weights=True) == (
-        2 * (8 * body + 4 * head) + 3 * (attention(3) + attention(5)))
+        2 * (8 * body + 4 * head) + 3 * (attention(3) + attention(5))
+    )
     import torch
 
     padded = {"input_ids": torch.zeros(2, 5, dtype=torch.long)}  # two rows of 5: 2 tokens of padding
     packed = {"input_ids": torch.zeros(1, 8, dtype=torch.long), "cu_seq_lens_q": torch.tensor([0, 3, 8])}
     assert executed_step_flops(shape, [padded], 4, full_logits=False) == 3 * (10 * body + 2 * attention(5) + 4 * head)
     assert executed_step_flops(shape, [packed], 4, full_logits=False) == needed_step_flops(shape, [3, 5], 4)
-    assert executed_step_flops(shape, [packed], 4, full_logits=True) == 3 * (8 * body + attention(3) + attention(5) + 8 * head)
+    assert executed_step_flops(shape, [packed], 4, full_logits=True) == 3 * (
+        8 * body + attention(3) + attention(5) + 8 * head
+    )
 
 
 def test_gpt2_shape_reads_the_gpt2_names():
@@ -225,14 +255,36 @@ def test_every_config_field_is_a_flag_and_flags_override_the_preset():
     from padless.cli.bench import config_from_args
 
     parser = build_parser(["bench"])
-    flags = {a for action in parser._subparsers._group_actions[0].choices["bench"]._actions for a in action.option_strings}
+    flags = {
+        a for action in parser._subparsers._group_actions[0].choices["bench"]._actions for a in action.option_strings
+    }
     for f in dataclasses.fields(RunConfig):
         assert (f"--{f.name.replace('_', '-')}" in flags) == (f.name not in RESULT_ONLY_FIELDS), f.name
-    args = parser.parse_args(["bench", "--preset", "quick", "--steps", "3", "--strategies", "packing,padding",
-                              "--full-logits", "--mode", "token-budget", "--allocator", "glibc"])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "bench",
+            "--preset",
+            "quick",
+            "--steps",
+            "3",
+            "--strategies",
+            "packing,padding",
+            "--full-logits",
+            "--mode",
+            "token-budget",
+            "--allocator",
+            "glibc",
+        ]
+    )
     cfg = config_from_args(args)
-    assert cfg == dataclasses.replace(PRESETS["quick"], steps=3, strategies=("packing", "padding"), full_logits=True,
-                                      mode="token-budget", allocator="glibc")  # fmt: skip
+    assert cfg == dataclasses.replace(
+        PRESETS["quick"],
+        steps=3,
+        strategies=("packing", "padding"),
+        full_logits=True,
+        mode="token-budget",
+        allocator="glibc",
+    )
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -250,8 +302,10 @@ def test_run_config_refuses_bad_values_naming_the_field(field, value, message):
         RunConfig(**{field: value})
 
 
-@pytest.mark.parametrize("extra, message", [({"compile": "dynamic"}, "compile='dynamic'"),
-                                            ({"dtype": "float16"}, "dtype='float16'"), ({"lora": 8}, "lora")])
+@pytest.mark.parametrize(
+    "extra, message",
+    [({"compile": "dynamic"}, "compile='dynamic'"), ({"dtype": "float16"}, "dtype='float16'"), ({"lora": 8}, "lora")],
+)
 def test_fsdp_refuses_what_has_not_run_with_it(extra, message):
     from padless.bench.config import RunConfig
 
@@ -297,7 +351,8 @@ def test_allocator_env():
     for name in ("jemalloc", "tcmalloc"):
         used, env = allocator_env(name)
         assert (used, env) == (name, {"LD_PRELOAD": env.get("LD_PRELOAD", "")}) or (
-            used == f"glibc-tuned ({name} not installed)" and env == GLIBC_TUNED)
+            used == f"glibc-tuned ({name} not installed)" and env == GLIBC_TUNED
+        )
     with pytest.raises(ValueError, match="allocator 'x'"):
         allocator_env("x")
 
@@ -341,8 +396,8 @@ def test_under_autocast_padless_attention_computes_in_the_autocast_dtype(monkeyp
     import padless.attention.backend as backend
     from padless.attention.backend import register_padless_attention
     from padless.batching.collate import PackingCollator, PaddingCollator
-    from padless.objectives.loss import model_loss, step_num_items
     from padless.models.factory import build_model
+    from padless.objectives.loss import model_loss, step_num_items
 
     seen = []
     real = backend.varlen_attention
@@ -388,8 +443,19 @@ def test_float16_scales_the_loss_and_other_dtypes_do_not(monkeypatch):
     for dtype in (torch.float32, torch.float16):
         seen.clear()
         rec = StrategyRecorder()
-        bench_train.train_strategy("padding", cfg, train, evals, steps, device=torch.device("cpu"), dtype=dtype,
-                                   pad_token_id=0, recorder=rec, memory=PeakMemory("cpu"), progress=False)  # fmt: skip
+        bench_train.train_strategy(
+            "padding",
+            cfg,
+            train,
+            evals,
+            steps,
+            device=torch.device("cpu"),
+            dtype=dtype,
+            pad_token_id=0,
+            recorder=rec,
+            memory=PeakMemory("cpu"),
+            progress=False,
+        )
         enabled = dtype == torch.float16
         assert seen and set(seen) == {("scale", enabled), ("step", enabled)}
         assert sum(1 for s in seen if s[0] == "step") == 3  # one optimiser step per step, through the scaler

@@ -26,18 +26,26 @@ def _run(times, real=100, padded=None, flops=None):
     n = len(times)
     padded = real if padded is None else padded
     return StrategyRun(
-        step_time_s=tuple(times), loss=(1.0,) * n, real_tokens=(real,) * n, padded_tokens=(padded,) * n,
-        sequences=(4,) * n, peak_memory_bytes=None, memory_method="vmhwm", eval_loss_start=2.0, eval_loss_end=1.5,
-        trained_tokens=(real // 2,) * n, model_flops=(flops or 1e6 * real,) * n, executed_flops=(flops or 1e6 * padded,) * n,
-    )  # fmt: skip
+        step_time_s=tuple(times),
+        loss=(1.0,) * n,
+        real_tokens=(real,) * n,
+        padded_tokens=(padded,) * n,
+        sequences=(4,) * n,
+        peak_memory_bytes=None,
+        memory_method="vmhwm",
+        eval_loss_start=2.0,
+        eval_loss_end=1.5,
+        trained_tokens=(real // 2,) * n,
+        model_flops=(flops or 1e6 * real,) * n,
+        executed_flops=(flops or 1e6 * padded,) * n,
+    )
 
 
 def _results(runs, warmup_steps=2, peak=1e12, mode="same-examples"):
     """make_results' config and machine around the given strategies."""
     base = make_results()
     steps = len(next(iter(runs.values())).step_time_s)
-    config = dataclasses.replace(base.config, strategies=tuple(runs), steps=steps, warmup_steps=warmup_steps,
-                                 mode=mode)  # fmt: skip
+    config = dataclasses.replace(base.config, strategies=tuple(runs), steps=steps, warmup_steps=warmup_steps, mode=mode)
     status = dataclasses.replace(base.status, strategies_done=tuple(runs))
     return dataclasses.replace(base, config=config, strategies=runs, status=status, peak_flops_per_s=peak)
 
@@ -67,7 +75,7 @@ def test_six_steps_with_five_warm_up_warn_in_the_console_html_and_json(tmp_path)
     assert results.figures()["packing"].measured_steps == 1 < MIN_TIMED_STEPS
     table = format_summary_table(results)
     assert "WARNING: too few timed steps for a speedup: padding 1, packing 1" in table
-    assert "<p class=\"banner\">WARNING: too few timed steps" in render_html(results, {})
+    assert '<p class="banner">WARNING: too few timed steps' in render_html(results, {})
     saved = save_results(results, tmp_path / "results.json")
     data = json.loads(saved.read_text())
     assert any(w.startswith("too few timed steps") for w in data["summary"]["warnings"])

@@ -15,14 +15,21 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu.sh"
 STEPS = ["env", "setup", "parity", "verify", "autocast", "mixers", "bench", "fsdp"]
 
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
-                                reason="needs bash and coreutils timeout")  # fmt: skip
+pytestmark = pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and coreutils timeout"
+)
 
 
 def _run(tmp_path, **env):
     out = tmp_path / "out"
-    done = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", "--out", str(out)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **env}, cwd=tmp_path)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--cpu-dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+        cwd=tmp_path,
+    )
     return done, json.loads((out / "status.json").read_text())
 
 

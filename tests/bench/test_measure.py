@@ -10,11 +10,11 @@ from datetime import datetime
 import numpy as np
 import pytest
 
+from padless.bench.config import RunConfig
 from padless.bench.measure import StrategyRecorder, environment_snapshot
 from padless.bench.memory import CPU_MEMORY_METHODS, PeakMemory, cpu_method_works
-from padless.bench.timing import StepTimer, synchronizer
-from padless.bench.config import RunConfig
 from padless.bench.results import BenchResults, RunStatus, validate
+from padless.bench.timing import StepTimer, synchronizer
 
 MiB = 2**20
 
@@ -180,16 +180,35 @@ def test_a_tiny_training_loop_measures_into_valid_results():
                 loss.backward()
                 opt.step()
                 opt.zero_grad()
-            rec.record_step(step_time_s=timer.times_s[-1], loss=loss.item(), real_tokens=30,
-                            padded_tokens=ids.numel(), sequences=2)
+            rec.record_step(
+                step_time_s=timer.times_s[-1], loss=loss.item(), real_tokens=30, padded_tokens=ids.numel(), sequences=2
+            )
         runs[name] = rec.result(mem.stop(), mem.method)
         if steps == 3:
             done.append(name)
-    config = RunConfig(model="tiny-gpt2", data="random", strategies=("padding", "packing"), steps=3,
-                         batch_size=2, max_length=16, mode="same-examples", seed=0, device="cpu",
-                         dtype="float32", grad_accumulation=1, warmup_steps=1, lr=1e-3)
-    results = BenchResults(config, environment_snapshot(device), runs, (15, 15),
-                           RunStatus("interrupted", tuple(done), "packing", 1), padless_version="0.1.0")
+    config = RunConfig(
+        model="tiny-gpt2",
+        data="random",
+        strategies=("padding", "packing"),
+        steps=3,
+        batch_size=2,
+        max_length=16,
+        mode="same-examples",
+        seed=0,
+        device="cpu",
+        dtype="float32",
+        grad_accumulation=1,
+        warmup_steps=1,
+        lr=1e-3,
+    )
+    results = BenchResults(
+        config,
+        environment_snapshot(device),
+        runs,
+        (15, 15),
+        RunStatus("interrupted", tuple(done), "packing", 1),
+        padless_version="0.1.0",
+    )
     data = json.loads(results.to_json())
     assert validate(data) == []
     assert all(t > 0 for t in data["strategies"]["padding"]["step_time_s"])

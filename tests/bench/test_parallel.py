@@ -34,9 +34,22 @@ STEPS, WORLD = 3, 2
 def _cfg(mode: str, distributed: str = "ddp"):
     from padless.bench.config import RunConfig
 
-    return RunConfig(model="tiny-llama", data="-", steps=STEPS, batch_size=2, grad_accumulation=2, max_length=512,
-                     warmup_steps=1, lr=1e-3, eval_examples=4, train_on="all", mode=mode, token_budget=1024,
-                     in_process=True, distributed=distributed)  # fmt: skip
+    return RunConfig(
+        model="tiny-llama",
+        data="-",
+        steps=STEPS,
+        batch_size=2,
+        grad_accumulation=2,
+        max_length=512,
+        warmup_steps=1,
+        lr=1e-3,
+        eval_examples=4,
+        train_on="all",
+        mode=mode,
+        token_budget=1024,
+        in_process=True,
+        distributed=distributed,
+    )
 
 
 def _data():
@@ -65,9 +78,20 @@ def _train(name, mode, train, evals, steps, world, distributed="ddp"):
     from padless.bench.train import train_strategy
 
     rec = StrategyRecorder()
-    train_strategy(name, _cfg(mode, distributed), train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
-                   pad_token_id=0, recorder=rec, memory=PeakMemory("cpu", method="ru_maxrss"), progress=False,
-                   world=world)  # fmt: skip
+    train_strategy(
+        name,
+        _cfg(mode, distributed),
+        train,
+        evals,
+        steps,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        pad_token_id=0,
+        recorder=rec,
+        memory=PeakMemory("cpu", method="ru_maxrss"),
+        progress=False,
+        world=world,
+    )
     return {"loss": rec.loss, "eval": [rec.eval_loss_start, rec.eval_loss_end], "sequences": rec.sequences}
 
 
@@ -123,7 +147,9 @@ def ranks(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, mode, distributed", [*((*c, "ddp") for c in CASES), *((*c, "fsdp") for c in FSDP_CASES)])
+@pytest.mark.parametrize(
+    "name, mode, distributed", [*((*c, "ddp") for c in CASES), *((*c, "fsdp") for c in FSDP_CASES)]
+)
 def test_two_ranks_train_as_one_process_on_both_ranks_examples(ranks, name, mode, distributed):
     key = f"{name}/{mode}" + ("/fsdp" if distributed == "fsdp" else "")
     assert all(r[key]["kinds"] == [distributed] for r in ranks)  # DDP-wrapped, or sharded by FSDP2

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import numpy as np
 import pytest
@@ -15,10 +14,7 @@ from conftest import make_results
 from padless.bench.figures import percentile, strategy_figures, summarize
 from padless.bench.report import PLOTS, format_summary_table, write_report
 from padless.bench.results import (
-    RunConfig,
     BenchResults,
-    Environment,
-    RunStatus,
     StrategyRun,
     load_results,
     save_results,
@@ -39,10 +35,24 @@ def test_json_round_trip_is_lossless():
 def test_complete_results_validate_clean_and_hold_derived_sections():
     data = json.loads(make_results().to_json())
     assert validate(data) == []
-    assert set(data) == {"config", "environment", "strategies", "lengths", "summary", "status",
-                         "padless_version", "schema_version", "peak_flops_per_s", "peak_gemm"}
-    assert set(data["strategies"]["packing"]["figures"]) >= {"step_time_median_s", "step_time_p90_s",
-                                                             "real_tokens_per_s", "padding_fraction"}
+    assert set(data) == {
+        "config",
+        "environment",
+        "strategies",
+        "lengths",
+        "summary",
+        "status",
+        "padless_version",
+        "schema_version",
+        "peak_flops_per_s",
+        "peak_gemm",
+    }
+    assert set(data["strategies"]["packing"]["figures"]) >= {
+        "step_time_median_s",
+        "step_time_p90_s",
+        "real_tokens_per_s",
+        "padding_fraction",
+    }
     assert data["summary"]["speedup"]["padding"] == pytest.approx(1.0)
 
 
@@ -78,8 +88,7 @@ def test_validate_names_a_missing_field(path, expected):
         (("config", "steps"), True, "config.steps: expected int"),
         (("strategies", "padding", "loss", 2), "x", "strategies.padding.loss[2]: expected number"),
         (("strategies", "padding", "real_tokens", 0), 1.5, "strategies.padding.real_tokens[0]: expected int"),
-        (("strategies", "padding", "eval_loss_end"), "4",
-         "strategies.padding.eval_loss_end: expected number or null"),
+        (("strategies", "padding", "eval_loss_end"), "4", "strategies.padding.eval_loss_end: expected number or null"),
         (("lengths",), {"a": 1}, "lengths: expected a list"),
     ],
 )
@@ -114,9 +123,15 @@ def test_validate_of_non_object():
 
 def test_figures_are_derived_from_steps_with_warmup_left_out():
     run = StrategyRun(
-        step_time_s=(9.0, 1.0, 2.0, 3.0, 4.0), loss=(1.0,) * 5, real_tokens=(999, 10, 20, 30, 40),
-        padded_tokens=(1000, 20, 40, 60, 80), sequences=(9, 1, 1, 1, 1), peak_memory_bytes=None,
-        memory_method="vmhwm", eval_loss_start=3.0, eval_loss_end=2.5,
+        step_time_s=(9.0, 1.0, 2.0, 3.0, 4.0),
+        loss=(1.0,) * 5,
+        real_tokens=(999, 10, 20, 30, 40),
+        padded_tokens=(1000, 20, 40, 60, 80),
+        sequences=(9, 1, 1, 1, 1),
+        peak_memory_bytes=None,
+        memory_method="vmhwm",
+        eval_loss_start=3.0,
+        eval_loss_end=2.5,
     )
     f = strategy_figures(run, warmup_steps=1)
     assert (f.steps_done, f.measured_steps) == (5, 4)
@@ -129,8 +144,10 @@ def test_figures_are_derived_from_steps_with_warmup_left_out():
     assert (f.step_time_p25_s, f.step_time_p75_s) == (pytest.approx(1.75), pytest.approx(3.25))
     assert f.padding_fraction == pytest.approx(1 - 1099 / 1200)  # over all steps, warm-up included
     assert f.eval_loss_delta == pytest.approx(-0.5)
-    empty = strategy_figures(dataclasses.replace(run, step_time_s=(9.0,), loss=(1.0,), real_tokens=(1,),
-                                                 padded_tokens=(2,), sequences=(1,)), warmup_steps=3)
+    empty = strategy_figures(
+        dataclasses.replace(run, step_time_s=(9.0,), loss=(1.0,), real_tokens=(1,), padded_tokens=(2,), sequences=(1,)),
+        warmup_steps=3,
+    )
     assert empty.step_time_median_s is None and empty.real_tokens_per_s is None
     assert empty.padding_fraction == pytest.approx(0.5)
 
@@ -140,8 +157,10 @@ def test_summary_speedups_and_ideal():
     s = summarize(results.strategies, warmup_steps=1)
     pad, pack = results.strategies["padding"], results.strategies["packing"]
     assert s.ideal_speedup == pytest.approx(sum(pad.padded_tokens) / sum(pad.real_tokens))
-    tps = {n: float(np.median(np.array(r.real_tokens[1:]) / np.array(r.step_time_s[1:])))
-           for n, r in results.strategies.items()}  # fmt: skip
+    tps = {
+        n: float(np.median(np.array(r.real_tokens[1:]) / np.array(r.step_time_s[1:])))
+        for n, r in results.strategies.items()
+    }
     assert s.speedup["packing"] == pytest.approx(tps["packing"] / tps["padding"])
     assert s.eval_loss_end_vs_baseline["packing"] == pytest.approx(pack.eval_loss_end - pad.eval_loss_end)
     no_base = summarize({"packing": pack}, warmup_steps=1)
@@ -192,7 +211,7 @@ def test_write_report_draws_every_plot_and_a_self_contained_page(tmp_path):
 def test_summary_table_lists_every_strategy():
     table = format_summary_table(make_results())
     lines = table.splitlines()
-    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("strategy ")):]  # after the headline
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("strategy ")) :]  # after the headline
     assert [line.split()[0] for line in lines[2:5]] == ["padding", "bucketing", "packing"]
     assert "ideal ×" in table and table.count("ideal ×") == 1  # one ideal, defined once
 
@@ -222,8 +241,10 @@ def test_cli_redraws_from_saved_json(tmp_path, capsys):
     assert (saved.parent / "report.html").is_file()
 
 
-@pytest.mark.parametrize("content, message", [(None, "no such results file"), ("{", "not valid JSON"),
-                                              ('{"config": {}}', "not a valid padless results file")])
+@pytest.mark.parametrize(
+    "content, message",
+    [(None, "no such results file"), ("{", "not valid JSON"), ('{"config": {}}', "not a valid padless results file")],
+)
 def test_cli_bad_json_exits_2_with_a_clear_error(tmp_path, capsys, content, message):
     path = tmp_path / "results.json"
     if content is not None:
@@ -293,8 +314,15 @@ def test_a_run_heavy_in_sys_time_says_so():
 def test_old_results_without_flop_counts_load_with_empty_flop_figures():
     data = json.loads(make_results().to_json())
     for run in data["strategies"].values():
-        for key in ("trained_tokens", "model_flops", "executed_flops", "cpu_user_s", "cpu_sys_s", "max_rss_bytes",
-                    "allocator"):
+        for key in (
+            "trained_tokens",
+            "model_flops",
+            "executed_flops",
+            "cpu_user_s",
+            "cpu_sys_s",
+            "max_rss_bytes",
+            "allocator",
+        ):
             del run[key]
         for key in ("mfu", "model_flops_per_s", "cpu_sys_fraction"):
             del run["figures"][key]

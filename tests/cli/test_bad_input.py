@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import row_documents
 
+from conftest import row_documents
 from padless.cli import COMMANDS, main, plain
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -55,31 +55,82 @@ CASES = [
     ("ids-parquet", ["pack", "{tmp}/d.parquet"], {"d.parquet": _parquet([BAD_IDS])}, 2, VOCAB),
     ("null-ids", ["pack", "{tmp}/d.jsonl"], {"d.jsonl": '{"input_ids": null}\n'}, 2, r"input_ids is null"),
     ("null-parquet", ["pack", "{tmp}/d.parquet"], {"d.parquet": _parquet([[1, 2], None])}, 2, r"null list"),
-    ("label-negative", ["pack", "{tmp}/d.jsonl"], {"d.jsonl": json.dumps({"input_ids": [1, 2], "labels": [-5, 2]})},
-     2, r"label -5 .*neither -100"),
-    ("label-past-vocab", ["pack", "{tmp}/d.jsonl"],
-     {"d.jsonl": json.dumps({"input_ids": [1, 2], "labels": [1, 60000]})}, 2, r"label 60000 .*\[0, 50257\)"),
-    ("readme-in-folder", ["pack", "{tmp}/dir"], {"dir/a.jsonl": '{"text": "hi"}\n', "dir/README.txt": "notes"},
-     2, r"holds files that are not data \(README\.txt\)"),
+    (
+        "label-negative",
+        ["pack", "{tmp}/d.jsonl"],
+        {"d.jsonl": json.dumps({"input_ids": [1, 2], "labels": [-5, 2]})},
+        2,
+        r"label -5 .*neither -100",
+    ),
+    (
+        "label-past-vocab",
+        ["pack", "{tmp}/d.jsonl"],
+        {"d.jsonl": json.dumps({"input_ids": [1, 2], "labels": [1, 60000]})},
+        2,
+        r"label 60000 .*\[0, 50257\)",
+    ),
+    (
+        "readme-in-folder",
+        ["pack", "{tmp}/dir"],
+        {"dir/a.jsonl": '{"text": "hi"}\n', "dir/README.txt": "notes"},
+        2,
+        r"holds files that are not data \(README\.txt\)",
+    ),
     # output places
     ("out-empty", ["pack", "{tmp}/d.jsonl", "--out", ""], {"d.jsonl": '{"input_ids": [1]}\n'}, 2, r"--out is empty"),
-    ("out-is-file", ["pack", "{tmp}/d.jsonl", "--out", "{tmp}/d.jsonl"], {"d.jsonl": '{"input_ids": [1]}\n'},
-     2, r"--out .*d\.jsonl is a file, not a folder"),
-    ("out-under-file", ["pack", "{tmp}/d.jsonl", "--out", "{tmp}/d.jsonl/out"], {"d.jsonl": '{"input_ids": [1]}\n'},
-     2, r"Not a directory: .*d\.jsonl/out \(a path component is a file"),
+    (
+        "out-is-file",
+        ["pack", "{tmp}/d.jsonl", "--out", "{tmp}/d.jsonl"],
+        {"d.jsonl": '{"input_ids": [1]}\n'},
+        2,
+        r"--out .*d\.jsonl is a file, not a folder",
+    ),
+    (
+        "out-under-file",
+        ["pack", "{tmp}/d.jsonl", "--out", "{tmp}/d.jsonl/out"],
+        {"d.jsonl": '{"input_ids": [1]}\n'},
+        2,
+        r"Not a directory: .*d\.jsonl/out \(a path component is a file",
+    ),
     # sizes and numbers
-    ("huge-max-length", ["pack", "{tmp}/d.jsonl", "--max-length", "2000000000"], {"d.jsonl": '{"input_ids": [1]}\n'},
-     2, r"--max-length 2000000000 is above 16777216 tokens per row"),
-    ("int-overflow", ["stats", "--max-length", "99999999999999999999"], {}, 2,
-     r"argument --max-length: must be between 1 and 2,147,483,647"),
-    ("json-huge-int", ["stats", "--lengths", "{tmp}/l.json"], {"l.json": "[3, 99999999999999999999999]"}, 2,
-     r"does not fit in 64 bits"),
+    (
+        "huge-max-length",
+        ["pack", "{tmp}/d.jsonl", "--max-length", "2000000000"],
+        {"d.jsonl": '{"input_ids": [1]}\n'},
+        2,
+        r"--max-length 2000000000 is above 16777216 tokens per row",
+    ),
+    (
+        "int-overflow",
+        ["stats", "--max-length", "99999999999999999999"],
+        {},
+        2,
+        r"argument --max-length: must be between 1 and 2,147,483,647",
+    ),
+    (
+        "json-huge-int",
+        ["stats", "--lengths", "{tmp}/l.json"],
+        {"l.json": "[3, 99999999999999999999999]"},
+        2,
+        r"does not fit in 64 bits",
+    ),
     ("json-broken", ["stats", "--lengths", "{tmp}/l.json"], {"l.json": "[3, 4"}, 2, r"l\.json is not valid JSON"),
-    ("npy-empty", ["stats", "--lengths", "{tmp}/l.npy"], {"l.npy": _npy_empty}, 2, r"--lengths: .*l\.npy holds no lengths"),
+    (
+        "npy-empty",
+        ["stats", "--lengths", "{tmp}/l.npy"],
+        {"l.npy": _npy_empty},
+        2,
+        r"--lengths: .*l\.npy holds no lengths",
+    ),
     ("npy-broken", ["stats", "--lengths", "{tmp}/l.npy"], {"l.npy": "not numpy"}, 2, r"not a readable \.npy"),
     # silent nonsense that is now refused
-    ("stats-data-unknown-offline", ["stats", "--data", "no-such-dataset"], {}, 2,
-     r"not a built-in corpus \(tweets, .*the model hub cannot be reached"),
+    (
+        "stats-data-unknown-offline",
+        ["stats", "--data", "no-such-dataset"],
+        {},
+        2,
+        r"not a built-in corpus \(tweets, .*the model hub cannot be reached",
+    ),
     ("stats-data-empty", ["stats", "--data", ""], {}, 2, r"--data needs a corpus name or a data file, got ''"),
     ("stats-lengths-empty", ["stats", "--lengths", ""], {}, 2, r"--lengths needs a file name"),
     ("plan-no-source", ["plan", "--out", "{tmp}/o.npz"], {}, 2, r"no lengths given: pass --lengths FILE, --data"),
@@ -87,47 +138,125 @@ CASES = [
     ("verify-bad-lengths", ["verify", "--lengths", "3,x"], {}, 2, r"--lengths must be comma-separated integers"),
     ("verify-empty-lengths", ["verify", "--lengths", ""], {}, 2, r"--lengths must be positive integers, got ''"),
     ("verify-no-backends", ["verify", "--backends", ","], {}, 2, r"--backends names no backend"),
-    ("verify-past-positions", ["verify", "--lengths", "600", "--backends", "eager"], {}, 2,
-     r"rows of 600 tokens exceed the model's 512 positions"),
+    (
+        "verify-past-positions",
+        ["verify", "--lengths", "600", "--backends", "eager"],
+        {},
+        2,
+        r"rows of 600 tokens exceed the model's 512 positions",
+    ),
     ("verify-bad-device", ["verify", "--device", "gpu0"], {}, 2, r"--device 'gpu0' is not a device name"),
     ("bench-grad-accumulation-0", ["bench", "--grad-accumulation", "0"], {}, 2, r"--grad-accumulation 0 must be >= 1"),
     ("bench-steps-0", ["bench", "--steps", "0"], {}, 2, r"--steps 0 must be >= 1"),
-    ("bench-warmup-past-run", ["bench", "--steps", "5", "--warmup-steps", "5"], {}, 2,
-     r"--warmup-steps 5 must be >= 0 and less than --steps 5"),
+    (
+        "bench-warmup-past-run",
+        ["bench", "--steps", "5", "--warmup-steps", "5"],
+        {},
+        2,
+        r"--warmup-steps 5 must be >= 0 and less than --steps 5",
+    ),
     # names
     ("model-renamed", ["verify", "--model", "gpt2-tiny"], {}, 2, r"'gpt2-tiny' is now called 'gpt2-2layer'"),
-    ("model-unknown-path", ["verify", "--model", "./no/such/model"], {}, 2,
-     r"no such folder; a model name is one of the built-in names \(tiny-gpt2, .*gpt2-2layer"),
-    ("tokenizer-and-model-disagree", ["stats", "--data", "{tmp}/c.jsonl", "--tokenizer", "gpt2", "--model",
-                                      "smollm2-135m"], {"c.jsonl": CHAT}, 2,
-     r"--tokenizer gpt2 is not the tokenizer of --model smollm2-135m \(smollm2-135m\); pass one of them"),
-    ("model-without-tokenizer", ["pack", "{tmp}/c.jsonl", "--model", "tiny-gpt2"], {"c.jsonl": CHAT}, 2,
-     r"--model tiny-gpt2: 'tiny-gpt2' has a 512-token test vocabulary and no tokenizer"),
-    ("tokenizer-without-data", ["stats", "--tokenizer", "smollm2-135m"], {}, 2,
-     r"--tokenizer applies to --data \(the data to tokenize\), not to --lengths or --dist"),
-    ("tokenizer-with-synthetic", ["pack", "--synthetic", "lognormal:10", "--model", "smollm2-135m"], {}, 2,
-     r"--model applies to an INPUT to tokenize; --synthetic draws random token ids"),
-    ("train-on-pretokenized", ["pack", "{tmp}/d.jsonl", "--train-on", "assistant"], {"d.jsonl": '{"input_ids": [1]}\n'},
-     2, r"--train-on assistant applies to text and chats; pre-tokenized records \('input_ids'\) are trained as their"),
-    ("train-on-assistant-text", ["stats", "--data", "{tmp}/t.jsonl", "--train-on", "assistant"],
-     {"t.jsonl": '{"text": "hi"}\n'}, 2, r"t\.jsonl.*line 1 is plain text; --train-on 'assistant' needs chats"),
-    ("system-prompt-text", ["pack", "{tmp}/t.jsonl", "--system-prompt", "none"], {"t.jsonl": '{"text": "hi"}\n'}, 2,
-     r"--system-prompt none applies to chats; .*t\.jsonl holds text"),
+    (
+        "model-unknown-path",
+        ["verify", "--model", "./no/such/model"],
+        {},
+        2,
+        r"no such folder; a model name is one of the built-in names \(tiny-gpt2, .*gpt2-2layer",
+    ),
+    (
+        "tokenizer-and-model-disagree",
+        ["stats", "--data", "{tmp}/c.jsonl", "--tokenizer", "gpt2", "--model", "smollm2-135m"],
+        {"c.jsonl": CHAT},
+        2,
+        r"--tokenizer gpt2 is not the tokenizer of --model smollm2-135m \(smollm2-135m\); pass one of them",
+    ),
+    (
+        "model-without-tokenizer",
+        ["pack", "{tmp}/c.jsonl", "--model", "tiny-gpt2"],
+        {"c.jsonl": CHAT},
+        2,
+        r"--model tiny-gpt2: 'tiny-gpt2' has a 512-token test vocabulary and no tokenizer",
+    ),
+    (
+        "tokenizer-without-data",
+        ["stats", "--tokenizer", "smollm2-135m"],
+        {},
+        2,
+        r"--tokenizer applies to --data \(the data to tokenize\), not to --lengths or --dist",
+    ),
+    (
+        "tokenizer-with-synthetic",
+        ["pack", "--synthetic", "lognormal:10", "--model", "smollm2-135m"],
+        {},
+        2,
+        r"--model applies to an INPUT to tokenize; --synthetic draws random token ids",
+    ),
+    (
+        "train-on-pretokenized",
+        ["pack", "{tmp}/d.jsonl", "--train-on", "assistant"],
+        {"d.jsonl": '{"input_ids": [1]}\n'},
+        2,
+        r"--train-on assistant applies to text and chats; pre-tokenized records \('input_ids'\) are trained as their",
+    ),
+    (
+        "train-on-assistant-text",
+        ["stats", "--data", "{tmp}/t.jsonl", "--train-on", "assistant"],
+        {"t.jsonl": '{"text": "hi"}\n'},
+        2,
+        r"t\.jsonl.*line 1 is plain text; --train-on 'assistant' needs chats",
+    ),
+    (
+        "system-prompt-text",
+        ["pack", "{tmp}/t.jsonl", "--system-prompt", "none"],
+        {"t.jsonl": '{"text": "hi"}\n'},
+        2,
+        r"--system-prompt none applies to chats; .*t\.jsonl holds text",
+    ),
     # one overlong default (error) in stats, plan and pack: refused with the count and the flag that changes it
-    ("stats-overlong-default", ["stats", "--lengths", "{tmp}/l.txt", "--max-length", "16"], {"l.txt": "30\n2\n45\n"},
-     2, r"2 sequences are over --max-length 16 and --overlong is error \(the default\); pass --overlong truncate"),
-    ("plan-overlong-default", ["plan", "--lengths", "{tmp}/l.txt", "--max-length", "16", "--out", "{tmp}/o.npz"],
-     {"l.txt": "30\n2\n"}, 2, r"1 sequence is over --max-length 16 and --overlong is error \(the default\)"),
-    ("pack-overlong-default", ["pack", "{tmp}/d.jsonl", "--max-length", "2"], {"d.jsonl": '{"input_ids": [1, 2, 3]}\n'},
-     2, r"d\.jsonl, line 1 has length 3, longer than --max-length 2; choose --overlong 'truncate', 'split' or 'drop'"),
-    ("pack-overlong-line-number", ["pack", "{tmp}/d.jsonl", "--max-length", "2"],
-     {"d.jsonl": '{"input_ids": [1]}\n\n{"input_ids": [1, 2, 3]}\n'}, 2, r"d\.jsonl, line 3 has length 3"),
-    ("pack-foreign-folder", ["pack", "{tmp}/d.jsonl", "--out", "{tmp}/mine"],
-     {"d.jsonl": '{"input_ids": [1]}\n', "mine/notes.txt": "x"}, 2,
-     r"--out .*mine is not empty and has no state\.json, so padless pack did not write it \(it holds notes\.txt\); "
-     r"choose a new or empty folder, or --overwrite"),
-    ("tokenizer-unknown-path", ["pack", "{tmp}/t.jsonl", "--tokenizer", "/no/such/tok"], {"t.jsonl": '{"text": "hi"}\n'},
-     2, r"tokenizer '/no/such/tok': no such folder"),
+    (
+        "stats-overlong-default",
+        ["stats", "--lengths", "{tmp}/l.txt", "--max-length", "16"],
+        {"l.txt": "30\n2\n45\n"},
+        2,
+        r"2 sequences are over --max-length 16 and --overlong is error \(the default\); pass --overlong truncate",
+    ),
+    (
+        "plan-overlong-default",
+        ["plan", "--lengths", "{tmp}/l.txt", "--max-length", "16", "--out", "{tmp}/o.npz"],
+        {"l.txt": "30\n2\n"},
+        2,
+        r"1 sequence is over --max-length 16 and --overlong is error \(the default\)",
+    ),
+    (
+        "pack-overlong-default",
+        ["pack", "{tmp}/d.jsonl", "--max-length", "2"],
+        {"d.jsonl": '{"input_ids": [1, 2, 3]}\n'},
+        2,
+        r"d\.jsonl, line 1 has length 3, longer than --max-length 2; choose --overlong 'truncate', 'split' or 'drop'",
+    ),
+    (
+        "pack-overlong-line-number",
+        ["pack", "{tmp}/d.jsonl", "--max-length", "2"],
+        {"d.jsonl": '{"input_ids": [1]}\n\n{"input_ids": [1, 2, 3]}\n'},
+        2,
+        r"d\.jsonl, line 3 has length 3",
+    ),
+    (
+        "pack-foreign-folder",
+        ["pack", "{tmp}/d.jsonl", "--out", "{tmp}/mine"],
+        {"d.jsonl": '{"input_ids": [1]}\n', "mine/notes.txt": "x"},
+        2,
+        r"--out .*mine is not empty and has no state\.json, so padless pack did not write it \(it holds notes\.txt\); "
+        r"choose a new or empty folder, or --overwrite",
+    ),
+    (
+        "tokenizer-unknown-path",
+        ["pack", "{tmp}/t.jsonl", "--tokenizer", "/no/such/tok"],
+        {"t.jsonl": '{"text": "hi"}\n'},
+        2,
+        r"tokenizer '/no/such/tok': no such folder",
+    ),
 ]
 
 
@@ -225,9 +354,11 @@ def test_stats_reports_overlong_sequences_and_what_each_policy_costs(tmp_path, c
     captured = capsys.readouterr()
     assert "overlong: error (3 sequences over --max-length 16; pass --overlong truncate|split|drop)" in captured.out
     assert "lengths: file l.txt" in captured.out and "plan:" not in captured.out
-    assert captured.err.strip() == ("padless stats: error: 3 sequences are over --max-length 16 and --overlong is "
-                                    "error (the default); pass --overlong truncate, split or drop to plan them, or a "
-                                    "larger --max-length")  # fmt: skip
+    assert captured.err.strip() == (
+        "padless stats: error: 3 sequences are over --max-length 16 and --overlong is "
+        "error (the default); pass --overlong truncate, split or drop to plan them, or a "
+        "larger --max-length"
+    )
     assert main([*argv, "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["plan"] is None and doc["overlong"]["policy_used"] == "error"
@@ -245,7 +376,9 @@ def test_stats_hist_prints_the_file_it_wrote(tmp_path, capsys):
 def _tiny_bloom(path: Path) -> None:
     from transformers import AutoModelForCausalLM, BloomConfig
 
-    AutoModelForCausalLM.from_config(BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=2)).save_pretrained(path)
+    AutoModelForCausalLM.from_config(BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=2)).save_pretrained(
+        path
+    )
 
 
 def test_verify_exit_status_tells_nothing_ran_from_contaminated(tmp_path, capsys, monkeypatch):
@@ -258,8 +391,14 @@ def test_verify_exit_status_tells_nothing_ran_from_contaminated(tmp_path, capsys
     assert "NOTHING RAN" in out and "takes no position_ids" in out and "scaled_dot_product" not in out
 
     def fake(model, sequences, **kw):  # a backend that ran and was contaminated
-        return VerifyReport("m", "float32", "cpu", [3], 32, [BackendResult("sdpa", "fail", 1.0, 1e-5, 0.0, 1e-5),
-                                                              BackendResult("eager", "refused", detail="x")])
+        return VerifyReport(
+            "m",
+            "float32",
+            "cpu",
+            [3],
+            32,
+            [BackendResult("sdpa", "fail", 1.0, 1e-5, 0.0, 1e-5), BackendResult("eager", "refused", detail="x")],
+        )
 
     monkeypatch.setattr(cli_verify, "verify_isolation", fake)
     assert main(["verify"]) == cli_verify.EXIT_CONTAMINATED == 1
@@ -289,8 +428,9 @@ def test_library_errors_name_arguments_not_flags():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Raise) and node.exc is not None:
-                text = "".join(c.value for c in ast.walk(node.exc) if isinstance(c, ast.Constant)
-                               and isinstance(c.value, str))  # fmt: skip
+                text = "".join(
+                    c.value for c in ast.walk(node.exc) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                )
                 text = re.sub(r"`[^`]*`", "", text)  # a quoted shell command may carry flags
                 if flag.search(text):
                     found.append(f"{rel}:{node.lineno}")
@@ -313,14 +453,22 @@ def test_unknown_hub_name_offline_asks_only_the_disk(monkeypatch):
         hub.from_pretrained(load, "org/none", "model", ["a", "b"])
     assert calls == [{"local_files_only": True}]
     monkeypatch.setattr(hub, "hub_reachable", lambda timeout=hub.CONNECT_TIMEOUT_S: True)
-    assert hub.from_pretrained(lambda name, **kw: (name, kw), "org/model", "model", ["a"]) == \
-        ("org/model", {"local_files_only": True})  # fmt: skip
+    assert hub.from_pretrained(lambda name, **kw: (name, kw), "org/model", "model", ["a"]) == (
+        "org/model",
+        {"local_files_only": True},
+    )
 
 
 def _run(*argv: str, **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "padless", *argv], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "padless", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_a_real_process_prints_one_line_not_a_traceback(tmp_path):
@@ -332,8 +480,17 @@ def test_a_real_process_prints_one_line_not_a_traceback(tmp_path):
 
 
 def test_ctrl_c_during_pack_says_rerun_and_the_rerun_finishes_identically(tmp_path):
-    args = ["--synthetic", "lognormal:8000", "--max-length", "512", "--overlong", "split", "--rows-per-shard", "25",
-            "--no-progress"]
+    args = [
+        "--synthetic",
+        "lognormal:8000",
+        "--max-length",
+        "512",
+        "--overlong",
+        "split",
+        "--rows-per-shard",
+        "25",
+        "--no-progress",
+    ]
     out, ref = tmp_path / "out", tmp_path / "ref"
     proc = _run("pack", *args, "--out", str(out))
     deadline = time.monotonic() + 120
@@ -362,7 +519,15 @@ def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monk
 
     monkeypatch.setattr(Path, "mkdir", refuse)
     (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2]}\n')
-    argv = ["pack", str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "ro" / "out"), "--max-length", "8", "--no-progress"]
+    argv = [
+        "pack",
+        str(tmp_path / "d.jsonl"),
+        "--out",
+        str(tmp_path / "ro" / "out"),
+        "--max-length",
+        "8",
+        "--no-progress",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import row_documents
 
+from conftest import row_documents
 from padless.cli import build_parser, main
 from padless.data.load import load_corpus
 from padless.planning.checks import OVERLONG_DEFAULT
@@ -60,8 +60,10 @@ def test_stats_prints_the_tokenizer_and_trains_chats_on_assistant_turns(tmp_path
     out = capsys.readouterr().out.splitlines()
     corpus = load_corpus(str(chats), "gpt2", train_on="assistant")
     assert out[0] == "tokenizer: gpt2, vocab 50,257 (the default; pass --tokenizer or --model for your model's)"
-    assert out[1] == (f"train on: the assistant turns (--train-on auto, for chats; --train-on all trains every token); "
-                      f"{corpus.report.trained_tokens:,} of {corpus.report.tokens:,} tokens trained")  # fmt: skip
+    assert out[1] == (
+        f"train on: the assistant turns (--train-on auto, for chats; --train-on all trains every token); "
+        f"{corpus.report.trained_tokens:,} of {corpus.report.tokens:,} tokens trained"
+    )
     assert out[2] == f"lengths: file {chats}"  # GPT-2 has no chat template, so no system prompt is added
     assert f"  {len(CHATS)} sequences, {corpus.report.tokens:,} tokens;" in out[3]
     assert main(["stats", "--data", str(chats), "--train-on", "all", "--json"]) == 0
@@ -86,15 +88,31 @@ def test_model_implies_its_own_tokenizer(tmp_path, capsys, cache):
     assert main(["stats", "--data", str(chats), "--model", "smollm2-135m"]) == 0
     out = capsys.readouterr().out
     assert "tokenizer: smollm2-135m, vocab 49,152 (the tokenizer of --model smollm2-135m)\n" in out
-    assert "system prompt added to 2 of 3 chats by the tokenizer's chat template (they have no system message; " \
-           "--system-prompt none leaves it out)" in out  # fmt: skip
+    assert (
+        "system prompt added to 2 of 3 chats by the tokenizer's chat template (they have no system message; "
+        "--system-prompt none leaves it out)" in out
+    )
     argv = ["stats", "--data", str(chats), "--tokenizer", "smollm2-135m", "--system-prompt", "none", "--json"]
     assert main(argv) == 0
     bare = json.loads(capsys.readouterr().out)
     assert bare["data"]["system_prompt_added"] == 0 and bare["lengths"]["total"] < data["lengths"]["total"]
     # the same choice in pack: the printed tokenizer is the one whose ids are in the rows
-    assert main(["pack", str(chats), "--out", str(tmp_path / "out"), "--max-length", "512", "--model",
-                 "smollm2-135m", "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "pack",
+                str(chats),
+                "--out",
+                str(tmp_path / "out"),
+                "--max-length",
+                "512",
+                "--model",
+                "smollm2-135m",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "tokenizer: smollm2-135m, vocab 49,152 (the tokenizer of --model smollm2-135m)" in out
     rows = pq.read_table(tmp_path / "out" / "shard-00000.parquet").to_pylist()
@@ -122,8 +140,22 @@ def test_pack_trains_chats_on_assistant_turns_by_default_and_says_so(tmp_path, c
         return sorted(row_documents([{"input_ids": r["labels"], "seq_lengths": r["seq_lengths"]} for r in rows]))
 
     assert labels(tmp_path / "auto") == sorted(load_corpus(str(chats), "gpt2", train_on="assistant").labels)
-    assert main(["pack", str(chats), "--out", str(tmp_path / "all"), "--max-length", "256", "--no-progress",
-                 "--train-on", "all"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "pack",
+                str(chats),
+                "--out",
+                str(tmp_path / "all"),
+                "--max-length",
+                "256",
+                "--no-progress",
+                "--train-on",
+                "all",
+            ]
+        )
+        == 0
+    )
     assert "train on: every token (--train-on all)" in capsys.readouterr().out
     assert labels(tmp_path / "all") == sorted(load_corpus(str(chats), "gpt2", train_on="all").input_ids)
 
@@ -175,7 +207,8 @@ def test_resume_with_other_flags_names_each_flag(tmp_path, capsys, cache):
     assert capsys.readouterr().err.strip() == (
         f"padless pack: error: --out {tmp_path / 'out'} holds a packing made with other flags: --train-on was "
         "assistant, now all; --max-length was 256, now 512; rerun with the same flags, choose another --out, or pass "
-        "--overwrite to start over")  # fmt: skip
+        "--overwrite to start over"
+    )
     assert main([*args, "--max-length", "512", "--train-on", "all", "--overwrite"]) == 0
 
 
@@ -187,9 +220,11 @@ def test_pack_into_a_folder_it_did_not_write_is_refused_naming_it(tmp_path, caps
     args = ["pack", str(chats), "--out", str(out), "--max-length", "256", "--no-progress"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"padless pack: error: --out {out} is not empty and has no state.json, so padless pack did not "
-                   "write it (it holds thesis.tex); choose a new or empty folder, or --overwrite to pack into it "
-                   "(files named like padless' own are replaced, other files are kept)")  # fmt: skip
+    assert err == (
+        f"padless pack: error: --out {out} is not empty and has no state.json, so padless pack did not "
+        "write it (it holds thesis.tex); choose a new or empty folder, or --overwrite to pack into it "
+        "(files named like padless' own are replaced, other files are kept)"
+    )
     assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
     assert main([*args, "--overwrite"]) == 0
     assert (out / "thesis.tex").read_text() == "years of work" and (out / "shard-00000.parquet").is_file()
@@ -225,7 +260,6 @@ def test_help_uses_the_one_formatter():
 
     for command in OWNED:
         assert _subparser(command).formatter_class is HelpFormatter, command
-
 
 
 def test_a_reader_that_stops_early_gets_no_error_message(monkeypatch, capsys):

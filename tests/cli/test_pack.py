@@ -7,10 +7,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import check_documents, row_documents
 
-from padless.cli import main
+from conftest import check_documents, row_documents
 from padless.batching.collate import PackingCollator
+from padless.cli import main
 from padless.data.inputs import SyntheticTokens
 
 
@@ -51,8 +51,9 @@ def test_pack_jsonl_reads_back_with_datasets_and_the_collator(tmp_path):
 
     from datasets import load_dataset
 
-    ds = load_dataset("parquet", data_files=[str(p) for p in shard_files(out)], split="train",
-                      cache_dir=str(tmp_path / "hf"))  # fmt: skip
+    ds = load_dataset(
+        "parquet", data_files=[str(p) for p in shard_files(out)], split="train", cache_dir=str(tmp_path / "hf")
+    )
     rows = [dict(r) for r in ds]
     check_documents(rows, lengths, 64)
     assert rows == read_rows(out)
@@ -118,8 +119,21 @@ def test_pack_text_is_tokenized_by_padless_data(tmp_path, monkeypatch):
 @pytest.mark.parametrize("overlong", ["truncate", "split", "drop"])
 def test_summary_accounts_for_every_token(tmp_path, overlong):
     out = tmp_path / overlong
-    assert pack("--synthetic", "lognormal:3000:40:1.0", "--out", out, "--max-length", 128, "--overlong", overlong,
-                "--rows-per-shard", 200) == 0  # fmt: skip
+    assert (
+        pack(
+            "--synthetic",
+            "lognormal:3000:40:1.0",
+            "--out",
+            out,
+            "--max-length",
+            128,
+            "--overlong",
+            overlong,
+            "--rows-per-shard",
+            200,
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     s = summary["stats"]
     lengths = SyntheticTokens("lognormal:3000:40:1.0").lengths()
@@ -202,7 +216,10 @@ def bad_jsonl(tmp_path):
         (lambda t: ["--synthetic", "lognormal:ten"], "must be numbers"),
         (lambda t: ["--synthetic", "lognormal:10", "--max-length", 0], "argument --max-length: must be between 1"),
         (lambda t: ["--synthetic", "lognormal:10", "--rows-per-shard", 0], "argument --rows-per-shard: must be"),
-        (lambda t: ["--synthetic", "lognormal:10", "--num-workers", 2], "--num-workers and --ray-address need --engine ray"),
+        (
+            lambda t: ["--synthetic", "lognormal:10", "--num-workers", 2],
+            "--num-workers and --ray-address need --engine ray",
+        ),
         (lambda t: ["--synthetic", "lognormal:500:300", "--max-length", 64], "longer than --max-length 64"),
         (lambda t: [bad_jsonl(t)], "line 2 is not valid JSON"),
     ],
@@ -224,7 +241,8 @@ def test_rerun_with_other_flags_or_a_foreign_folder_exits_2(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"padless pack: error: --out {out} holds a packing made with other flags: --max-length was 512, now 256; "
         "--overlong was error, now drop; rerun with the same flags, choose another --out, or pass --overwrite to "
-        "start over")  # fmt: skip
+        "start over"
+    )
     assert pack("--synthetic", "lognormal:300", "--out", out, "--max-length", 512) == 2
     assert "--synthetic was lognormal:200, now lognormal:300" in capsys.readouterr().err
     (out / "state.json").unlink()
@@ -254,5 +272,8 @@ def test_a_jsonl_mixing_text_and_token_rows_exits_2_naming_the_line(tmp_path, ca
     (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert pack(tmp_path / "mixed.jsonl", "--out", tmp_path / "out", "--max-length", 32) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "mixed.jsonl, line 3 has 'input_ids', but the input's first record has 'text'" in err
+    assert (
+        len(err.splitlines()) == 1
+        and "mixed.jsonl, line 3 has 'input_ids', but the input's first record has 'text'" in err
+    )
     assert not (tmp_path / "out").exists()

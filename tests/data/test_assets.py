@@ -31,11 +31,16 @@ def _tar_gz(members: dict[str, bytes]) -> bytes:
 
 def fake_sdist(path: Path, *, drop: str | None = None) -> Path:
     """A vaderSentiment-like sdist: the snippet files inside a nested archive, plus decoys."""
-    inner = {f"hutto_ICWSM_2014/{name}": f"1\t0.5\t{src} one\r\n2\t-1.0\t{src} &amp; two\r\n".encode()
-             for src, name in VADER_FILES.items() if name != drop}
+    inner = {
+        f"hutto_ICWSM_2014/{name}": f"1\t0.5\t{src} one\r\n2\t-1.0\t{src} &amp; two\r\n".encode()
+        for src, name in VADER_FILES.items()
+        if name != drop
+    }
     inner["hutto_ICWSM_2014/vader_icwsm2014_final.pdf"] = b"%PDF decoy"
-    outer = {"vaderSentiment-3.3.2/setup.py": b"",
-             "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz": _tar_gz(inner)}
+    outer = {
+        "vaderSentiment-3.3.2/setup.py": b"",
+        "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz": _tar_gz(inner),
+    }
     path.write_bytes(_tar_gz(outer))
     return path
 
@@ -129,8 +134,9 @@ def test_missing_snippets_point_at_the_fetch_command(tmp_path: Path) -> None:
         vader_file("tweet", tmp_path)
 
 
-def test_main_fetch_prints_what_it_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_fetch_prints_what_it_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("PADLESS_CACHE", str(tmp_path / "c"))
     sdist = fake_sdist(tmp_path / "v.tar.gz")
     from padless.cli.assets import main

@@ -26,8 +26,11 @@ CHAT = [
     {"role": "user", "content": "Hi"},
     {"role": "assistant", "content": "Hello!"},
     {"role": "user", "content": "Weather?"},
-    {"role": "assistant", "content": None,
-     "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": '{"q": "sun"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": '{"q": "sun"}'}}],
+    },
     {"role": "tool", "content": "sunny"},
     {"role": "assistant", "content": "Sunny."},
 ]
@@ -88,8 +91,11 @@ def test_label_masks(name: str, train_on: str, expected: list[str]) -> None:
 def test_smollm2_template_adds_its_default_system_turn_masked() -> None:
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
     pieces = chat_pieces(check_messages(chat, "record 1"), tok("smollm2"), "assistant")
-    assert pieces[0] == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-                         "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n", False)
+    assert pieces[0] == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n",
+        False,
+    )
     assert pieces[1:] == [("<|im_start|>assistant\n", False), ("Yo<|im_end|>\n", True)]
 
 
@@ -123,18 +129,24 @@ def test_tool_calls_in_openai_and_flat_forms() -> None:
 
 
 def test_text_beside_tool_calls_comes_first() -> None:
-    chat = [{"role": "user", "content": "Q"},
-            {"role": "assistant", "content": "Let me look.", "tool_calls": [{"name": "f", "arguments": {}}]}]
+    chat = [
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [{"name": "f", "arguments": {}}]},
+    ]
     pieces = chat_pieces(check_messages(chat, "record 1"), tok(), "assistant")
     assert pieces[-1] == ('Let me look.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>\n', True)
 
 
 def test_template_that_renders_tool_calls_gets_them_structured() -> None:
-    template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}"
-                "{% for c in m.tool_calls or [] %}CALL {{ c.function.name }}({{ c.function.arguments.x }})"
-                "{% endfor %}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
-    chat = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "", "tool_calls": [
-        {"name": "f", "arguments": {"x": 7}}]}]
+    template = (
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}CALL {{ c.function.name }}({{ c.function.arguments.x }})"
+        "{% endfor %}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    chat = [
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": {"x": 7}}]},
+    ]
     pieces = chat_pieces(check_messages(chat, "record 1"), tok(), "assistant", chat_template=template)
     # (HF's Jinja environment trims the newline after a block tag)
     assert pieces == [("[user]Q", False), ("[assistant]", False), ("CALL f(7)", True)]
@@ -176,8 +188,9 @@ def test_bad_train_on_is_named() -> None:
 
 def test_default_template_is_chatml() -> None:
     t = tok()
-    text = t.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
-                                 chat_template=DEFAULT_CHAT_TEMPLATE)
+    text = t.apply_chat_template(
+        [{"role": "user", "content": "x"}], tokenize=False, chat_template=DEFAULT_CHAT_TEMPLATE
+    )
     assert text == "<|im_start|>user\nx<|im_end|>\n"
 
 
@@ -191,8 +204,11 @@ ROLE = st.sampled_from(["user", "assistant", "tool", "system"])
 def test_targets_are_exactly_the_assistant_bodies(turns: list[tuple[str, str]], name: str) -> None:
     messages = [{"role": "user", "content": "start"}] + [{"role": r, "content": c} for r, c in turns]
     t = tok(name)
-    pieces = chat_pieces(check_messages(messages, "record 1"), t, "assistant") if any(
-        r == "assistant" for r, _ in turns) else None
+    pieces = (
+        chat_pieces(check_messages(messages, "record 1"), t, "assistant")
+        if any(r == "assistant" for r, _ in turns)
+        else None
+    )
     if pieces is None:
         return
     full = t.apply_chat_template(messages, tokenize=False, chat_template=t.chat_template or DEFAULT_CHAT_TEMPLATE)
@@ -206,5 +222,6 @@ def test_targets_are_exactly_the_assistant_bodies(turns: list[tuple[str, str]], 
     # GPT-2: EOS appended after ChatML's last "\n"; SmolLM2: the chat ends at its <|im_end|> (= EOS)
     assert ids[0] == (whole + [t.eos_token_id] if name == "gpt2" else whole[:-1])
     ending = 1 if name == "gpt2" else -1  # the EOS added, or the "\n" left out
-    assert sum(lab != IGNORE_INDEX for lab in labels[0]) == sum(len(t(b, add_special_tokens=False)["input_ids"])
-                                                               for b in bodies) + ending * (turns[-1][0] == "assistant")
+    assert sum(lab != IGNORE_INDEX for lab in labels[0]) == sum(
+        len(t(b, add_special_tokens=False)["input_ids"]) for b in bodies
+    ) + ending * (turns[-1][0] == "assistant")

@@ -32,8 +32,10 @@ def test_the_example_records_load(tmp_path: Path) -> None:
     smol = load_tokenizer("smollm2-135m")
     one = load_corpus(chats, smol, train_on="assistant", cache=False)
     trained = smol.decode([i for i, lab in zip(one.input_ids[0], one.labels[0]) if lab != IGNORE_INDEX])
-    assert trained == ('<tool_call>\n{"name": "search", "arguments": {"query": "VADER sentiment author"}}\n'
-                       "</tool_call><|im_end|>\nC.J. Hutto and Eric Gilbert.<|im_end|>")
+    assert trained == (
+        '<tool_call>\n{"name": "search", "arguments": {"query": "VADER sentiment author"}}\n'
+        "</tool_call><|im_end|>\nC.J. Hutto and Eric Gilbert.<|im_end|>"
+    )
 
 
 @pytest.mark.parametrize(

@@ -35,54 +35,110 @@ def user(**fields: Any) -> dict[str, Any]:
 
 
 def reply(*calls: Any, content: Any = "") -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": content,
-                                                            "tool_calls": list(calls)}]}  # fmt: skip
+    return {
+        "messages": [
+            {"role": "user", "content": "Q"},
+            {"role": "assistant", "content": content, "tool_calls": list(calls)},
+        ]
+    }
 
 
 BAD = [
     # the record itself
-    ("no-kind", {"mesages": []}, "missing_field",
-     ["no 'text', 'messages' or 'input_ids' field (fields: 'mesages'; did you mean 'messages'?)"]),
+    (
+        "no-kind",
+        {"mesages": []},
+        "missing_field",
+        ["no 'text', 'messages' or 'input_ids' field (fields: 'mesages'; did you mean 'messages'?)"],
+    ),
     ("no-fields", {}, "missing_field", ["no 'text', 'messages' or 'input_ids' field (fields: none)"]),
     ("not-an-object", [1, 2], "not_a_record", ["is a list, not an object with fields"]),
     ("text-type", {"text": 3}, "bad_type", ["'text' is a int, not a string"]),
     ("text-empty", {"text": "  "}, "empty", ["'text' is empty"]),
     # messages
-    ("messages-dict", {"messages": {"role": "user", "content": "x"}}, "bad_messages",
-     ["'messages' is a dict, not a list of messages"]),
+    (
+        "messages-dict",
+        {"messages": {"role": "user", "content": "x"}},
+        "bad_messages",
+        ["'messages' is a dict, not a list of messages"],
+    ),
     ("messages-empty", {"messages": []}, "bad_messages", ["'messages' is an empty list"]),
     ("message-str", {"messages": ["hi"]}, "bad_messages", ["message 0 is a str, not an object with 'role'"]),
-    ("content-misspelt", user(contnt="x"), "missing_field",
-     ["message 0 has no 'content' (fields: 'role', 'contnt'; did you mean 'content'?)"]),
-    ("role-misspelt", {"messages": [{"rol": "user", "content": "x"}]}, "missing_field",
-     ["message 0 has no 'role' (fields: 'rol', 'content'; did you mean 'role'?)"]),
-    ("role-unknown", {"messages": [{"role": "bot", "content": "x"}]}, "unknown_role",
-     ["message 0: unknown role 'bot'; the roles are system, user, assistant, tool"]),
+    (
+        "content-misspelt",
+        user(contnt="x"),
+        "missing_field",
+        ["message 0 has no 'content' (fields: 'role', 'contnt'; did you mean 'content'?)"],
+    ),
+    (
+        "role-misspelt",
+        {"messages": [{"rol": "user", "content": "x"}]},
+        "missing_field",
+        ["message 0 has no 'role' (fields: 'rol', 'content'; did you mean 'role'?)"],
+    ),
+    (
+        "role-unknown",
+        {"messages": [{"role": "bot", "content": "x"}]},
+        "unknown_role",
+        ["message 0: unknown role 'bot'; the roles are system, user, assistant, tool"],
+    ),
     ("content-empty", {"messages": [{"role": "system", "content": " "}]}, "empty", ["message 0: empty system message"]),
     ("content-int", user(content=5), "bad_content", ["message 0: content is a int, not a string"]),
     ("content-image", user(content=[{"type": "image"}]), "bad_content", ["content parts of type ['image']"]),
     ("content-part-str", user(content=["a"]), "bad_content", ["content part 0 is a str, not an object"]),
-    ("content-part-no-text", user(content=[{"type": "text", "txt": "a"}]), "bad_content",
-     ["content part 0 has no 'text' string (fields: 'type', 'txt'; did you mean 'text'?)"]),
+    (
+        "content-part-no-text",
+        user(content=[{"type": "text", "txt": "a"}]),
+        "bad_content",
+        ["content part 0 has no 'text' string (fields: 'type', 'txt'; did you mean 'text'?)"],
+    ),
     # tool calls
     ("calls-str", reply(), "bad_tool_call", None),  # replaced below: tool_calls is a string
-    ("calls-on-user", user(content="x", tool_calls=[{"name": "f"}]), "bad_tool_call",
-     ["message 0: only assistant messages carry tool_calls, not 'user'"]),
+    (
+        "calls-on-user",
+        user(content="x", tool_calls=[{"name": "f"}]),
+        "bad_tool_call",
+        ["message 0: only assistant messages carry tool_calls, not 'user'"],
+    ),
     ("call-str", reply("f"), "bad_tool_call", ["message 1, tool call 0 is a str, not an object"]),
-    ("call-no-name", reply({"arguments": {}}), "bad_tool_call",
-     ["message 1, tool call 0 has no function 'name' (fields: 'arguments')"]),
+    (
+        "call-no-name",
+        reply({"arguments": {}}),
+        "bad_tool_call",
+        ["message 1, tool call 0 has no function 'name' (fields: 'arguments')"],
+    ),
     ("call-name-empty", reply({"name": ""}), "bad_tool_call", ["tool call 0: the function name is '', not"]),
-    ("call-function-str", reply({"type": "function", "function": "f"}), "bad_tool_call",
-     ["tool call 0: 'function' is a str, not an object with 'name' and 'arguments'"]),
-    ("call-arguments-misspelt", reply({"name": "f", "argument": {}}), "bad_tool_call",
-     ["tool call 0 ('f') has no 'arguments' (fields: 'name', 'argument'; did you mean 'arguments'?)"]),
-    ("call-arguments-json", reply({"type": "function", "function": {"name": "f", "arguments": "{oops"}}),
-     "bad_tool_call", ["tool call 0 ('f'): arguments are not valid JSON", "'{oops'"]),
-    ("call-arguments-list", reply({"name": "f", "arguments": [1]}), "bad_tool_call",
-     ["tool call 0 ('f'): arguments are a list, not an object"]),
+    (
+        "call-function-str",
+        reply({"type": "function", "function": "f"}),
+        "bad_tool_call",
+        ["tool call 0: 'function' is a str, not an object with 'name' and 'arguments'"],
+    ),
+    (
+        "call-arguments-misspelt",
+        reply({"name": "f", "argument": {}}),
+        "bad_tool_call",
+        ["tool call 0 ('f') has no 'arguments' (fields: 'name', 'argument'; did you mean 'arguments'?)"],
+    ),
+    (
+        "call-arguments-json",
+        reply({"type": "function", "function": {"name": "f", "arguments": "{oops"}}),
+        "bad_tool_call",
+        ["tool call 0 ('f'): arguments are not valid JSON", "'{oops'"],
+    ),
+    (
+        "call-arguments-list",
+        reply({"name": "f", "arguments": [1]}),
+        "bad_tool_call",
+        ["tool call 0 ('f'): arguments are a list, not an object"],
+    ),
     # pre-tokenized ids
-    ("labels-length", {"input_ids": [1, 2], "labels": [1]}, "length_mismatch",
-     ["labels has 1 tokens but input_ids has 2"]),
+    (
+        "labels-length",
+        {"input_ids": [1, 2], "labels": [1]},
+        "length_mismatch",
+        ["labels has 1 tokens but input_ids has 2"],
+    ),
     ("ids-vocab", {"input_ids": [1, 99999]}, "bad_token", ["token id 99999 is outside the vocabulary"]),
     ("ids-empty", {"input_ids": []}, "empty", ["is an empty sequence"]),
 ]
@@ -153,13 +209,18 @@ def test_pack_inputs_name_the_file_and_line(tmp_path: Path) -> None:
 
     good = {"messages": [{"role": "user", "content": "a"}]}
     write_jsonl(tmp_path / "d.jsonl", [good, good, BAD_CHAT])
-    (tmp_path / "d.csv").write_text("messages\n" + "".join('"' + json.dumps(r["messages"]).replace('"', '""') + '"\n'
-                                                           for r in (good, BAD_CHAT)))  # fmt: skip
+    (tmp_path / "d.csv").write_text(
+        "messages\n" + "".join('"' + json.dumps(r["messages"]).replace('"', '""') + '"\n' for r in (good, BAD_CHAT))
+    )
     for name, where in [("d.jsonl", "line 3"), ("d.csv", "line 3")]:
         src = open_input(str(tmp_path / name), shard_rows=1, train_on="all")  # the good chats have no assistant turn
         with pytest.raises(ValueError, match=re.escape(f"{name}, {where}: {MESSAGE}")):
             list(iter_shards(src, 1))
     write_jsonl(tmp_path / "e.jsonl", [{"mesages": []}])
-    with pytest.raises(ValueError, match=re.escape("e.jsonl, line 1: no 'text', 'messages' or 'input_ids' field "
-                                                   "(fields: 'mesages'; did you mean 'messages'?)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "e.jsonl, line 1: no 'text', 'messages' or 'input_ids' field (fields: 'mesages'; did you mean 'messages'?)"
+        ),
+    ):
         open_input(str(tmp_path / "e.jsonl"))

@@ -85,9 +85,14 @@ def test_parquet_and_json_array_and_saved_dataset(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    chat = [{"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
-                                                                  "function": {"name": "f", "arguments": '{"x": 1}'}}]}]
+    chat = [
+        {"role": "user", "content": "Hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}],
+        },
+    ]
     rows = [{"messages": chat}, {"messages": [{"role": "user", "content": "A"}, {"role": "assistant", "content": "B"}]}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
     (tmp_path / "d.json").write_text(json.dumps(rows))
@@ -107,14 +112,28 @@ def test_field_chooses_between_present_fields(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("rows", "reason", "match"),
     [
-        ([{"text": "ok"}, {"body": "x"}], "missing_field", r"line 2: no 'text', 'messages' or 'input_ids' field \(fields: 'body'\)"),
+        (
+            [{"text": "ok"}, {"body": "x"}],
+            "missing_field",
+            r"line 2: no 'text', 'messages' or 'input_ids' field \(fields: 'body'\)",
+        ),
         ([{"text": "ok"}, {"text": "   "}], "empty", "line 2: 'text' is empty"),
         ([{"text": "ok"}, {"text": 3}], "bad_type", "line 2: 'text' is a int"),
-        ([{"text": "ok"}, {"messages": [{"role": "bot", "content": "x"}]}], "unknown_role",
-         "line 2: message 0: unknown role 'bot'"),
-        ([{"text": "ok"}, {"input_ids": [1, 2], "labels": [1]}], "length_mismatch",
-         "line 2: labels has 1 tokens but input_ids has 2"),
-        ([{"text": "ok"}, {"input_ids": [1, 99999]}], "bad_token", r"line 2: token id 99999 is outside the vocabulary \[0, \d+\) \(input_ids\[1\]\)"),
+        (
+            [{"text": "ok"}, {"messages": [{"role": "bot", "content": "x"}]}],
+            "unknown_role",
+            "line 2: message 0: unknown role 'bot'",
+        ),
+        (
+            [{"text": "ok"}, {"input_ids": [1, 2], "labels": [1]}],
+            "length_mismatch",
+            "line 2: labels has 1 tokens but input_ids has 2",
+        ),
+        (
+            [{"text": "ok"}, {"input_ids": [1, 99999]}],
+            "bad_token",
+            r"line 2: token id 99999 is outside the vocabulary \[0, \d+\) \(input_ids\[1\]\)",
+        ),
         ([{"text": "ok"}, {"input_ids": []}], "empty", "line 2 is an empty sequence"),
         ([{"text": "ok"}, {"input_ids": [1.5]}], "bad_type", "must be integer token ids"),
         ([{"text": "ok"}, [1, 2]], "not_a_record", "line 2 is a list"),
@@ -169,8 +188,11 @@ def test_missing_file_is_not_sent_to_the_hub(tmp_path: Path) -> None:
 
 def test_overlong_policies(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3, 4, 5, 6]}, {"input_ids": [7, 8]}])
-    with pytest.raises(ValueError, match=r"line 1 has length 6, longer than max_length 4; "
-                                         r"choose overlong='truncate', 'split' or 'drop'"):
+    with pytest.raises(
+        ValueError,
+        match=r"line 1 has length 6, longer than max_length 4; "
+        r"choose overlong='truncate', 'split' or 'drop'",
+    ):
         load_corpus(path, gpt2(), max_length=4)
     dropped = load_corpus(path, gpt2(), max_length=4, overlong="drop")
     assert dropped.input_ids == [[7, 8]] and dropped.report.skipped == {"overlong": 1}

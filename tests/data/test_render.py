@@ -36,8 +36,12 @@ def tok(name: str) -> Any:
     if name != "llama3":
         return load_tokenizer(name)
     t = load_tokenizer("gpt2")  # a fresh instance: the other tests' GPT-2 stays as it is
-    t.add_special_tokens({"bos_token": "<|begin_of_text|>",
-                          "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]})
+    t.add_special_tokens(
+        {
+            "bos_token": "<|begin_of_text|>",
+            "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        }
+    )
     t.chat_template = LLAMA3
     return t
 
@@ -76,10 +80,17 @@ def test_a_chat_ends_with_exactly_one_trained_end_token(name: str, ending: str, 
 def test_the_end_token_of_a_masked_last_turn_is_masked(name: str) -> None:
     chat = [*CHAT, {"role": "user", "content": "Thanks"}]
     (ids,), (labels,), _ = encode(name, [{"messages": chat}], train_on="assistant")
-    assert labels[-1] == IGNORE_INDEX and ids[-1] in {tok(name).eos_token_id, tok(name).convert_tokens_to_ids(
-        "<|eot_id|>")}  # fmt: skip
-    assert tok(name).decode(ids).endswith("Thanks" + {"smollm2": "<|im_end|>", "llama3": "<|eot_id|>",
-                                                      "gpt2": "<|im_end|>\n<|endoftext|>"}[name])  # fmt: skip
+    assert labels[-1] == IGNORE_INDEX and ids[-1] in {
+        tok(name).eos_token_id,
+        tok(name).convert_tokens_to_ids("<|eot_id|>"),
+    }
+    assert (
+        tok(name)
+        .decode(ids)
+        .endswith(
+            "Thanks" + {"smollm2": "<|im_end|>", "llama3": "<|eot_id|>", "gpt2": "<|im_end|>\n<|endoftext|>"}[name]
+        )
+    )
 
 
 def test_smollm2_chat_ids_and_labels_literally() -> None:
@@ -117,8 +128,9 @@ def test_pretokenized_ids_are_taken_as_given() -> None:
 def test_a_truncated_chat_ends_once_again(name: str, end: str) -> None:
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "one two three four five six seven"}]
     (full,), _, _ = encode(name, [{"messages": chat}], train_on="assistant")
-    (ids,), (labels,), counts = encode(name, [{"messages": chat}], train_on="assistant", max_length=len(full) - 2,
-                                       overlong="truncate")  # fmt: skip
+    (ids,), (labels,), counts = encode(
+        name, [{"messages": chat}], train_on="assistant", max_length=len(full) - 2, overlong="truncate"
+    )
     assert len(ids) == len(full) - 2 and counts.truncated_examples == 1
     assert ids[:-1] == full[: len(ids) - 1] and ids[-1] == tok(name).eos_token_id and labels[-1] == ids[-1]
     assert tok(name).decode(full).endswith(end)
@@ -147,8 +159,10 @@ def test_a_default_system_prompt_after_the_bos_is_left_out_and_the_bos_kept() ->
     kept, added = render_chat(CHAT, t, "all", LLAMA3_DEFAULT_SYSTEM)
     none, _ = render_chat(CHAT, t, "all", LLAMA3_DEFAULT_SYSTEM, system_prompt="none")
     assert added and kept[0][0].startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nDefault")
-    assert none[0][0] == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-                          "<|start_header_id|>assistant<|end_header_id|>\n\nhello there<|eot_id|>")
+    assert none[0][0] == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nhello there<|eot_id|>"
+    )
     assert render_chat(CHAT, t, "all")[1] is False  # Llama 3's BOS alone is no system prompt
 
 
@@ -162,9 +176,11 @@ def test_templates_without_a_default_system_prompt_count_none(name: str) -> None
 
 def test_a_system_prompt_that_cannot_be_told_from_the_opening_is_refused_for_none() -> None:
     # a first system message renders unlike a later one, so what precedes every chat cannot be found
-    template = ("{% if messages[0].role != 'system' %}DEFAULT\n{% endif %}{% for m in messages %}"
-                "{% if loop.first and m.role == 'system' %}SYS:{{ m.content }}\n{% else %}[{{ m.role }}]"
-                "{{ m.content }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+    template = (
+        "{% if messages[0].role != 'system' %}DEFAULT\n{% endif %}{% for m in messages %}"
+        "{% if loop.first and m.role == 'system' %}SYS:{{ m.content }}\n{% else %}[{{ m.role }}]"
+        "{{ m.content }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
     assert render_chat(CHAT, tok("gpt2"), "assistant", template)[1] is True
     with pytest.raises(ValueError, match=r"record 1: the chat template writes 'DEFAULT\\n' before the first message"):
         render_chat(CHAT, tok("gpt2"), "assistant", template, "record 1", "none")
@@ -192,11 +208,16 @@ def test_the_default_trains_assistant_turns_of_chats_and_every_token_of_text(tmp
     from padless import load_corpus
 
     chat = tmp_path / "chat.jsonl"
-    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
-                                             {"role": "assistant", "content": "Hello there"}]}) + "\n")  # fmt: skip
+    chat.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]})
+        + "\n"
+    )
     text = tmp_path / "text.jsonl"
     text.write_text(json.dumps({"text": "Hello there"}) + "\n")
-    auto, assistant = load_corpus(chat, "gpt2", cache=False), load_corpus(chat, "gpt2", train_on="assistant", cache=False)
+    auto, assistant = (
+        load_corpus(chat, "gpt2", cache=False),
+        load_corpus(chat, "gpt2", train_on="assistant", cache=False),
+    )
     assert auto.input_ids == assistant.input_ids and auto.labels == assistant.labels
     assert any(label == -100 for label in auto.labels[0])
     plain = load_corpus(text, "gpt2", cache=False)

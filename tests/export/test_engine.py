@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import row_documents
 
+from conftest import row_documents
 from padless.cli import main
 from padless.export.engine import LocalEngine, RayEngine, make_engine
 

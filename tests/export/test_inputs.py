@@ -38,8 +38,11 @@ def test_jsonl_shards_read_every_record_once_with_its_line(tmp_path, rows):
     recs = [json.dumps({"input_ids": [i, i + 1][: i % 2 + 1]}) for i in range(10)]
     path = lines_file(tmp_path / "d.jsonl", recs[:3] + [""] + recs[3:])  # a blank line 4 is skipped
     src = open_input(str(path), vocab_size=100, shard_rows=rows)
-    got = [(int(r), t.ids[a:b].tolist()) for _, t in iter_shards(src, rows) for r, a, b in
-           zip(t.rows, t.offsets[:-1], t.offsets[1:])]  # fmt: skip
+    got = [
+        (int(r), t.ids[a:b].tolist())
+        for _, t in iter_shards(src, rows)
+        for r, a, b in zip(t.rows, t.offsets[:-1], t.offsets[1:])
+    ]
     lines = [1, 2, 3, 5, 6, 7, 8, 9, 10, 11]
     assert got == [(line, [i, i + 1][: i % 2 + 1]) for i, line in enumerate(lines)]
 
@@ -63,7 +66,9 @@ def test_an_input_mixing_kinds_of_record_names_the_first_row_of_the_other_kind(t
         where = "record 6"
     kind = next(iter(other))
     src = open_input(str(path), shard_rows=3, train_on="all")  # the chat has no assistant turn
-    with pytest.raises(ValueError, match=f"{where} has '{kind}', but the input's first record has '{next(iter(first))}'"):
+    with pytest.raises(
+        ValueError, match=f"{where} has '{kind}', but the input's first record has '{next(iter(first))}'"
+    ):
         pack_to_parquet(src, tmp_path / "out", 64, shard_rows=3, progress=False)
     assert not (tmp_path / "out").exists()  # a failed fresh run leaves nothing
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import check_documents
 
+from conftest import check_documents
 from padless.data.inputs import open_input
 from padless.export.parquet import pack_to_parquet
 from padless.export.state import FolderLock, JobMismatch
@@ -75,8 +75,9 @@ def test_other_input_or_flags_are_refused_naming_the_change_and_overwrite_starts
     assert refused.value.changes == [("overlong", "error", "drop"), ("rows_per_shard", 40, 30)]
     other, lengths = write_input(tmp_path / "other.jsonl", seed=1)
     with pytest.raises(JobMismatch) as refused:  # the content, as one change; the options of the input by name
-        pack_to_parquet(open_input(str(other), vocab_size=20_000, shard_rows=128), out, 64, rows_per_shard=40,
-                        progress=False)  # fmt: skip
+        pack_to_parquet(
+            open_input(str(other), vocab_size=20_000, shard_rows=128), out, 64, rows_per_shard=40, progress=False
+        )
     assert [name for name, _, _ in refused.value.changes] == ["input", "vocab_size"]
     assert refused.value.changes[1][1:] == (10_000, 20_000)
     assert len(shards(out)) == 1  # the refusals touched nothing
@@ -90,7 +91,9 @@ def test_a_second_run_into_the_folder_is_refused_naming_the_holder(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     with FolderLock(out):
-        with pytest.raises(ValueError, match=f"another padless pack \\(pid {os.getpid()} on host {socket.gethostname()}"):
+        with pytest.raises(
+            ValueError, match=f"another padless pack \\(pid {os.getpid()} on host {socket.gethostname()}"
+        ):
             pack(src, out)
     assert not (out / ".lock").exists() and not shards(out)
     # a lock left by a process that is gone (same host) is taken over
@@ -108,8 +111,11 @@ def test_a_folder_padless_did_not_write_is_refused_and_overwrite_keeps_its_other
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     (out / "shard-00000.parquet").write_text("not a shard")
-    with pytest.raises(ValueError, match=r"theirs is not empty and has no state\.json.*it holds notes\.txt, "
-                                         r"shard-00000\.parquet\).*overwrite=True"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"theirs is not empty and has no state\.json.*it holds notes\.txt, "
+        r"shard-00000\.parquet\).*overwrite=True",
+    ):
         pack(src, out)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "shard-00000.parquet"]  # untouched
     assert pack(src, out, overwrite=True)["complete"]
@@ -157,8 +163,11 @@ def test_a_list_of_examples_packs_too(tmp_path):
     summary = pack_to_parquet(examples, tmp_path / "out", 12, rows_per_shard=2, progress=False)
     assert summary["complete"] and summary["stats"]["num_rows"] == 3 and summary["tokens_accounted"]
     rows = [r for p in shards(tmp_path / "out") for r in pq.read_table(p).to_pylist()]
-    docs = sorted((tuple(r["input_ids"][a : a + n]), tuple(r["labels"][a : a + n])) for r in rows
-                  for a, n in zip(np.cumsum([0, *r["seq_lengths"][:-1]]), r["seq_lengths"]))  # fmt: skip
+    docs = sorted(
+        (tuple(r["input_ids"][a : a + n]), tuple(r["labels"][a : a + n]))
+        for r in rows
+        for a, n in zip(np.cumsum([0, *r["seq_lengths"][:-1]]), r["seq_lengths"])
+    )
     assert docs == sorted((tuple(e["input_ids"]), tuple(e["labels"])) for e in examples)
 
 
@@ -175,5 +184,7 @@ def test_the_writer_refuses_placements_that_do_not_tile_the_plan_rows(tmp_path):
     with pytest.raises(AssertionError, match="do not tile its rows"):
         write_shard(out / ".work", tmp_path, other, 40, 3, 0)
     right = plan_histogram(counts, 64)
-    assert write_shard(out / ".work", tmp_path, right, 40, 3, 0)["blake2b"] == \
-        json.loads((out / "state.json").read_text())["shards"]["shard-00000.parquet"]["blake2b"]
+    assert (
+        write_shard(out / ".work", tmp_path, right, 40, 3, 0)["blake2b"]
+        == json.loads((out / "state.json").read_text())["shards"]["shard-00000.parquet"]["blake2b"]
+    )

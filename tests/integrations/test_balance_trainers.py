@@ -34,8 +34,11 @@ def long_tail(n: int = 120, seed: int = 0) -> list[dict[str, list[int]]]:
 def as_rank(cls, rank: int, world_size: int = 2):
     """``cls`` (TrainingArguments or SFTConfig) saying this process is ``rank`` of ``world_size``: what
     the trainers read to build their DistributedPackedBatchSampler (no process group is started)."""
-    return type(f"Rank{rank}{cls.__name__}", (cls,), {"world_size": property(lambda self: world_size),
-                                                      "process_index": property(lambda self: rank)})  # fmt: skip
+    return type(
+        f"Rank{rank}{cls.__name__}",
+        (cls,),
+        {"world_size": property(lambda self: world_size), "process_index": property(lambda self: rank)},
+    )
 
 
 def documents(batch) -> list[tuple[int, ...]]:
@@ -65,10 +68,16 @@ def packed_trainer(tmp_path, rank, feats, **options):
 
     from padless.integrations.transformers import PackedTrainer
 
-    args = as_rank(TrainingArguments, rank)(output_dir=str(tmp_path), use_cpu=True, report_to="none",
-                                            per_device_train_batch_size=ROWS_PER_BATCH, disable_tqdm=True)  # fmt: skip
-    return PackedTrainer(model=support.model("sdpa", "tiny-llama"), args=args, train_dataset=feats,
-                         max_length=MAX_LENGTH, **options)  # fmt: skip
+    args = as_rank(TrainingArguments, rank)(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        per_device_train_batch_size=ROWS_PER_BATCH,
+        disable_tqdm=True,
+    )
+    return PackedTrainer(
+        model=support.model("sdpa", "tiny-llama"), args=args, train_dataset=feats, max_length=MAX_LENGTH, **options
+    )
 
 
 def sft_trainer(tmp_path, rank, feats, **options):
@@ -77,11 +86,23 @@ def sft_trainer(tmp_path, rank, feats, **options):
 
     from padless.integrations.trl import SFTTrainer
 
-    args = as_rank(SFTConfig, rank)(output_dir=str(tmp_path), use_cpu=True, report_to="none", bf16=False,
-                                    packing=True, max_length=MAX_LENGTH, per_device_train_batch_size=ROWS_PER_BATCH,
-                                    disable_tqdm=True)  # fmt: skip
-    return SFTTrainer(model=support.model("sdpa", "tiny-llama"), args=args, train_dataset=support.dataset(feats),
-                      processing_class=support.tokenizer(), **options)  # fmt: skip
+    args = as_rank(SFTConfig, rank)(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        bf16=False,
+        packing=True,
+        max_length=MAX_LENGTH,
+        per_device_train_batch_size=ROWS_PER_BATCH,
+        disable_tqdm=True,
+    )
+    return SFTTrainer(
+        model=support.model("sdpa", "tiny-llama"),
+        args=args,
+        train_dataset=support.dataset(feats),
+        processing_class=support.tokenizer(),
+        **options,
+    )
 
 
 TRAINERS = {"PackedTrainer": packed_trainer, "SFTTrainer": sft_trainer}
@@ -120,8 +141,10 @@ def test_the_start_line_says_the_ranks_are_balanced_by_cost(tmp_path):
     by_cost = packed_trainer(tmp_path / "c", 0, feats, balance="cost").start_line()
     assert "balanced" not in by_tokens
     assert ", 128-token rows, ranks balanced by cost a*l + l**2 (a=768), " in by_cost, by_cost
-    assert ", ranks balanced by cost a*l + l**2 (a=100), " in packed_trainer(tmp_path / "n", 0, feats, balance="cost",
-                                                                             cost_a=100).start_line()  # fmt: skip
+    assert (
+        ", ranks balanced by cost a*l + l**2 (a=100), "
+        in packed_trainer(tmp_path / "n", 0, feats, balance="cost", cost_a=100).start_line()
+    )
 
 
 def test_bad_balance_arguments_are_refused_naming_the_trainer_argument(tmp_path):
@@ -130,14 +153,19 @@ def test_bad_balance_arguments_are_refused_naming_the_trainer_argument(tmp_path)
         ({"balance": "flops"}, "unknown PackedTrainer(balance='flops'); choose one of tokens, cost"),
         ({"cost_a": 768}, "cost_a is used only with PackedTrainer(balance='cost')"),
         ({"balance": "cost", "cost_a": -1.0}, "PackedTrainer(cost_a=...) must be a finite number >= 0, got -1.0"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(ValueError, match=re.escape(said)):
             packed_trainer(tmp_path, 0, feats, **options)
     import padless
 
     prepacked = padless.pack_dataset(support.dataset(feats), MAX_LENGTH)  # its rows are dealt whole: no documents seen
-    with pytest.raises(ValueError, match=re.escape("PackedTrainer(balance='cost') prices a row by its documents, and "
-                                                   "rows packed beforehand (seq_lengths) are dealt as one length each")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "PackedTrainer(balance='cost') prices a row by its documents, and "
+            "rows packed beforehand (seq_lengths) are dealt as one length each"
+        ),
+    ):
         packed_trainer(tmp_path, 0, prepacked, balance="cost")
 
 
@@ -153,9 +181,16 @@ def test_sft_trainer_refuses_bad_balance_arguments_naming_its_own(tmp_path):
     with pytest.raises(ValueError, match=re.escape("unknown SFTTrainer(balance='flops'); choose one of tokens, cost")):
         sft_trainer(tmp_path, 0, feats, balance="flops")
     padded = SFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", bf16=False, max_length=MAX_LENGTH)
-    with pytest.raises(ValueError, match=re.escape("SFTTrainer(balance='cost') deals packed rows to the ranks; it needs "
-                                                   "SFTConfig(packing=True)")):  # fmt: skip
-        SFTTrainer(model=support.model("sdpa", "tiny-llama"), args=padded, train_dataset=support.dataset(feats),
-                   processing_class=support.tokenizer(), balance="cost")  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=re.escape("SFTTrainer(balance='cost') deals packed rows to the ranks; it needs SFTConfig(packing=True)"),
+    ):
+        SFTTrainer(
+            model=support.model("sdpa", "tiny-llama"),
+            args=padded,
+            train_dataset=support.dataset(feats),
+            processing_class=support.tokenizer(),
+            balance="cost",
+        )
     line = sft_trainer(tmp_path, 0, feats, balance="cost").start_line()
     assert ", 128-token rows, ranks balanced by cost a*l + l**2 (a=768), " in line, line

@@ -111,8 +111,10 @@ def test_every_token_lands_once(rows, seq_length, strategy, overlong, batch_size
     # the same dataset streamed: by batches, the same rows; through the buffer, the same pieces
     stream = ds.to_iterable_dataset()
     if batch_size is not None or strategy == "wrapped":
-        assert list(padless.pack_dataset(stream, seq_length, strategy, {"batch_size": batch_size},
-                                         overlong=overlong)) == packed.to_list()  # fmt: skip
+        assert (
+            list(padless.pack_dataset(stream, seq_length, strategy, {"batch_size": batch_size}, overlong=overlong))
+            == packed.to_list()
+        )
     elif strategy in ("bfd", "bfd_split"):
         streamed = padless.pack_dataset(stream, seq_length, strategy, overlong=overlong, buffer_size=5)
         assert sorted(_pieces(streamed)) == sorted(_pieces(packed))
@@ -164,8 +166,11 @@ def test_large_list_columns_stay_large_lists():
 def test_an_empty_sequence_is_refused_naming_its_row():
     ds = _dataset([3, 2, 4, 0, 5, 0]).select([0, 1, 3, 2, 5])  # row 2 of this dataset is the first empty one
     for call in (padless.pack_dataset, plan_dataset):
-        with pytest.raises(ValueError, match=r"row 2 of the dataset is an empty sequence \('input_ids' has no tokens\) "
-                                             r"\(and 1 more\)"):  # fmt: skip
+        with pytest.raises(
+            ValueError,
+            match=r"row 2 of the dataset is an empty sequence \('input_ids' has no tokens\) "
+            r"\(and 1 more\)",
+        ):
             call(ds, 8)
     assert padless.pack_dataset(ds.select([0, 1, 3]), 8).num_rows == 2
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import integrations_support as support  # noqa: E402
 from test_transformers import assert_same_step  # noqa: E402
+
+import integrations_support as support  # noqa: E402
 
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
@@ -26,8 +27,13 @@ def ranks(tmp_path_factory):
     import torch
 
     out = tmp_path_factory.mktemp("ddp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-           "PYTHONPATH": os.pathsep.join([str(support.ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "PYTHONPATH": os.pathsep.join([str(support.ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     if "GLOO_SOCKET_IFNAME" not in env and sys.platform == "linux":
         env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on the loopback interface
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -28,8 +28,8 @@ BACKENDS = ("sdpa", "eager", "padless")
 MODELS = {"GPT-2": "tiny-gpt2", "Llama": "tiny-llama", "Mistral, window 4": "tiny-mistral-window"}
 PATHS = {
     "trl-bfd": "TRL `packing=True` (bfd): `pack_dataset` + its padding-free collator",
-    "trl-wrapped": "TRL `packing=True, packing_strategy=\"wrapped\"`: its default collator",
-    "trl-wrapped-pf": "TRL `packing_strategy=\"wrapped\", padding_free=True`",
+    "trl-wrapped": 'TRL `packing=True, packing_strategy="wrapped"`: its default collator',
+    "trl-wrapped-pf": 'TRL `packing_strategy="wrapped", padding_free=True`',
     "trl-padding-free": "TRL `padding_free=True` (no packing)",
     "hf-flattening": "transformers `DataCollatorWithFlattening` under Trainer (`use_cache=False`)",
     "hf-flattening-cache": "transformers `DataCollatorWithFlattening`, plain loop (`use_cache=True`)",
@@ -86,8 +86,11 @@ def _batch(path: str, model):
     no_cache = {"use_cache": False}
     if path in ("hf-flattening", "hf-flattening-cache", "trl-padding-free"):
         rows = [{"input_ids": f["input_ids"]} for f in feats]
-        collator = (DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True) if path == "trl-padding-free"
-                    else DataCollatorWithFlattening())
+        collator = (
+            DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+            if path == "trl-padding-free"
+            else DataCollatorWithFlattening()
+        )
         batch = collator(rows)
         offsets = np.concatenate([[0], np.cumsum(LENGTHS)[:-1]]).tolist()
         spans = _spans_from_doc_ids([f["doc"] for f in feats], offsets)

@@ -59,8 +59,11 @@ def _loop_step(case: str) -> dict[str, Any]:
     local_numel = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
     groups = [n for n, m in model.named_modules() if isinstance(m, FSDPModule)]  # one per layer, and the root
     sampler = padless.DistributedPackedBatchSampler(LENGTHS, MAX_LENGTH, ROWS, seed=SEED)  # rank from dist
-    loader = DataLoader(padless.PackedRowView(make_features(LENGTHS, with_labels=True, seed=SEED)),
-                        batch_sampler=sampler, collate_fn=collator)  # fmt: skip
+    loader = DataLoader(
+        padless.PackedRowView(make_features(LENGTHS, with_labels=True, seed=SEED)),
+        batch_sampler=sampler,
+        collate_fn=collator,
+    )
     batches = iter(loader)
     micro = [next(batches) for _ in range(ACCUM)]
     world = dist.get_world_size()
@@ -71,8 +74,7 @@ def _loop_step(case: str) -> dict[str, Any]:
         model.zero_grad(set_to_none=True)
         for i, batch in enumerate(micro):
             with sync_gradients(model, i == len(micro) - 1):
-                padless.model_loss(model, batch, num_items, world_size=world_size,
-                                   trained_logits_only=only).backward()  # fmt: skip
+                padless.model_loss(model, batch, num_items, world_size=world_size, trained_logits_only=only).backward()
             held.append(sum(p.grad is not None for p in model.parameters()))
         return full_tensors(model, grads=True)
 
@@ -82,12 +84,24 @@ def _loop_step(case: str) -> dict[str, Any]:
     grads = step_grads(num_items, world)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     optimizer.step()
-    return {"rank": dist.get_rank(), "world": world, "keys": list(sampler)[:ACCUM], "num_items": int(num_items),
-            "local": int(local), "grads": grads, "naive": naive, "params": full_tensors(model),
-            "numel": (full_numel, local_numel), "sharded": is_sharded(model), "held": held,
-            "params_count": len(list(model.parameters())), "groups": groups,
-            "layers": model.config.num_hidden_layers, "tied": tied,
-            "still_tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight}  # fmt: skip
+    return {
+        "rank": dist.get_rank(),
+        "world": world,
+        "keys": list(sampler)[:ACCUM],
+        "num_items": int(num_items),
+        "local": int(local),
+        "grads": grads,
+        "naive": naive,
+        "params": full_tensors(model),
+        "numel": (full_numel, local_numel),
+        "sharded": is_sharded(model),
+        "held": held,
+        "params_count": len(list(model.parameters())),
+        "groups": groups,
+        "layers": model.config.num_hidden_layers,
+        "tied": tied,
+        "still_tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
+    }
 
 
 def main(out_dir: str) -> None:
@@ -105,11 +119,13 @@ def main(out_dir: str) -> None:
         results[case] = _loop_step(case)
     results["accelerate"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, fsdp=True)
     per_rank = -(-support.num_rows(support.examples()) // 2)  # one optimiser step holds every row
-    results["trainer"] = support.first_step("trainer-fsdp", "padless", os.path.join(out_dir, "t"),
-                                            rows_per_batch=per_rank)  # fmt: skip
+    results["trainer"] = support.first_step(
+        "trainer-fsdp", "padless", os.path.join(out_dir, "t"), rows_per_batch=per_rank
+    )
     # last: these switch the process's accelerate state to FSDP (support.force_accelerate_fsdp2)
-    results["trainer-plugin"] = support.first_step("trainer-fsdp-plugin", "padless", os.path.join(out_dir, "p"),
-                                                   rows_per_batch=per_rank)  # fmt: skip
+    results["trainer-plugin"] = support.first_step(
+        "trainer-fsdp-plugin", "padless", os.path.join(out_dir, "p"), rows_per_batch=per_rank
+    )
     results["plugin"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, plugin=True)
     torch.save(results, os.path.join(out_dir, f"rank{results[next(iter(CASES))]['rank']}.pt"))
 
@@ -119,8 +135,13 @@ def main(out_dir: str) -> None:
 
 def _torchrun(script: Path | str, *args: str, cwd: Path = support.ROOT) -> subprocess.CompletedProcess:
     """``script`` under ``torchrun --nproc-per-node 2`` on this machine's loopback, offline; it must succeed."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-           "PYTHONPATH": os.pathsep.join([str(support.ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "PYTHONPATH": os.pathsep.join([str(support.ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     if "GLOO_SOCKET_IFNAME" not in env and sys.platform == "linux":
         env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on the loopback interface
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *args]
@@ -201,9 +222,11 @@ def test_fsdp2_step_on_two_ranks_equals_one_process_over_both_ranks_rows(ranks, 
     assert got[0]["local"] != got[1]["local"]
     scale = max(t.abs().max().item() for t in want["grads"].values())
     assert _gap(got[0]["naive"], want["grads"]) > 1e-2 * scale
-    print(f"\n{case}: max |grad - one process| / max |grad|: FSDP2 {max(_gap(g['grads'], want['grads']) for g in got) / scale:.1e}, "
-          f"per-rank mean {_gap(got[0]['naive'], want['grads']) / scale:.1e}; params after SGD "
-          f"{max(_gap(g['params'], want['params']) for g in got):.1e}")  # fmt: skip
+    print(
+        f"\n{case}: max |grad - one process| / max |grad|: FSDP2 {max(_gap(g['grads'], want['grads']) for g in got) / scale:.1e}, "
+        f"per-rank mean {_gap(got[0]['naive'], want['grads']) / scale:.1e}; params after SGD "
+        f"{max(_gap(g['params'], want['params']) for g in got):.1e}"
+    )
 
 
 @pytest.mark.parametrize("sharder", ["accelerate", "plugin"])
@@ -257,8 +280,19 @@ def test_the_gpu_script_checks_and_trains_on_two_cpu_ranks():
     and its timed run trains; so the script cannot rot before a GPU runs it."""
     import re
 
-    out = _torchrun(support.ROOT / "benchmarks" / "fsdp.py", "--device", "cpu", "--max-length", "128", "--steps", "1",
-                    "--documents", "120", "--rows", "1").stdout  # fmt: skip
+    out = _torchrun(
+        support.ROOT / "benchmarks" / "fsdp.py",
+        "--device",
+        "cpu",
+        "--max-length",
+        "128",
+        "--steps",
+        "1",
+        "--documents",
+        "120",
+        "--rows",
+        "1",
+    ).stdout
     gap = re.search(r"^fsdp exactness \(fp32\): max \|grad - one process\| / max \|grad\| = (\S+) ", out, flags=re.M)
     assert gap and float(gap.group(1)) < 1e-5, out[-2000:]
     assert re.search(r"^fsdp: 2 rank\(s\) on cpu \(gloo\)", out, flags=re.M)
@@ -279,8 +313,9 @@ def one_rank():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=60))  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(seconds=60)
+    )
     try:
         yield
     finally:

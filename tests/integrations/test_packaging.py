@@ -9,8 +9,9 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -39,8 +40,11 @@ def test_every_optional_package_belongs_to_the_extra_its_error_names():
 def test_trl_is_pinned_and_the_pin_is_what_runs():
     import importlib.metadata
 
-    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
-                if "==" in line and not line.startswith("#"))  # fmt: skip
+    pins = dict(
+        line.split("==")
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     assert pins["trl"] == "1.16.0"
     trl_range = next(r for r in PYPROJECT["project"]["optional-dependencies"]["trl"] if _name(r) == "trl")
     assert trl_range == "trl>=1.16,<1.17"
@@ -80,8 +84,13 @@ except ImportError as exc:
 
 def test_no_core_module_imports_an_extra_and_a_missing_extra_is_named():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", _WITHOUT_EXTRAS.format(blocked=BLOCKED)], capture_output=True,
-                         text=True, env=env, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_EXTRAS.format(blocked=BLOCKED)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = dict(line.split(" -> ", 1) for line in out.stdout.splitlines())
     assert "pip install 'padless[trainer]'" in lines["padless.integrations.transformers"]

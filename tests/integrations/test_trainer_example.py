@@ -40,8 +40,8 @@ def _first_step(example, examples, tmp_path, mode, attn):
     from transformers import TrainerCallback
 
     from padless.attention.backend import register_padless_attention
-    from padless.planning.schedule import schedule_epoch
     from padless.models.factory import build_model
+    from padless.planning.schedule import schedule_epoch
 
     class FirstGrads(TrainerCallback):
         grads = None
@@ -58,10 +58,17 @@ def _first_step(example, examples, tmp_path, mode, attn):
     assert rows >= GRAD_ACCUM
     capture = FirstGrads()
     trainer = example.make_trainer(
-        model, examples, mode=mode, output_dir=str(tmp_path / mode), max_length=MAX_LENGTH,
-        rows_per_batch=-(-rows // GRAD_ACCUM), batch_size=NUM_EXAMPLES // GRAD_ACCUM, grad_accum=GRAD_ACCUM,
-        steps=1, callbacks=[capture],
-    )  # fmt: skip
+        model,
+        examples,
+        mode=mode,
+        output_dir=str(tmp_path / mode),
+        max_length=MAX_LENGTH,
+        rows_per_batch=-(-rows // GRAD_ACCUM),
+        batch_size=NUM_EXAMPLES // GRAD_ACCUM,
+        grad_accum=GRAD_ACCUM,
+        steps=1,
+        callbacks=[capture],
+    )
     trainer.args.max_grad_norm = 0.0  # compare raw gradients, not clipped ones
     losses, counts = [], []
     training_step, compute_loss = trainer.training_step, trainer.compute_loss
@@ -102,8 +109,7 @@ def test_packed_trainer_step_equals_padded_trainer_step(example, examples, padde
         torch.testing.assert_close(packed_grads[name], g, rtol=1e-5, atol=1e-6 * scale, msg=name)
 
 
-def test_without_the_count_fix_trainer_counts_gpt2_first_labels(example, examples, padded_step, tmp_path,
-                                                                monkeypatch):
+def test_without_the_count_fix_trainer_counts_gpt2_first_labels(example, examples, padded_step, tmp_path, monkeypatch):
     """transformers 5.24 counts labels[..., 0] for GPT-2 (loss_type None): the padded step's loss is then
     divided by one token too many per example and no longer equals the packed one."""
     fixed_loss, _, fixed_count = padded_step
@@ -122,8 +128,15 @@ def test_trainer_replans_packed_rows_every_epoch(example, examples, tmp_path):
 
     model = build_model("gpt2-2layer", attn_implementation="sdpa", seed=0)
     rows = len(DistributedPackedBatchSampler([len(e["input_ids"]) for e in examples], MAX_LENGTH, 1))
-    trainer = example.make_trainer(model, examples, mode="packed", output_dir=str(tmp_path), max_length=MAX_LENGTH,
-                                   rows_per_batch=1, steps=2 * rows)  # one row per step, two epochs
+    trainer = example.make_trainer(
+        model,
+        examples,
+        mode="packed",
+        output_dir=str(tmp_path),
+        max_length=MAX_LENGTH,
+        rows_per_batch=1,
+        steps=2 * rows,
+    )  # one row per step, two epochs
     seen = []
     training_step = trainer.training_step
 
@@ -142,10 +155,25 @@ def test_trainer_replans_packed_rows_every_epoch(example, examples, tmp_path):
 @pytest.mark.slow
 def test_example_script_runs_offline(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--steps", "2", "--limit", "32", "--grad-accum", "1", "--max-length", "128",
-         "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--steps",
+            "2",
+            "--limit",
+            "32",
+            "--grad-accum",
+            "1",
+            "--max-length",
+            "128",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     losses = [float(x) for x in re.findall(r"^step\s+\d+\s+loss (\S+)$", out.stdout, flags=re.M)]
     assert len(losses) == 2 and all(math.isfinite(x) and 0 < x < 20 for x in losses), out.stdout
@@ -154,4 +182,6 @@ def test_example_script_runs_offline(tmp_path):
     starts = re.findall(r"^padless: .*$", out.stderr, flags=re.M)
     assert len(starts) == 1 and re.fullmatch(
         r"padless: GPT2LMHeadModel, attention padless, layout varlen, exact \(padless rule\), 128-token rows, "
-        r"\d+\.\d documents per row \(planned rows\)", starts[0]), out.stderr[-3000:]  # fmt: skip
+        r"\d+\.\d documents per row \(planned rows\)",
+        starts[0],
+    ), out.stderr[-3000:]

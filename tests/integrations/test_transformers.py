@@ -44,8 +44,9 @@ def test_packed_trainer_step_equals_padded_step(padded, tmp_path, source):
     if source == "prepacked":  # rows packed beforehand keep their documents
         ds = padless.pack_dataset(ds, support.MAX_LENGTH)
     rows = support.num_rows(feats)
-    got = support.first_step("trainer-packed", "padless", str(tmp_path), rows_per_batch=-(-rows // 2),
-                             grad_accum=2, features=ds)  # fmt: skip
+    got = support.first_step(
+        "trainer-packed", "padless", str(tmp_path), rows_per_batch=-(-rows // 2), grad_accum=2, features=ds
+    )
     assert got["micro_batches"] == 2
     assert_same_step(got, padded)
 
@@ -64,13 +65,21 @@ def test_refuses_what_it_cannot_train_exactly(tmp_path):
     torch.manual_seed(0)
     windowed = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     windowed.config._attn_implementation = "flex_attention"  # what the collator reads; no kernel is loaded
-    with pytest.raises(ValueError, match="flex_attention.*no backward on CPU.*use backend 'padless' "
-                                         r"\(attn_implementation='padless' when loading the model\)"):
+    with pytest.raises(
+        ValueError,
+        match="flex_attention.*no backward on CPU.*use backend 'padless' "
+        r"\(attn_implementation='padless' when loading the model\)",
+    ):
         PackedTrainer(model=windowed, args=args, train_dataset=feats, max_length=32)
     model = support.model("sdpa", "tiny-gpt2")
     # the library's words (max_length, overlong=) said as PackedTrainer takes them
-    with pytest.raises(ValueError, match=re.escape("sequence 0 has length 19, longer than PackedTrainer(max_length=16)"
-                                                   "; choose PackedTrainer(overlong='truncate'), 'split' or 'drop'")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "sequence 0 has length 19, longer than PackedTrainer(max_length=16)"
+            "; choose PackedTrainer(overlong='truncate'), 'split' or 'drop'"
+        ),
+    ):
         PackedTrainer(model=model, args=args, train_dataset=feats, max_length=16)
     not_padless = "PackedTrainer(data_collator=...) must be a padless PackingCollator (or None), got function"
     with pytest.raises(ValueError, match=re.escape(not_padless)):
@@ -79,10 +88,12 @@ def test_refuses_what_it_cannot_train_exactly(tmp_path):
     too_long = "packed row 0 holds 19 tokens, more than PackedTrainer(max_length=16)"
     with pytest.raises(ValueError, match=re.escape(too_long)):
         PackedTrainer(model=model, args=args, train_dataset=prepacked, max_length=16)
-    for options, said in [({"max_length": 0}, "PackedTrainer(max_length=...) must be an integer >= 1, got 0"),
-                          ({"remainder": "pad"}, "unknown PackedTrainer(remainder='pad'); choose one of empty, "),
-                          ({"strategy": "bfs"}, "unknown PackedTrainer(strategy='bfs'); choose one of "),
-                          ({"overlong": "cut"}, "unknown PackedTrainer(overlong='cut'); choose one of ")]:  # fmt: skip
+    for options, said in [
+        ({"max_length": 0}, "PackedTrainer(max_length=...) must be an integer >= 1, got 0"),
+        ({"remainder": "pad"}, "unknown PackedTrainer(remainder='pad'); choose one of empty, "),
+        ({"strategy": "bfs"}, "unknown PackedTrainer(strategy='bfs'); choose one of "),
+        ({"overlong": "cut"}, "unknown PackedTrainer(overlong='cut'); choose one of "),
+    ]:
         with pytest.raises(ValueError, match=re.escape(said)):
             PackedTrainer(model=model, args=args, train_dataset=feats, **{"max_length": 32, **options})
     trainer = PackedTrainer(model=model, args=args, train_dataset=feats, max_length=32, overlong="truncate")
@@ -103,10 +114,16 @@ def test_evaluation_keeps_the_documents_of_rows_packed_beforehand(tmp_path, as_d
     feats = support.examples()
     packed = padless.pack_dataset(support.dataset(feats), support.MAX_LENGTH)
     evaluation = packed if as_dataset else packed.to_list()
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_eval_batch_size=2,
-                             disable_tqdm=True)  # fmt: skip
-    trainer = PackedTrainer(model=support.model("padless"), args=args, train_dataset=feats, eval_dataset=evaluation,
-                            max_length=support.MAX_LENGTH)  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_eval_batch_size=2, disable_tqdm=True
+    )
+    trainer = PackedTrainer(
+        model=support.model("padless"),
+        args=args,
+        train_dataset=feats,
+        eval_dataset=evaluation,
+        max_length=support.MAX_LENGTH,
+    )
     seen, collate = [], trainer.data_collator
 
     def record(features):
@@ -155,8 +172,13 @@ def test_a_record_without_token_ids_is_named(tmp_path, typo, container):
     assert str(refused.value).startswith(said), refused.value
     evaluation = [{"input_ids": [5, 6]}, {"txt": "b"}]
     with pytest.raises(RecordError, match=re.escape("eval_dataset: record 2: no 'text', 'messages' or 'input_ids'")):
-        PackedTrainer(model=support.model("sdpa", "tiny-gpt2"), args=args, train_dataset=[{"input_ids": [5, 6]}],
-                      eval_dataset=evaluation, max_length=32)  # fmt: skip
+        PackedTrainer(
+            model=support.model("sdpa", "tiny-gpt2"),
+            args=args,
+            train_dataset=[{"input_ids": [5, 6]}],
+            eval_dataset=evaluation,
+            max_length=32,
+        )
 
 
 @pytest.mark.parametrize(("attn", "name", "layout"), [
@@ -164,8 +186,7 @@ def test_a_record_without_token_ids_is_named(tmp_path, typo, container):
     ("padless", "tiny-gpt2", "varlen"),
     ("sdpa", "mistral-window", "4d-mask with sliding window 4"),  # the window travels in the mask
 ])  # fmt: skip
-def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exact(tmp_path, caplog, attn, name,
-                                                                                  layout):  # fmt: skip
+def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exact(tmp_path, caplog, attn, name, layout):
     import torch
     from transformers import AutoModelForCausalLM, TrainingArguments
 
@@ -180,15 +201,24 @@ def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exac
     else:
         model = support.model(attn, name)
     feats = [{"input_ids": list(range(1, n + 1))} for n in (19, 8, 11, 5, 7)]
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1, disable_tqdm=True,
-                             save_strategy="no", per_device_train_batch_size=1)  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        max_steps=1,
+        disable_tqdm=True,
+        save_strategy="no",
+        per_device_train_batch_size=1,
+    )
     trainer = PackedTrainer(model=model, args=args, train_dataset=feats, max_length=32)
     plan = trainer.batch_sampler.schedule().plan
     caplog.set_level(logging.INFO, logger="padless.integrations.transformers")
     trainer.train()
     said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "padless.integrations.transformers"]
-    line = (f"padless: {type(model).__name__}, attention {attn}, layout {layout}, exact (padless rule), 32-token rows, "
-            f"{5 / plan.num_rows:.1f} documents per row (planned rows)")  # fmt: skip
+    line = (
+        f"padless: {type(model).__name__}, attention {attn}, layout {layout}, exact (padless rule), 32-token rows, "
+        f"{5 / plan.num_rows:.1f} documents per row (planned rows)"
+    )
     assert said == [(logging.INFO, line)]
 
 
@@ -228,19 +258,26 @@ def test_library_messages_in_trainer_words():
 
     words = {**PACKED_TRAINER_WORDS, "seq_length": "SFTConfig.max_length", "strategy": "SFTConfig.packing_strategy"}
     for message, said in [
-        ("sequence 3 has length 40, longer than max_length 32 (and 2 more); choose overlong='truncate', 'split' or "
-         "'drop'", "sequence 3 has length 40, longer than PackedTrainer(max_length=32) (and 2 more); choose "
-         "PackedTrainer(overlong='truncate'), 'split' or 'drop'"),
+        (
+            "sequence 3 has length 40, longer than max_length 32 (and 2 more); choose overlong='truncate', 'split' or "
+            "'drop'",
+            "sequence 3 has length 40, longer than PackedTrainer(max_length=32) (and 2 more); choose "
+            "PackedTrainer(overlong='truncate'), 'split' or 'drop'",
+        ),
         ("sequences longer than seq_length=16: 1", "sequences longer than SFTConfig(max_length=16): 1"),
         ("unknown overlong policy 'x'; choose one of", "unknown PackedTrainer(overlong='x'); choose one of"),
-        ("strategy='wrapped' splits; use strategy='bfd'", "SFTConfig(packing_strategy='wrapped') splits; use "
-         "SFTConfig(packing_strategy='bfd')"),
+        (
+            "strategy='wrapped' splits; use strategy='bfd'",
+            "SFTConfig(packing_strategy='wrapped') splits; use SFTConfig(packing_strategy='bfd')",
+        ),
         ("every sequence was dropped by overlong", "every sequence was dropped by PackedTrainer(overlong=...)"),
         ("rows_per_batch must be an integer >= 1", "PackedTrainer(rows_per_batch=...) must be an integer >= 1"),
         ("max_length_q and a packing_strategy='bfd' stay", "max_length_q and a packing_strategy='bfd' stay"),
-        ("...; use backend 'padless'", "...; use backend 'padless' (attn_implementation='padless' when loading the "
-         "model)"),
-    ]:  # fmt: skip
+        (
+            "...; use backend 'padless'",
+            "...; use backend 'padless' (attn_implementation='padless' when loading the model)",
+        ),
+    ]:
         assert in_trainer_words(message, words) == said
 
 
@@ -252,8 +289,15 @@ def test_a_collator_that_adds_a_2d_mask_to_packed_rows_is_refused(tmp_path):
     from padless.integrations.transformers import PackedTrainer
 
     feats = [{"input_ids": list(range(1, n + 1))} for n in (9, 8, 11, 5, 7)]
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1, disable_tqdm=True,
-                             save_strategy="no", per_device_train_batch_size=1)  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        max_steps=1,
+        disable_tqdm=True,
+        save_strategy="no",
+        per_device_train_batch_size=1,
+    )
     trainer = PackedTrainer(model=support.model("sdpa", "tiny-llama"), args=args, train_dataset=feats, max_length=32)
     support.add_2d_masks(trainer)
     with pytest.raises(ValueError, match="attention_mask"):

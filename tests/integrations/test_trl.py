@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import integrations_support as support  # noqa: E402
 from test_transformers import assert_same_step  # noqa: E402
+
+import integrations_support as support  # noqa: E402
 
 pytest.importorskip("trl")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
@@ -66,17 +67,29 @@ def test_padless_rows_train_exactly_under_trls_own_padding_free_path(reference, 
 
     packed = padless.pack_dataset(support.dataset(support.examples()), support.MAX_LENGTH)
     model = count_shifted_labels(support.model("sdpa"))
-    args = trl.SFTConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=packed.num_rows,
-                         padding_free=True, max_length=None, report_to="none", use_cpu=True, max_grad_norm=0.0,
-                         save_strategy="no", disable_tqdm=True, learning_rate=1e-3, bf16=False)  # fmt: skip
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=packed.num_rows,
+        padding_free=True,
+        max_length=None,
+        report_to="none",
+        use_cpu=True,
+        max_grad_norm=0.0,
+        save_strategy="no",
+        disable_tqdm=True,
+        learning_rate=1e-3,
+        bf16=False,
+    )
     grads = {}
 
     class Capture(support_callback()):
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
             grads.update(support.grads(model))
 
-    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=packed, processing_class=support.tokenizer(),
-                             callbacks=[Capture()])  # fmt: skip
+    trainer = trl.SFTTrainer(
+        model=model, args=args, train_dataset=packed, processing_class=support.tokenizer(), callbacks=[Capture()]
+    )
     result = trainer.train()
     assert_same_step({"loss": result.training_loss, "grads": grads, "num_items": reference["num_items"]}, reference)
 
@@ -94,21 +107,37 @@ def test_overlong_sequences_are_refused_unless_asked_for(tmp_path):
 
     feats = support.examples()
     short = max(len(f["input_ids"]) for f in feats) - 1
-    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=short, report_to="none", use_cpu=True,
-                         max_steps=1, bf16=False)  # fmt: skip
-    kwargs = dict(model=support.model("sdpa"), train_dataset=support.dataset(feats),
-                  processing_class=support.tokenizer())
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        packing=True,
+        max_length=short,
+        report_to="none",
+        use_cpu=True,
+        max_steps=1,
+        bf16=False,
+    )
+    kwargs = dict(
+        model=support.model("sdpa"), train_dataset=support.dataset(feats), processing_class=support.tokenizer()
+    )
     with pytest.raises(ValueError) as refused:
         SFTTrainer(args=args, **kwargs)
     # the library's words (max_length, overlong=) said as SFTTrainer takes them
-    assert re.search(rf"longer than SFTConfig\(max_length={short}\)( \(and \d+ more\))?; "
-                     r"choose SFTTrainer\(overlong='truncate'\), 'split' or 'drop'$", str(refused.value)), refused.value
+    assert re.search(
+        rf"longer than SFTConfig\(max_length={short}\)( \(and \d+ more\))?; "
+        r"choose SFTTrainer\(overlong='truncate'\), 'split' or 'drop'$",
+        str(refused.value),
+    ), refused.value
     trainer = SFTTrainer(args=args, overlong="truncate", **kwargs)
     stats = trainer.batch_sampler.schedule().plan.stats
     assert stats.truncated_sequences >= 1 and stats.truncated_tokens >= 1
     args.truncation_mode = "keep_end"
-    with pytest.raises(ValueError, match=re.escape("SFTTrainer(overlong='truncate') keeps the start of a sequence; "
-                                                   "SFTConfig(truncation_mode='keep_end') asks for its end")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "SFTTrainer(overlong='truncate') keeps the start of a sequence; "
+            "SFTConfig(truncation_mode='keep_end') asks for its end"
+        ),
+    ):
         SFTTrainer(args=args, overlong="truncate", **kwargs)
 
 
@@ -124,11 +153,23 @@ def test_errors_name_the_sft_trainer_argument(tmp_path, config, overlong, said):
 
     from padless.integrations.trl import SFTTrainer
 
-    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
-                         use_cpu=True, bf16=False, **config)  # fmt: skip
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        packing=True,
+        max_length=support.MAX_LENGTH,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        **config,
+    )
     with pytest.raises(ValueError, match=re.escape(said)):
-        SFTTrainer(model=support.model("sdpa"), args=args, train_dataset=support.dataset(support.examples()),
-                   processing_class=support.tokenizer(), overlong=overlong)  # fmt: skip
+        SFTTrainer(
+            model=support.model("sdpa"),
+            args=args,
+            train_dataset=support.dataset(support.examples()),
+            processing_class=support.tokenizer(),
+            overlong=overlong,
+        )
 
 
 def test_an_overlong_eval_sequence_names_the_sft_config_field(tmp_path):
@@ -136,13 +177,26 @@ def test_an_overlong_eval_sequence_names_the_sft_config_field(tmp_path):
 
     from padless.integrations.trl import SFTTrainer
 
-    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
-                         use_cpu=True, bf16=False)  # fmt: skip
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        packing=True,
+        max_length=support.MAX_LENGTH,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+    )
     overlong = [{"input_ids": list(range(1, support.MAX_LENGTH + 40))}]
-    with pytest.raises(ValueError, match=re.escape(f"sequences longer than SFTConfig(max_length={support.MAX_LENGTH})"
-                                                   ": 1 (the first is row 0")) as refused:  # fmt: skip
-        SFTTrainer(model=support.model("sdpa"), args=args, train_dataset=support.examples(), eval_dataset=overlong,
-                   processing_class=support.tokenizer())  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"sequences longer than SFTConfig(max_length={support.MAX_LENGTH}): 1 (the first is row 0"),
+    ) as refused:
+        SFTTrainer(
+            model=support.model("sdpa"),
+            args=args,
+            train_dataset=support.examples(),
+            eval_dataset=overlong,
+            processing_class=support.tokenizer(),
+        )
     assert "Choose SFTTrainer(overlong='truncate')" in str(refused.value)
 
 
@@ -154,10 +208,23 @@ def test_evaluation_packs_the_eval_dataset_once(tmp_path):
     from padless.integrations.trl import SFTTrainer
 
     ds = support.dataset(support.examples())
-    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
-                         use_cpu=True, per_device_eval_batch_size=2, disable_tqdm=True, bf16=False)  # fmt: skip
-    trainer = SFTTrainer(model=support.model("padless"), args=args, train_dataset=ds, eval_dataset=ds,
-                         processing_class=support.tokenizer())  # fmt: skip
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        packing=True,
+        max_length=support.MAX_LENGTH,
+        report_to="none",
+        use_cpu=True,
+        per_device_eval_batch_size=2,
+        disable_tqdm=True,
+        bf16=False,
+    )
+    trainer = SFTTrainer(
+        model=support.model("padless"),
+        args=args,
+        train_dataset=ds,
+        eval_dataset=ds,
+        processing_class=support.tokenizer(),
+    )
     assert "seq_lengths" in trainer.eval_dataset.column_names
     assert trainer.eval_dataset.num_rows == support.num_rows(support.examples())
     assert math.isfinite(trainer.evaluate()["eval_loss"])
@@ -175,12 +242,26 @@ def test_sft_trainer_with_a_lora_peft_config_packs_for_the_wrapped_model(tmp_pat
     from padless.integrations.trl import SFTTrainer
 
     ds = support.dataset(support.examples())
-    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
-                         use_cpu=True, max_steps=1, per_device_train_batch_size=2, disable_tqdm=True, bf16=False,
-                         save_strategy="no")  # fmt: skip
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        packing=True,
+        max_length=support.MAX_LENGTH,
+        report_to="none",
+        use_cpu=True,
+        max_steps=1,
+        per_device_train_batch_size=2,
+        disable_tqdm=True,
+        bf16=False,
+        save_strategy="no",
+    )
     lora = peft.LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, fan_in_fan_out=True)
-    trainer = SFTTrainer(model=support.model("padless"), args=args, train_dataset=ds, peft_config=lora,
-                         processing_class=support.tokenizer())  # fmt: skip
+    trainer = SFTTrainer(
+        model=support.model("padless"),
+        args=args,
+        train_dataset=ds,
+        peft_config=lora,
+        processing_class=support.tokenizer(),
+    )
     assert type(trainer.model).__name__.startswith("PeftModel")
     assert trainer.data_collator.attention == "varlen"  # padless attention's inputs, read through the wrapper
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -226,14 +307,25 @@ def test_a_misspelt_field_is_named_before_trl_reads_the_dataset(tmp_path, gpt2, 
     from padless.integrations.trl import SFTTrainer
 
     rows, said = TYPOS[typo]
-    args = trl.SFTConfig(output_dir=str(tmp_path), packing=packing, max_length=support.MAX_LENGTH, report_to="none",
-                         use_cpu=True, bf16=False)  # fmt: skip
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        packing=packing,
+        max_length=support.MAX_LENGTH,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+    )
     with pytest.raises(RecordError) as refused:
-        SFTTrainer(model=gpt2, args=args, train_dataset=rows if container == "list" else as_dataset(rows),
-                   processing_class=support.tokenizer())  # fmt: skip
+        SFTTrainer(
+            model=gpt2,
+            args=args,
+            train_dataset=rows if container == "list" else as_dataset(rows),
+            processing_class=support.tokenizer(),
+        )
     assert str(refused.value).startswith(said), refused.value
     assert f"did you mean '{'messages' if typo == 'mesages' else 'content' if typo == 'contnt' else 'text'}'" in str(
-        refused.value)  # fmt: skip
+        refused.value
+    )
 
 
 @pytest.mark.parametrize(("rows", "config", "said"), [
@@ -252,8 +344,9 @@ def test_records_trl_cannot_train_as_they_are_are_named(tmp_path, gpt2, rows, co
     from padless.data.records import RecordError
     from padless.integrations.trl import SFTTrainer
 
-    args = trl.SFTConfig(output_dir=str(tmp_path), max_length=support.MAX_LENGTH, report_to="none", use_cpu=True,
-                         bf16=False, **config)  # fmt: skip
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path), max_length=support.MAX_LENGTH, report_to="none", use_cpu=True, bf16=False, **config
+    )
     with pytest.raises(RecordError, match=re.escape(said)):
         SFTTrainer(model=gpt2, args=args, train_dataset=rows, processing_class=support.tokenizer())
 
@@ -264,11 +357,22 @@ def test_an_eval_dataset_is_checked_and_named_too(tmp_path, gpt2):
     from padless.data.records import RecordError
     from padless.integrations.trl import SFTTrainer
 
-    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
-                         use_cpu=True, bf16=False)  # fmt: skip
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        packing=True,
+        max_length=support.MAX_LENGTH,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+    )
     with pytest.raises(RecordError, match=re.escape("eval_dataset['chat']: record 1: no 'text', 'messages' or")):
-        SFTTrainer(model=gpt2, args=args, train_dataset=support.examples(), processing_class=support.tokenizer(),
-                   eval_dataset={"chat": as_dataset([{"mesages": CHAT}])})  # fmt: skip
+        SFTTrainer(
+            model=gpt2,
+            args=args,
+            train_dataset=support.examples(),
+            processing_class=support.tokenizer(),
+            eval_dataset={"chat": as_dataset([{"mesages": CHAT}])},
+        )
 
 
 def test_a_list_of_records_is_taken_as_a_dataset(tmp_path):
@@ -276,10 +380,17 @@ def test_a_list_of_records_is_taken_as_a_dataset(tmp_path):
 
     from padless.integrations.trl import SFTTrainer
 
-    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
-                         use_cpu=True, bf16=False)  # fmt: skip
-    trainer = SFTTrainer(model=support.model("sdpa"), args=args, train_dataset=support.examples(),
-                         processing_class=support.tokenizer())  # fmt: skip
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        packing=True,
+        max_length=support.MAX_LENGTH,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+    )
+    trainer = SFTTrainer(
+        model=support.model("sdpa"), args=args, train_dataset=support.examples(), processing_class=support.tokenizer()
+    )
     assert trainer.train_dataset.num_rows == support.NUM_EXAMPLES
     assert trainer.batch_sampler.schedule().plan.num_rows == support.num_rows(support.examples())
 
@@ -299,7 +410,8 @@ def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exac
     support.first_step(kind, attn, str(tmp_path), rows_per_batch=2)
     said = [r for r in caplog.records if r.name == "padless.integrations.transformers"]
     assert [(r.levelno, r.getMessage()) for r in said] == [
-        (logging.INFO, f"padless: GPT2LMHeadModel, attention {attn}, " + line.format(docs=docs))]
+        (logging.INFO, f"padless: GPT2LMHeadModel, attention {attn}, " + line.format(docs=docs))
+    ]
 
 
 def test_a_2d_mask_added_to_packed_rows_is_refused(tmp_path):
@@ -308,10 +420,21 @@ def test_a_2d_mask_added_to_packed_rows_is_refused(tmp_path):
 
     from padless.integrations.trl import SFTTrainer
 
-    args = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=support.MAX_LENGTH, report_to="none",
-                         use_cpu=True, max_steps=1, bf16=False)  # fmt: skip
-    trainer = SFTTrainer(model=support.model("sdpa"), args=args, train_dataset=support.dataset(support.examples()),
-                         processing_class=support.tokenizer())  # fmt: skip
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        packing=True,
+        max_length=support.MAX_LENGTH,
+        report_to="none",
+        use_cpu=True,
+        max_steps=1,
+        bf16=False,
+    )
+    trainer = SFTTrainer(
+        model=support.model("sdpa"),
+        args=args,
+        train_dataset=support.dataset(support.examples()),
+        processing_class=support.tokenizer(),
+    )
     support.add_2d_masks(trainer)
     with pytest.raises(ValueError, match="attention_mask"):
         trainer.train()

@@ -16,8 +16,9 @@ pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import integrations_support as support  # noqa: E402
 from test_trl_grpo import parameters, tiny_llama, tiny_tokenizer  # noqa: E402
+
+import integrations_support as support  # noqa: E402
 
 STEPS = 3
 PAIRS = {  # 8 pairs: prompts of 1-4 words, completions of 1-4 (TRL appends EOS); a space before each completion
@@ -40,9 +41,20 @@ def _one_thread():
 def dpo_config(out_dir, **changes):
     import trl
 
-    options = dict(output_dir=str(out_dir), max_steps=STEPS, per_device_train_batch_size=4, learning_rate=0.1, optim="sgd",
-                   report_to="none", use_cpu=True, bf16=False, save_strategy="no", disable_tqdm=True, seed=0,
-                   logging_steps=1)  # fmt: skip
+    options = dict(
+        output_dir=str(out_dir),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=0.1,
+        optim="sgd",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        logging_steps=1,
+    )
     return trl.DPOConfig(**{**options, **changes})
 
 
@@ -107,8 +119,9 @@ def trl_weighted(tmp_path_factory):
     """TRL's DPOTrainer with a reference model, two losses and WPO weighting (every per-token field it reads)."""
     import trl
 
-    args = dpo_config(tmp_path_factory.mktemp("trl-dpo"), loss_type=["sigmoid", "ipo"], loss_weights=[1.0, 0.5],
-                      use_weighting=True)  # fmt: skip
+    args = dpo_config(
+        tmp_path_factory.mktemp("trl-dpo"), loss_type=["sigmoid", "ipo"], loss_weights=[1.0, 0.5], use_weighting=True
+    )
     with pytest.MonkeyPatch.context() as patch:
         passes = Passes(patch)
         trainer, before = train(trl.DPOTrainer, args, ref_model=tiny_llama(len(tiny_tokenizer())))
@@ -148,7 +161,9 @@ def test_lora_with_precomputed_reference_log_probs(tmp_path, monkeypatch):
     got = parameters(trainer)
     assert_same_parameters(got, parameters(reference), initial)
     assert all("lora_" in n for n, p in got.items() if not torch.equal(p, initial[n]))
-    assert trainer.train_dataset["ref_chosen_logps"] == pytest.approx(reference.train_dataset["ref_chosen_logps"], rel=1e-5)
+    assert trainer.train_dataset["ref_chosen_logps"] == pytest.approx(
+        reference.train_dataset["ref_chosen_logps"], rel=1e-5
+    )
     # 8 pairs precomputed in 2 batches of 4 without gradients, then a policy pass per step
     assert passes.kernel == 0 and sorted(passes.packed) == sorted([(False, True)] * 2 + [(True, True)] * STEPS)
 
@@ -162,8 +177,10 @@ def _rows(prompts, completions):
     from trl.trainer.dpo_trainer import DataCollatorForPreference
 
     half = len(completions) // 2
-    examples = [{"prompt_ids": p, "chosen_ids": c, "rejected_ids": r}
-                for p, c, r in zip(prompts, completions[:half], completions[half:])]  # fmt: skip
+    examples = [
+        {"prompt_ids": p, "chosen_ids": c, "rejected_ids": r}
+        for p, c, r in zip(prompts, completions[:half], completions[half:])
+    ]
     batch = DataCollatorForPreference(pad_token_id=88)(examples)
     labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
     return batch["input_ids"], batch["attention_mask"], labels
@@ -172,9 +189,13 @@ def _rows(prompts, completions):
 def test_trls_rows_become_pairs():
     from padless.integrations.trl_rl import _preference_pairs
 
-    features, pairs, prompt_lengths = _preference_pairs(*_rows([[3, 4], [5]], [[6, 7, 1], [8, 1], [9, 1], [10, 11, 12, 1]]))
-    assert features == [{"prompt_ids": [3, 4], "chosen_ids": [6, 7, 1], "rejected_ids": [9, 1]},
-                        {"prompt_ids": [5], "chosen_ids": [8, 1], "rejected_ids": [10, 11, 12, 1]}]  # fmt: skip
+    features, pairs, prompt_lengths = _preference_pairs(
+        *_rows([[3, 4], [5]], [[6, 7, 1], [8, 1], [9, 1], [10, 11, 12, 1]])
+    )
+    assert features == [
+        {"prompt_ids": [3, 4], "chosen_ids": [6, 7, 1], "rejected_ids": [9, 1]},
+        {"prompt_ids": [5], "chosen_ids": [8, 1], "rejected_ids": [10, 11, 12, 1]},
+    ]
     assert pairs.tolist() == [0, 1] and prompt_lengths.tolist() == [2, 1]
 
 
@@ -183,8 +204,13 @@ def test_pairs_that_cannot_share_one_prompt_are_refused():
 
     ids, mask, labels = _rows([[3, 4, 5], [6]], [[7, 1], [8, 1], [9, 1], [10, 1]])
     labels[2, 2] = ids[2, 2]  # the rejected row of pair 0 keeps one prompt token less, as keep_end cuts it
-    with pytest.raises(ValueError, match=re.escape("pair 0: the chosen and rejected rows hold different prompts (3 and "
-                                                   "2 tokens), as DPOConfig(truncation_mode='keep_end') cuts them")):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "pair 0: the chosen and rejected rows hold different prompts (3 and "
+            "2 tokens), as DPOConfig(truncation_mode='keep_end') cuts them"
+        ),
+    ):
         _preference_pairs(ids, mask, labels)
     ids, mask, labels = _rows([[3], [6]], [[7, 1], [8, 1], [9, 1], [10, 1]])
     labels[1, 0] = ids[1, 0]

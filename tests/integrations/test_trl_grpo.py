@@ -32,6 +32,8 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
 NUM_GENERATIONS = 4
 STEPS = 3
 
@@ -57,9 +59,18 @@ def tiny_llama(vocab_size: int, attn: str = "sdpa"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         attn_implementation=attn, pad_token_id=0, eos_token_id=1)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        attn_implementation=attn,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = list(range(1, vocab_size, 9))
     return model
@@ -73,11 +84,25 @@ def reward(completions, completion_ids, **kwargs):
 def grpo_config(out_dir, **changes):
     import trl
 
-    options = dict(output_dir=str(out_dir), max_steps=STEPS, per_device_train_batch_size=4, num_generations=NUM_GENERATIONS,
-                   max_completion_length=8, temperature=0.8, learning_rate=0.1, optim="sgd", beta=0.1,
-                   steps_per_generation=2,  # 2 micro-batches per generation: TRL computes old log-probs
-                   report_to="none", use_cpu=True, bf16=False, save_strategy="no", disable_tqdm=True, seed=0,
-                   logging_steps=1)  # fmt: skip
+    options = dict(
+        output_dir=str(out_dir),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        num_generations=NUM_GENERATIONS,
+        max_completion_length=8,
+        temperature=0.8,
+        learning_rate=0.1,
+        optim="sgd",
+        beta=0.1,
+        steps_per_generation=2,  # 2 micro-batches per generation: TRL computes old log-probs
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        logging_steps=1,
+    )
     return trl.GRPOConfig(**{**options, **changes})
 
 
@@ -110,8 +135,11 @@ class Passes:
         method = trainer._get_per_token_logps_and_entropies
 
         def record(model, *args, **kwargs):
-            kind = "reference" if model is trainer.ref_model or adapters_disabled(model) else (
-                "policy" if torch.is_grad_enabled() else "old policy")  # fmt: skip
+            kind = (
+                "reference"
+                if model is trainer.ref_model or adapters_disabled(model)
+                else ("policy" if torch.is_grad_enabled() else "old policy")
+            )
             self.calls.append(kind)
             return method(model, *args, **kwargs)
 
@@ -131,8 +159,14 @@ def adapters_disabled(model):
 def train(cls, args, model, passes=None, **kwargs):
     """``cls`` trained on the prompts: the trainer and its parameters before training."""
     support.offline_hub()
-    trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset(), processing_class=tiny_tokenizer(),
-                  **kwargs)  # fmt: skip
+    trainer = cls(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset(),
+        processing_class=tiny_tokenizer(),
+        **kwargs,
+    )
     if passes is not None:
         passes.watch(trainer)
     before = parameters(trainer)
@@ -197,8 +231,10 @@ def test_three_steps_end_at_trls_parameters(trl_full, tmp_path, monkeypatch, cap
     assert passes.batches and all(b == share for b in passes.batches)  # every packed batch in the layout asked
     layout = "one prompt per group (share_prompt=True)" if share else "one document per completion (share_prompt=False)"
     said = [r.getMessage() for r in caplog.records if r.name == "padless.integrations.transformers"]
-    assert said == ["padless: LlamaForCausalLM, attention sdpa, layout 4d-mask, exact (padless rule), GRPO log-probs "
-                    f"on packed rows, one row per forward chunk, {layout}"]  # fmt: skip
+    assert said == [
+        "padless: LlamaForCausalLM, attention sdpa, layout 4d-mask, exact (padless rule), GRPO log-probs "
+        f"on packed rows, one row per forward chunk, {layout}"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -241,11 +277,16 @@ def test_chunks_balanced_by_cost_end_at_trls_parameters(trl_pairs, tmp_path, mon
         in_order = forward_chunks(features, size)
         assert len(chunks) == len(in_order)  # as many chunks as TRL's order makes
         assert sorted(i for c in chunks for i in c) == list(range(len(features)))  # every group once, whole
-        _, costs = group_loads([len(f["prompt_ids"]) for f in features],
-                               [[len(c) for c in f["completion_ids"]] for f in features],
-                               share_prompt=kwargs["share_prompt"], cost_a=kwargs["cost_a"])  # fmt: skip
-        spread = {k: max(costs[c].sum() for c in v) / costs.sum() * len(v) for k, v in
-                  (("cost", chunks), ("tokens", in_order))}  # fmt: skip
+        _, costs = group_loads(
+            [len(f["prompt_ids"]) for f in features],
+            [[len(c) for c in f["completion_ids"]] for f in features],
+            share_prompt=kwargs["share_prompt"],
+            cost_a=kwargs["cost_a"],
+        )
+        spread = {
+            k: max(costs[c].sum() for c in v) / costs.sum() * len(v)
+            for k, v in (("cost", chunks), ("tokens", in_order))
+        }
         assert spread["cost"] <= spread["tokens"] + 1e-12, spread
         reordered += chunks != in_order
     assert reordered  # some pass ran its groups in another order than TRL's
@@ -269,8 +310,10 @@ def test_forward_chunks_by_cost_are_as_many_and_no_less_even():
         by_cost = _forward_chunks(features, 8, balance="cost", share_prompt=share, cost_a=768.0)
         assert len(by_cost) == 12 and sorted(i for c in by_cost for i in c) == list(range(24))
         _, costs = group_loads(prompts, completions, share_prompt=share, cost_a=768.0)
-        ratio = {k: max(costs[c].sum() for c in v) * len(v) / costs.sum() for k, v in
-                 (("cost", by_cost), ("tokens", in_order))}  # fmt: skip
+        ratio = {
+            k: max(costs[c].sum() for c in v) * len(v) / costs.sum()
+            for k, v in (("cost", by_cost), ("tokens", in_order))
+        }
         assert ratio["cost"] < ratio["tokens"], ratio
 
 
@@ -284,7 +327,9 @@ def test_with_lora_the_reference_is_the_adapter_disabled(tmp_path, monkeypatch):
     vocab = len(tiny_tokenizer())
     reference, initial = train(trl.GRPOTrainer, grpo_config(tmp_path / "trl"), tiny_llama(vocab), peft_config=lora())
     passes = Passes(monkeypatch)
-    trainer, before = train(GRPOTrainer, grpo_config(tmp_path / "padless"), tiny_llama(vocab), passes, peft_config=lora())
+    trainer, before = train(
+        GRPOTrainer, grpo_config(tmp_path / "padless"), tiny_llama(vocab), passes, peft_config=lora()
+    )
     assert type(trainer.model).__name__.startswith("PeftModel") and trainer.ref_model is None
     assert all(torch.equal(before[n], p) for n, p in initial.items())  # one starting point, adapter included
     got = parameters(trainer)
@@ -307,9 +352,11 @@ def test_trls_rows_become_groups_of_one_prompt():
     completion_ids = t([[1, 2, 0], [3, 0, 0], [4, 5, 6], [7, 0, 0], [0, 0, 0]])
     completion_mask = t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]])  # row 4: masked out (truncated)
     features, rows = _rollout_groups(prompt_ids, prompt_mask, completion_ids, completion_mask)
-    assert features == [{"prompt_ids": [7, 8], "completion_ids": [[1, 2], [4, 5, 6]]},
-                        {"prompt_ids": [9, 9, 5], "completion_ids": [[3]]},
-                        {"prompt_ids": [4], "completion_ids": [[7]]}]  # fmt: skip
+    assert features == [
+        {"prompt_ids": [7, 8], "completion_ids": [[1, 2], [4, 5, 6]]},
+        {"prompt_ids": [9, 9, 5], "completion_ids": [[3]]},
+        {"prompt_ids": [4], "completion_ids": [[7]]},
+    ]
     assert rows.tolist() == [0, 2, 1, 3]
     holed = prompt_mask.clone()
     holed[1, 1] = 0
@@ -324,8 +371,14 @@ def trainer(tmp_path_factory):
 
     support.offline_hub()
     args = grpo_config(tmp_path_factory.mktemp("grpo") / "out", beta=0.0)
-    return GRPOTrainer(model=tiny_llama(len(tiny_tokenizer())), reward_funcs=reward, args=args, train_dataset=dataset(),
-                       processing_class=tiny_tokenizer(), max_length=12)  # fmt: skip
+    return GRPOTrainer(
+        model=tiny_llama(len(tiny_tokenizer())),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset(),
+        processing_class=tiny_tokenizer(),
+        max_length=12,
+    )
 
 
 def _rows():
@@ -337,8 +390,9 @@ def _rows():
 def test_a_pass_called_directly_returns_trls_layout(trainer):
     ids, mask = _rows()
     with torch.no_grad():
-        logps, entropies, aux = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 3,
-                                                                           compute_entropy=True)  # fmt: skip
+        logps, entropies, aux = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, 3, compute_entropy=True
+        )
         for b, (p, c) in enumerate([([3, 4], [5, 6, 1]), ([7, 8, 9], [2])]):
             logits = trainer.model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1 : -1] / 0.8
             want = logits.log_softmax(-1).gather(1, torch.tensor(c)[:, None])[:, 0]
@@ -353,9 +407,14 @@ def test_what_cannot_be_exact_is_refused_naming_the_argument(trainer):
         trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 3, pixel_values=torch.zeros(2, 3, 4, 4))
     long_ids = torch.cat([torch.tensor([[9] * 10, [8] * 10]), ids[:, 3:]], dim=1)  # two prompts of 10 tokens
     long_mask = torch.cat([torch.ones(2, 10, dtype=torch.long), mask[:, 3:]], dim=1)
-    with pytest.raises(ValueError, match=re.escape("a group (a prompt and 1 completion) needs 13 tokens in one row "
-                                                   "(share_prompt=True), more than GRPOTrainer(max_length=12); a group "
-                                                   "never splits")):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "a group (a prompt and 1 completion) needs 13 tokens in one row "
+            "(share_prompt=True), more than GRPOTrainer(max_length=12); a group "
+            "never splits"
+        ),
+    ):
         trainer._get_per_token_logps_and_entropies(trainer.model, long_ids, long_mask, 3)
 
 
@@ -367,19 +426,41 @@ def test_a_shared_prompt_the_backend_cannot_run_is_refused_or_left_out(tmp_path)
     from padless.integrations.trl import GRPOTrainer
 
     support.offline_hub()
-    config = MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, sliding_window=4, attn_implementation="sdpa")  # fmt: skip
-    kwargs = dict(reward_funcs=reward, args=grpo_config(tmp_path, beta=0.0), train_dataset=dataset(),
-                  processing_class=tiny_tokenizer())
-    with pytest.raises(ValueError, match=r"the 4D tree mask of a shared prompt carries no sliding window; use backend "
-                                         r"'padless' \(attn_implementation='padless' when loading the model, or in "
-                                         r"GRPOConfig.model_init_kwargs\)"):  # fmt: skip
+    config = MistralConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=4,
+        attn_implementation="sdpa",
+    )
+    kwargs = dict(
+        reward_funcs=reward,
+        args=grpo_config(tmp_path, beta=0.0),
+        train_dataset=dataset(),
+        processing_class=tiny_tokenizer(),
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"the 4D tree mask of a shared prompt carries no sliding window; use backend "
+        r"'padless' \(attn_implementation='padless' when loading the model, or in "
+        r"GRPOConfig.model_init_kwargs\)",
+    ):
         GRPOTrainer(model=MistralForCausalLM(config), share_prompt=True, **kwargs)
     trainer = GRPOTrainer(model=MistralForCausalLM(config), **kwargs)
-    assert re.search(r"layout 4d-mask with sliding window 4, exact \(padless rule\), .* one document per completion "
-                     r"\(share_prompt=False\); shared prompt refused: .* carries no sliding window", trainer.start_line())
-    with pytest.raises(ValueError, match=re.escape("GRPOTrainer(share_prompt=...) must be True, False or None (shared "
-                                                   "where the backend can), got 'yes'")):  # fmt: skip
+    assert re.search(
+        r"layout 4d-mask with sliding window 4, exact \(padless rule\), .* one document per completion "
+        r"\(share_prompt=False\); shared prompt refused: .* carries no sliding window",
+        trainer.start_line(),
+    )
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "GRPOTrainer(share_prompt=...) must be True, False or None (shared where the backend can), got 'yes'"
+        ),
+    ):
         GRPOTrainer(model=MistralForCausalLM(config), share_prompt="yes", **kwargs)
     with pytest.raises(ValueError, match=r"GRPOTrainer\(max_length=...\) must be"):
         GRPOTrainer(model=MistralForCausalLM(config), max_length=0, **kwargs)

@@ -38,8 +38,9 @@ pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import integrations_support as support  # noqa: E402
 from test_trl_grpo import STEPS, Passes, assert_same_training, grpo_config, parameters  # noqa: E402
+
+import integrations_support as support  # noqa: E402
 
 PROMPTS = ["w3 w4 w5", "w6 w7", "w8 w9 w10 w11 w12", "w13"]
 CALL = ["<call>", '{"name":', '"add",', '"arguments":', '{"a":', "A", '"b":', "B", "</call>", "<eos>"]
@@ -92,8 +93,14 @@ def tool_tokenizer():
     inner = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     inner.decoder = decoders.WordPiece()
-    return PreTrainedTokenizerFast(tokenizer_object=inner, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                   chat_template=CHAT_TEMPLATE, response_template=RESPONSE_TEMPLATE)  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=inner,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        chat_template=CHAT_TEMPLATE,
+        response_template=RESPONSE_TEMPLATE,
+    )
 
 
 def tool_llama():
@@ -104,9 +111,19 @@ def tool_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         attn_implementation="sdpa", pad_token_id=0, eos_token_id=1, tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        attn_implementation="sdpa",
+        pad_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config)
     index = {w: i for i, w in enumerate(WORDS)}
     with torch.no_grad():
@@ -161,8 +178,15 @@ def train(cls, path, out_dir, iterations, passes=None, **kwargs) -> Run:
     support.offline_hub()
     CALLS.clear()
     args = grpo_config(out_dir, max_completion_length=MAX_COMPLETION, max_tool_calling_iterations=iterations)
-    trainer = cls(model=path, reward_funcs=reward, args=args, train_dataset=dataset(), processing_class=tool_tokenizer(),
-                  tools=[add], **kwargs)  # fmt: skip
+    trainer = cls(
+        model=path,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset(),
+        processing_class=tool_tokenizer(),
+        tools=[add],
+        **kwargs,
+    )
     if passes is not None:
         passes.watch(trainer)
     rollouts, generate = [], trainer._generate_and_score_completions

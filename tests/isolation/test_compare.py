@@ -3,10 +3,11 @@ autocast, and a leaky row caught with its evidence beside padding's noise."""
 
 import pytest
 import torch
-from conftest import make_features
 
+from conftest import make_features
 from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator
+from padless.isolation import verify
 from padless.isolation.compare import (
     NOISE_FACTOR,
     TOLERANCES,
@@ -20,7 +21,6 @@ from padless.isolation.compare import (
     relative_difference,
     tolerance_for,
 )
-from padless.isolation import verify
 from padless.models.factory import build_model
 
 LENGTHS = [6, 1, 11, 4, 9]

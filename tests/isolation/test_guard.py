@@ -3,15 +3,14 @@ contaminated row, checks on the right steps, and refuses what it cannot compare.
 
 import pytest
 import torch
-from conftest import make_features
 
 import padless
+from conftest import make_features
 from padless.attention.backend import register_padless_attention
+from padless.batching.batch import PackedBatch, forward_inputs
 from padless.batching.collate import PackingCollator
-from padless.batching.batch import PackedBatch
 from padless.isolation.guard import IsolationError, IsolationGuard, IsolationWarning
 from padless.isolation.verify import TOLERANCES
-from padless.batching.batch import forward_inputs
 from padless.models.factory import build_model
 
 LENGTHS = [5, 1, 17, 9, 3, 12, 2, 8]
@@ -25,7 +24,11 @@ def _model(family="llama", backend="sdpa"):
 
 def _leaky(batch):
     """The same rows with positions running on and no document mask: plain causal over each row."""
-    plain = {k: v for k, v in batch.items() if k not in ("attention_mask", "position_ids") and not k.startswith(("cu_", "max_length"))}
+    plain = {
+        k: v
+        for k, v in batch.items()
+        if k not in ("attention_mask", "position_ids") and not k.startswith(("cu_", "max_length"))
+    }
     return PackedBatch(plain, batch.placements)
 
 
@@ -109,8 +112,11 @@ def test_bad_input():
         IsolationGuard(every=1)(model, dict(batch))
     with pytest.raises(ValueError, match="do not cover input_ids"):
         IsolationGuard(every=1)(model, batch, torch.zeros(2, 3, 4))
-    for kwargs, match in (({"every": 0}, "every must be"), ({"documents": 0}, "documents must be"),
-                          ({"on_failure": "log"}, "on_failure must be")):  # fmt: skip
+    for kwargs, match in (
+        ({"every": 0}, "every must be"),
+        ({"documents": 0}, "documents must be"),
+        ({"on_failure": "log"}, "on_failure must be"),
+    ):
         with pytest.raises(ValueError, match=match):
             IsolationGuard(**kwargs)
 

@@ -4,8 +4,8 @@ fail)."""
 
 import pytest
 import torch
-from conftest import make_features
 
+from conftest import make_features
 from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator
 from padless.models.factory import TINY_FAMILIES, build_model

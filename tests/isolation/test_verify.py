@@ -45,8 +45,11 @@ def leaky_collator(monkeypatch):
 
     def leaky(self, features):
         batch = original(self, features)
-        kept = {k: v for k, v in batch.items() if k not in ("attention_mask", "position_ids")
-                and not k.startswith(("cu_seq_lens", "max_length"))}  # fmt: skip
+        kept = {
+            k: v
+            for k, v in batch.items()
+            if k not in ("attention_mask", "position_ids") and not k.startswith(("cu_seq_lens", "max_length"))
+        }
         return PackedBatch(kept, batch.placements)
 
     monkeypatch.setattr(PackingCollator, "__call__", leaky)
@@ -67,8 +70,9 @@ def test_every_dtype_passes_and_judges_against_padding_noise(dtype):
 def test_leaky_rows_fail_in_every_dtype_by_a_wide_margin(leaky_collator, dtype, check):
     """The sampled default (one row, one padded document, the last block's gradients) is not blind."""
     weights, autocast = DTYPES[dtype]
-    report = verify_isolation(build_model("tiny-gpt2", dtype=weights), backends=["sdpa"], autocast=autocast,
-                              check=check)  # fmt: skip
+    report = verify_isolation(
+        build_model("tiny-gpt2", dtype=weights), backends=["sdpa"], autocast=autocast, check=check
+    )
     plain = report.results[0]
     assert not report.passed and plain.status == "fail"
     assert plain.max_logit_diff > 5 * plain.logit_tolerance and plain.grad_rel_diff > 5 * plain.grad_tolerance
@@ -97,7 +101,9 @@ def test_cli_json_and_exit_status(capsys):
 def test_cli_human_output_and_custom_lengths(capsys):
     from padless.cli import main
 
-    assert main(["verify", "--model", "tiny-gpt2", "--backends", "eager", "--lengths", "1,30,2", "--max-length", "0"]) == 0
+    assert (
+        main(["verify", "--model", "tiny-gpt2", "--backends", "eager", "--lengths", "1,30,2", "--max-length", "0"]) == 0
+    )
     text = capsys.readouterr().out
     assert "eager" in text and "PASS" in text and "[1, 30, 2]" in text
 
@@ -176,7 +182,9 @@ def test_rows_are_capped_at_the_models_positions(row_shapes, capsys):
     model = build_model("tiny-llama")  # 512 positions
     report = verify_isolation(model, backends=["sdpa"])  # the default max_length, 2048
     assert report.facts.context == 512 and report.max_length == 512 and row_shapes == [(1, 512)]
-    assert report.coverage.requested_length == 2048 and "capped at the model's positions" in report.coverage.describe()[0]
+    assert (
+        report.coverage.requested_length == 2048 and "capped at the model's positions" in report.coverage.describe()[0]
+    )
     assert main(["verify", "--model", "tiny-llama", "--backends", "sdpa", "--max-length", "4096", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["max_length"] == 512 and out["coverage"]["requested_length"] == 4096 and row_shapes[-1] == (1, 512)
@@ -191,25 +199,33 @@ def test_cli_shows_progress_as_it_goes(capsys):
     starts = [i for i, line in enumerate(err) if line.startswith("[")]
     assert err[0].startswith("model LlamaForCausalLM, ") and "512 positions" in err[0] and "float32 on cpu" in err[0]
     assert "; loaded in " in err[0]
-    assert err[1].startswith("rule (padless.check_exact), documents layout, rows of 64: exact on sdpa (mask4d); refuses flex_attention")
+    assert err[1].startswith(
+        "rule (padless.check_exact), documents layout, rows of 64: exact on sdpa (mask4d); refuses flex_attention"
+    )
     assert err[2].startswith("rule (padless.check_exact), shared prompt layout")
     assert err[3].startswith("sampled check: 6 documents") and "in 1 row of 64" in err[3]
     assert err[4].startswith("sampled: logits of every document; padding's noise from document ")
     assert err[5].startswith("columns: alone = each document run by itself") and "limit = max(4 x padded" in err[5]
     assert [err[i] for i in starts] == [
-        "[1/4] sdpa: packed vs alone vs padded, 6 documents in 1 row of 64 ...", err[starts[1]],
+        "[1/4] sdpa: packed vs alone vs padded, 6 documents in 1 row of 64 ...",
+        err[starts[1]],
         "[2/4] flex_attention: refused by the rule (reason in the table)",
-        "[3/4] sdpa+shared_prompt: packed vs alone vs padded, 3 prompts, 7 completions in one row ...", err[starts[4]],
+        "[3/4] sdpa+shared_prompt: packed vs alone vs padded, 3 prompts, 7 completions in one row ...",
+        err[starts[4]],
         "[4/4] flex_attention+shared_prompt: refused by the rule (reason in the table)",
-    ]  # fmt: skip
-    assert err[starts[1]].startswith("[1/4] sdpa: pass in ") and err[starts[4]].startswith("[3/4] sdpa+shared_prompt: pass in ")
+    ]
+    assert err[starts[1]].startswith("[1/4] sdpa: pass in ") and err[starts[4]].startswith(
+        "[3/4] sdpa+shared_prompt: pass in "
+    )
     assert "columns: alone = " in captured.out and "sampled: " in captured.out  # the report explains itself too
 
 
 def test_library_progress_goes_to_the_callable():
     lines = []
     verify_isolation(build_model("tiny-gpt2"), backends=["eager"], max_length=32, progress=lines.append)
-    assert lines[0].startswith("model GPT2LMHeadModel, ") and lines[-1].startswith("[2/2] eager+shared_prompt: pass in ")
+    assert lines[0].startswith("model GPT2LMHeadModel, ") and lines[-1].startswith(
+        "[2/2] eager+shared_prompt: pass in "
+    )
 
 
 def test_the_default_is_sampled_and_says_what_it_sampled():
@@ -236,7 +252,10 @@ def test_thorough_runs_the_full_check(row_shapes, capsys):
     assert report.passed and cov.check == "thorough" and cov.rows == 2 and row_shapes == [(2, 64), (2, 64)]
     assert cov.padded == list(range(len(report.lengths))) and cov.alone_on is None
     assert cov.grad_parameters == report.facts.trainable and cov.grad_scope == "every trainable parameter"
-    assert main(["verify", "--model", "tiny-llama", "--backends", "sdpa", "--max-length", "64", "--thorough", "--json"]) == 0
+    assert (
+        main(["verify", "--model", "tiny-llama", "--backends", "sdpa", "--max-length", "64", "--thorough", "--json"])
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["coverage"]["check"] == "thorough" and out["passed"]
     with pytest.raises(ValueError, match="check='fast' must be one of sampled, thorough"):

@@ -8,8 +8,8 @@ they are about what gets traced and guarded, not about inductor's kernels; one t
 from __future__ import annotations
 
 import copy
-import statistics
 import dataclasses
+import statistics
 
 import pytest
 import torch
@@ -17,8 +17,8 @@ import torch
 from conftest import make_features
 from padless import compile_layers
 from padless.attention.backend import register_padless_attention
-from padless.batching.collate import PackingCollator
 from padless.batching.batch import batch_to, forward_inputs
+from padless.batching.collate import PackingCollator
 from padless.models.compile import decoder_layers
 
 VOCAB = 64
@@ -37,8 +37,16 @@ def _gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=VOCAB, n_layer=2, n_embd=32, n_head=4, n_positions=128, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        n_positions=128,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     return _padless(GPT2LMHeadModel(config))
 
 
@@ -46,8 +54,15 @@ def _llama_gqa():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return _padless(AutoModelForCausalLM.from_config(config))
 
 
@@ -55,9 +70,16 @@ def _mistral_window():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model("mistral", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                  sliding_window=8)  # fmt: skip
+    config = AutoConfig.for_model(
+        "mistral",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=8,
+    )
     return _padless(AutoModelForCausalLM.from_config(config))
 
 
@@ -173,19 +195,21 @@ def test_no_decoder_layers_is_refused():
 def test_compile_fields_round_trip_through_results_json(tmp_path):
     import dataclasses
 
+    from conftest import make_results
     from padless.bench.report import format_summary_table
     from padless.bench.results import CompileRecord, load_results, save_results
-    from conftest import make_results
 
     base = make_results(("padding", "packing"), steps=6)
     runs = {}
     for k, (name, run) in enumerate(base.strategies.items()):
         per_step = (2.5 + k, 0.0, 0.0, 0.4, 0.0, 0.0)  # compiled in steps 0 and 3
-        record = CompileRecord("static", "inductor", frames=4 + k, recompiles=1, backward_compiles=2, graphs=4,
-                               compile_s=sum(per_step))  # fmt: skip
+        record = CompileRecord(
+            "static", "inductor", frames=4 + k, recompiles=1, backward_compiles=2, graphs=4, compile_s=sum(per_step)
+        )
         runs[name] = dataclasses.replace(run, compiled=record, step_compile_s=per_step)
-    results = dataclasses.replace(base, config=dataclasses.replace(base.config, compile="static", pad_to_multiple_of=64),
-                                  strategies=runs)  # fmt: skip
+    results = dataclasses.replace(
+        base, config=dataclasses.replace(base.config, compile="static", pad_to_multiple_of=64), strategies=runs
+    )
     path = save_results(results, tmp_path / "results.json")
     loaded = load_results(path)
     assert loaded == results
@@ -194,7 +218,8 @@ def test_compile_fields_round_trip_through_results_json(tmp_path):
     quiet = [i for i in range(1, 6) if i != 3]  # after the 1 warm-up step, leaving out step 3 (it compiled)
     assert fig.compile_steps == 2
     assert fig.steady_real_tokens_per_s == pytest.approx(  # the median per-step rate of the quiet steps
-        statistics.median(run.real_tokens[i] / run.step_time_s[i] for i in quiet))
+        statistics.median(run.real_tokens[i] / run.step_time_s[i] for i in quiet)
+    )
     table = format_summary_table(loaded)
     assert "steady tok/s" in table
     assert "static: 4 frames (1 recompiles), 2.9 s" in table and "static: 5 frames (1 recompiles), 3.9 s" in table
@@ -245,18 +270,43 @@ def test_bench_trains_the_same_compiled_and_records_the_compilations(name, monke
     monkeypatch.setattr(bench_train, "COMPILE_BACKEND", "aot_eager")  # graphs, not inductor's code
     feats = make_features(np.random.default_rng(1).integers(1, 40, 28), vocab_size=16, seed=1, with_labels=True)
     train, evals = feats[4:], feats[:4]
-    base = dict(model="tiny-gpt2", data="-", strategies=(name,), steps=3, batch_size=6, max_length=64, warmup_steps=1,
-                lr=1e-3, eval_examples=4, train_on="all", in_process=True)  # fmt: skip
+    base = dict(
+        model="tiny-gpt2",
+        data="-",
+        strategies=(name,),
+        steps=3,
+        batch_size=6,
+        max_length=64,
+        warmup_steps=1,
+        lr=1e-3,
+        eval_examples=4,
+        train_on="all",
+        in_process=True,
+    )
     steps = same_example_steps(len(train), 3, 6, 0)
     recs = {}
     for compiled in (False, True):
         cfg = RunConfig(**base, **({"compile": "static", "pad_to_multiple_of": 64} if compiled else {}))
         recs[compiled] = rec = StrategyRecorder()
-        bench_train.train_strategy(name, cfg, train, evals, steps, device=torch.device("cpu"), dtype=torch.float32,
-                                 pad_token_id=0, recorder=rec, memory=PeakMemory("cpu"), progress=False)  # fmt: skip
+        bench_train.train_strategy(
+            name,
+            cfg,
+            train,
+            evals,
+            steps,
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+            pad_token_id=0,
+            recorder=rec,
+            memory=PeakMemory("cpu"),
+            progress=False,
+        )
     np.testing.assert_allclose(recs[True].loss, recs[False].loss, rtol=2e-5)
-    np.testing.assert_allclose([recs[True].eval_loss_start, recs[True].eval_loss_end],
-                               [recs[False].eval_loss_start, recs[False].eval_loss_end], rtol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        [recs[True].eval_loss_start, recs[True].eval_loss_end],
+        [recs[False].eval_loss_start, recs[False].eval_loss_end],
+        rtol=2e-5,
+    )
     run = recs[True].result(None, "vmhwm")
     assert run.compiled is not None and run.compiled.mode == "static" and run.compiled.frames > 0
     assert len(run.step_compile_s) == 3 and run.step_compile_s[0] > 0  # the first step compiled
@@ -309,7 +359,9 @@ def test_the_flash_wrapper_takes_the_boundaries_out_and_hands_them_to_flash(fake
         seen.update(kwargs)
         return ALL_ATTENTION_FUNCTIONS["flash_attention_2"](None, q, q, q, None, position_ids=kwargs["position_ids"])
 
-    call = compile_module._boundaries_out_of_graph(compiled_layer, types.SimpleNamespace(_attn_implementation="flash_attention_2"))
+    call = compile_module._boundaries_out_of_graph(
+        compiled_layer, types.SimpleNamespace(_attn_implementation="flash_attention_2")
+    )
     pos = torch.tensor([[0, 1, 0, 1, 2, 3]])
     call(q, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=4, max_length_k=4)
     assert set(seen) == {"position_ids"}  # no boundary kwarg reaches the compiled graph
@@ -334,8 +386,9 @@ def test_flash_layers_compile_once_for_new_document_layouts(fake_flash):
         batch = _batch(eager, lengths, seed=i, multiple=64)
         assert batch["input_ids"].shape == (1, 64)
         with torch.no_grad():
-            torch.testing.assert_close(model(**forward_inputs(batch)).logits, eager(**forward_inputs(batch)).logits,
-                                       atol=1e-5, rtol=1e-5)  # fmt: skip
+            torch.testing.assert_close(
+                model(**forward_inputs(batch)).logits, eager(**forward_inputs(batch)).logits, atol=1e-5, rtol=1e-5
+            )
         seen.append(counter.stats())
     assert seen[0].frames >= 1
     assert all(s.frames == seen[0].frames and s.recompiles == seen[0].recompiles for s in seen[1:]), seen

@@ -17,8 +17,13 @@ SENTENCE = "The capital of France is Paris. The capital of Germany is Berlin."
 
 @pytest.mark.parametrize(
     ("name", "vocab", "model_type"),
-    [("tiny-gpt2", 512, "gpt2"), ("tiny-llama", 512, "llama"), ("tiny-qwen2", 512, "qwen2"),
-     ("tiny-mistral", 512, "mistral"), ("gpt2-2layer", 50257, "gpt2")],
+    [
+        ("tiny-gpt2", 512, "gpt2"),
+        ("tiny-llama", 512, "llama"),
+        ("tiny-qwen2", 512, "qwen2"),
+        ("tiny-mistral", 512, "mistral"),
+        ("gpt2-2layer", 50257, "gpt2"),
+    ],
 )
 def test_config_built_models(name: str, vocab: int, model_type: str) -> None:
     model = build_model(name)
@@ -130,8 +135,11 @@ def test_the_conversion_checks_the_checkpoint_it_writes(tmp_path: Path) -> None:
 def test_renamed_and_unknown_names_say_what_to_use() -> None:
     from padless.models.factory import builtin_models
 
-    for call in (lambda: build_model("gpt2-tiny"), lambda: models.model_config("gpt2-tiny"),
-                 lambda: load_tokenizer_for("gpt2-tiny")):  # fmt: skip
+    for call in (
+        lambda: build_model("gpt2-tiny"),
+        lambda: models.model_config("gpt2-tiny"),
+        lambda: load_tokenizer_for("gpt2-tiny"),
+    ):
         with pytest.raises(ValueError, match="'gpt2-tiny' is now called 'gpt2-2layer'"):
             call()
     assert "gpt2-2layer" in builtin_models() and "tiny-gpt2" in builtin_models() and "gpt2-tiny" not in builtin_models()
@@ -141,8 +149,9 @@ def test_renamed_and_unknown_names_say_what_to_use() -> None:
 
 
 @pytest.mark.parametrize("where", ["HF_HUB_OFFLINE=1", "no hub cache"])
-def test_an_unknown_name_fails_without_any_network_call(where: str, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_an_unknown_name_fails_without_any_network_call(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No hub request at all, not even the adapter lookup transformers makes: offline, or on a machine
     that never used the hub (an empty HF_HOME), an unknown name fails at once, naming the built-in models."""
     import socket
@@ -193,8 +202,9 @@ def test_a_cached_lookup_keeps_the_adapter_lookup_on_disk(monkeypatch: pytest.Mo
     assert seen and seen[0]["local_files_only"] is True and seen[0]["adapter_kwargs"] == {"local_files_only": True}
 
 
-def test_the_first_smollm2_load_says_what_it_is_doing(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_first_smollm2_load_says_what_it_is_doing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import logging
 
     converted: list[Path] = []
@@ -203,8 +213,10 @@ def test_the_first_smollm2_load_says_what_it_is_doing(tmp_path: Path, caplog: py
         models._write_smollm2(tmp_path / "smol")
     assert converted == [tmp_path / "smol"]
     before, after = caplog.messages
-    assert before == (f"padless: first load of smollm2-135m: converting SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised "
-                      f"to fp32) into the cache at {tmp_path / 'smol'} (~30 s, ~520 MB, once)")  # fmt: skip
+    assert before == (
+        f"padless: first load of smollm2-135m: converting SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised "
+        f"to fp32) into the cache at {tmp_path / 'smol'} (~30 s, ~520 MB, once)"
+    )
     assert after.startswith("padless: smollm2-135m converted in ")
     assert after.endswith(f" s; later loads read {tmp_path / 'smol'}")
 
@@ -213,10 +225,13 @@ def test_the_smollm2_progress_lines_reach_stderr_where_logging_is_not_configured
     import subprocess
     import sys
 
-    code = ("import sys; from pathlib import Path; import padless.models.factory as f; "
-            "f._convert_smollm2 = lambda target: None; f._write_smollm2(Path(sys.argv[1]))")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "smol")], capture_output=True, text=True,
-                          timeout=120, check=True)  # fmt: skip
+    code = (
+        "import sys; from pathlib import Path; import padless.models.factory as f; "
+        "f._convert_smollm2 = lambda target: None; f._write_smollm2(Path(sys.argv[1]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "smol")], capture_output=True, text=True, timeout=120, check=True
+    )
     lines = done.stderr.strip().splitlines()
     assert done.stdout == "" and len(lines) == 2, done.stderr
     assert lines[0].startswith("padless: first load of smollm2-135m: converting") and "converted in" in lines[1]

@@ -8,8 +8,8 @@ import torch
 from conftest import make_features
 from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator
-from padless.models.lora import with_lora
 from padless.models.factory import build_model
+from padless.models.lora import with_lora
 
 pytest.importorskip("peft")
 pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")

@@ -4,14 +4,14 @@ equals the padded token-normalised loss."""
 import numpy as np
 import pytest
 import torch
-from conftest import make_features
 
 import padless
+from conftest import make_features
 from padless.attention.backend import register_padless_attention
 from padless.batching.collate import PaddingCollator
+from padless.models.factory import build_model
 from padless.objectives.evaluation import packed_eval_loss
 from padless.objectives.loss import model_loss, step_num_items
-from padless.models.factory import build_model
 
 LENGTHS = [5, 1, 17, 9, 3, 12, 2, 8, 20, 6, 30]
 

@@ -21,7 +21,11 @@ from padless.objectives.logprobs import sequence_logprobs
 LENGTHS = (9, 5, 0, 7, 1, 8)
 """Completion lengths of the rollouts of one micro-batch (``T = 9``); rollout 2 has no trained token."""
 MAX_COMPLETION_LENGTH = 12
-TRL_WARNS = {("luspo", "token"), ("vespo", "sequence"), *((t, "sequence") for t in ("bnpo", "dr_grpo", "dapo", "cispo"))}
+TRL_WARNS = {
+    ("luspo", "token"),
+    ("vespo", "sequence"),
+    *((t, "sequence") for t in ("bnpo", "dr_grpo", "dapo", "cispo")),
+}
 """The (loss_type, importance_sampling_level) pairs GRPOTrainer.__init__ warns about (it trains anyway)."""
 
 
@@ -58,12 +62,29 @@ def _trl_args(loss_type, level="token", beta=0.0, bias=False, epsilon_high=None,
     """The GRPOConfig fields _compute_loss and GRPOTrainer.__init__ read, at TRL's defaults otherwise."""
     if epsilon_high is None:
         epsilon_high = 2.0 if loss_type == "cispo" else 0.28  # cispo: an absolute cap on the ratio (biting here)
-    fields = dict(loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon=0.2,
-                  epsilon_high=epsilon_high, delta=delta, use_bias_correction_kl=bias, sapo_temperature_pos=1.0,
-                  sapo_temperature_neg=1.05, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0,
-                  vespo_lambda_neg=2.0, max_completion_length=MAX_COMPLETION_LENGTH, steps_per_generation=1,
-                  use_vllm=False, vllm_importance_sampling_correction=False, top_entropy_quantile=1.0,
-                  off_policy_mask_threshold=None, entropy_coef=0.0, use_adaptive_entropy=False)  # fmt: skip
+    fields = dict(
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        beta=beta,
+        epsilon=0.2,
+        epsilon_high=epsilon_high,
+        delta=delta,
+        use_bias_correction_kl=bias,
+        sapo_temperature_pos=1.0,
+        sapo_temperature_neg=1.05,
+        vespo_k_pos=2.0,
+        vespo_lambda_pos=3.0,
+        vespo_k_neg=3.0,
+        vespo_lambda_neg=2.0,
+        max_completion_length=MAX_COMPLETION_LENGTH,
+        steps_per_generation=1,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        entropy_coef=0.0,
+        use_adaptive_entropy=False,
+    )
     return SimpleNamespace(**{**fields, **extra})
 
 
@@ -80,7 +101,12 @@ def _stand_in(trainer_cls, args, logps, *, grad_accum=1, num_processes=1):
             return logps, torch.zeros_like(logps), None
 
     s = StandIn()
-    s.args, s.loss_type, s.beta, s.importance_sampling_level = args, args.loss_type, args.beta, args.importance_sampling_level
+    s.args, s.loss_type, s.beta, s.importance_sampling_level = (
+        args,
+        args.loss_type,
+        args.beta,
+        args.importance_sampling_level,
+    )
     s.epsilon_low = args.epsilon
     s.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
     s.max_completion_length = args.max_completion_length
@@ -89,8 +115,9 @@ def _stand_in(trainer_cls, args, logps, *, grad_accum=1, num_processes=1):
     s._entropy_bonus_enabled = args.entropy_coef != 0.0 or args.use_adaptive_entropy
     s.aux_loss_enabled = False
     s.current_gradient_accumulation_steps = grad_accum
-    s.accelerator = SimpleNamespace(num_processes=num_processes, gather=lambda t: t.reshape(-1),
-                                    reduce=lambda t, reduction="sum": t)  # one process: its own values  # fmt: skip
+    s.accelerator = SimpleNamespace(
+        num_processes=num_processes, gather=lambda t: t.reshape(-1), reduce=lambda t, reduction="sum": t
+    )  # one process: its own values  #
     s.model = SimpleNamespace(training=True)
     s._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
     return s
@@ -99,11 +126,17 @@ def _stand_in(trainer_cls, args, logps, *, grad_accum=1, num_processes=1):
 def _trl_inputs(r, rows=slice(None), num_items=None):
     B, T = r.completion_mask[rows].shape
     mask = r.completion_mask * r.tool_mask
-    return {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-            "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": r.completion_mask[rows],
-            "tool_mask": r.tool_mask[rows], "advantages": r.adv[rows], "old_per_token_logps": r.old[rows],
-            "ref_per_token_logps": r.ref[rows],
-            "num_items_in_batch": mask.sum() if num_items is None else num_items}  # fmt: skip
+    return {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": r.completion_mask[rows],
+        "tool_mask": r.tool_mask[rows],
+        "advantages": r.adv[rows],
+        "old_per_token_logps": r.old[rows],
+        "ref_per_token_logps": r.ref[rows],
+        "num_items_in_batch": mask.sum() if num_items is None else num_items,
+    }
 
 
 def _trl_loss(trainer_cls, args, r, rows=slice(None), **kw):
@@ -117,15 +150,24 @@ def _trl_loss(trainer_cls, args, r, rows=slice(None), **kw):
 
 def _ours(r, rows=slice(None), **kw):
     leaf = r.logps.clone().requires_grad_()
-    out = grpo_loss(leaf[rows], r.adv[rows], r.completion_mask[rows], old_per_token_logps=r.old[rows],
-                    ref_per_token_logps=r.ref[rows], tool_mask=r.tool_mask[rows], **kw)  # fmt: skip
+    out = grpo_loss(
+        leaf[rows],
+        r.adv[rows],
+        r.completion_mask[rows],
+        old_per_token_logps=r.old[rows],
+        ref_per_token_logps=r.ref[rows],
+        tool_mask=r.tool_mask[rows],
+        **kw,
+    )
     (grad,) = torch.autograd.grad(out.loss, leaf)
     return out, grad
 
 
 def _settings(args):
     """grpo_loss's keywords for the settings in ``args``, spelled out."""
-    names = [f for f in GRPOLossConfig.__dataclass_fields__ if f not in ("num_processes", "gradient_accumulation_steps")]
+    names = [
+        f for f in GRPOLossConfig.__dataclass_fields__ if f not in ("num_processes", "gradient_accumulation_steps")
+    ]
     return {f: getattr(args, f) for f in names if hasattr(args, f)}
 
 
@@ -164,7 +206,9 @@ def test_loss_gradient_and_diagnostics_equal_trls(trainer_cls, loss_type, level,
         assert got.kl is None
     if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
         for ours, theirs in (("low", "low_mean"), ("high", "high_mean"), ("region", "region_mean")):
-            assert getattr(got, f"clip_ratio_{ours}").item() == pytest.approx(metrics[f"clip_ratio/{theirs}"][0], rel=1e-6)
+            assert getattr(got, f"clip_ratio_{ours}").item() == pytest.approx(
+                metrics[f"clip_ratio/{theirs}"][0], rel=1e-6
+            )
         if loss_type == "grpo":  # the clip really bites on these rollouts, on both sides
             assert got.clip_ratio_low > 0 and got.clip_ratio_high > 0
     elif loss_type == "cispo":
@@ -219,9 +263,18 @@ def test_config_reads_a_trl_grpo_config_and_explicit_keywords_win(trainer_cls, t
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # transformers' own deprecations inside TrainingArguments
-        args = GRPOConfig(output_dir=str(tmp_path), loss_type="grpo", beta=0.04, epsilon_high=0.28, delta=1.5,
-                          max_completion_length=MAX_COMPLETION_LENGTH, per_device_train_batch_size=6,
-                          num_generations=3, report_to="none", use_cpu=True)  # fmt: skip
+        args = GRPOConfig(
+            output_dir=str(tmp_path),
+            loss_type="grpo",
+            beta=0.04,
+            epsilon_high=0.28,
+            delta=1.5,
+            max_completion_length=MAX_COMPLETION_LENGTH,
+            per_device_train_batch_size=6,
+            num_generations=3,
+            report_to="none",
+            use_cpu=True,
+        )
     assert args.use_bias_correction_kl is True  # TRL's default, which grpo_loss's own keyword does not share
     r = _rollouts(6)
     want_loss, want_grad, _ = _trl_loss(trainer_cls, args, r)  # the stand-in reads the real GRPOConfig
@@ -258,8 +311,10 @@ def test_accumulated_micro_batches_equal_trls(trainer_cls, loss_type, grad_accum
     size = 12 // steps_per_generation
     parts = [slice(i * size, (i + 1) * size) for i in range(steps_per_generation)]
     want = [_trl_loss(trainer_cls, args, r, p, grad_accum=grad_accum, num_items=num_items) for p in parts]
-    got = [_ours(r, p, **_settings(args), num_items_in_batch=num_items, gradient_accumulation_steps=grad_accum)
-           for p in parts]  # fmt: skip
+    got = [
+        _ours(r, p, **_settings(args), num_items_in_batch=num_items, gradient_accumulation_steps=grad_accum)
+        for p in parts
+    ]
     _close(sum(g.loss for g, _ in got), sum(w[0] for w in want), "summed loss")
     _close(sum(g for _, g in got), sum(w[1] for w in want), "summed gradient")
     if loss_type == "dapo" and grad_accum == steps_per_generation:  # token-normalised: the split changes nothing
@@ -277,9 +332,13 @@ def _groups():
     """3 prompts x 4 rollouts of different lengths (1 to 9 tokens)."""
     g = torch.Generator().manual_seed(GROUPS_SEED)
     lengths = [(3, 9, 1, 6), (7, 2, 5, 4), (8, 1, 3, 9)]
-    return [{"prompt_ids": torch.randint(1, VOCAB, (p,), generator=g).tolist(),
-             "completion_ids": [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in ls]}
-            for p, ls in zip((5, 3, 7), lengths)]  # fmt: skip
+    return [
+        {
+            "prompt_ids": torch.randint(1, VOCAB, (p,), generator=g).tolist(),
+            "completion_ids": [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in ls],
+        }
+        for p, ls in zip((5, 3, 7), lengths)
+    ]
 
 
 def _pad_rows(tokens, T):
@@ -329,8 +388,14 @@ def test_packed_rollouts_train_like_trls_padded_batch(share_prompt, backend):
     trained = completion_mask.bool()
     _close(packed.detach()[trained], padded.detach()[trained], "per-token log-probs")
     for loss_type in ("grpo", "dapo"):
-        kw = dict(old_per_token_logps=old, ref_per_token_logps=ref, loss_type=loss_type, beta=0.04,
-                  epsilon_high=0.28, use_bias_correction_kl=True)  # fmt: skip
+        kw = dict(
+            old_per_token_logps=old,
+            ref_per_token_logps=ref,
+            loss_type=loss_type,
+            beta=0.04,
+            epsilon_high=0.28,
+            use_bias_correction_kl=True,
+        )
         want = grpo_loss(padded, adv, completion_mask, **kw)
         got = grpo_loss(packed, adv, packed_mask, **kw)
         assert want.clip_ratio_region > 0
@@ -375,8 +440,14 @@ def test_low_precision_inputs_are_computed_in_float32():
 def test_every_rollout_empty_gives_zero_not_nan():
     for loss_type in LOSS_TYPES:
         logps = torch.randn(3, 4, requires_grad=True)
-        out = grpo_loss(logps, torch.randn(3), torch.zeros(3, 4), loss_type=loss_type, max_completion_length=4,
-                        importance_sampling_level="sequence" if loss_type == "luspo" else "token")  # fmt: skip
+        out = grpo_loss(
+            logps,
+            torch.randn(3),
+            torch.zeros(3, 4),
+            loss_type=loss_type,
+            max_completion_length=4,
+            importance_sampling_level="sequence" if loss_type == "luspo" else "token",
+        )
         assert out.loss.item() == 0.0 and out.empty_rollouts == 3, loss_type
         (grad,) = torch.autograd.grad(out.loss, logps, allow_unused=True)
         assert grad is None or (grad == 0).all()

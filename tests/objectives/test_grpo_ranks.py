@@ -65,8 +65,9 @@ def _worker(rank, world_size, port, out_dir):
     if "lo" in {name for _, name in socket.if_nameindex()}:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # stay on the loopback interface
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
     try:
         model = _policy()
         x, tokens, mask, adv, old, ref = _data()
@@ -77,10 +78,19 @@ def _worker(rank, world_size, port, out_dir):
         for loss_type in LOSS_TYPES:
             model.zero_grad(set_to_none=True)
             for rows in parts:  # accumulated locally
-                result = grpo_loss(_logps(model, x[rows], tokens[rows]), adv[rows], mask[rows],
-                                   old_per_token_logps=old[rows], ref_per_token_logps=ref[rows], loss_type=loss_type,
-                                   beta=0.04, epsilon_high=0.28, num_items_in_batch=num_items,
-                                   num_processes=world_size, gradient_accumulation_steps=MICRO)  # fmt: skip
+                result = grpo_loss(
+                    _logps(model, x[rows], tokens[rows]),
+                    adv[rows],
+                    mask[rows],
+                    old_per_token_logps=old[rows],
+                    ref_per_token_logps=ref[rows],
+                    loss_type=loss_type,
+                    beta=0.04,
+                    epsilon_high=0.28,
+                    num_items_in_batch=num_items,
+                    num_processes=world_size,
+                    gradient_accumulation_steps=MICRO,
+                )
                 result.loss.backward()
             grad = model.weight.grad.detach().clone()
             dist.all_reduce(grad)  # what DDP does at the step's last backward: the mean over ranks
@@ -97,8 +107,9 @@ def _trl_grad(trainer_cls, args, parts, *, num_processes, num_items):
     x, tokens, mask, adv, old, ref = _data()
     model = _policy()
     for rows in parts:
-        s = _stand_in(trainer_cls, args, _logps(model, x[rows], tokens[rows]), grad_accum=len(parts),
-                      num_processes=num_processes)  # fmt: skip
+        s = _stand_in(
+            trainer_cls, args, _logps(model, x[rows], tokens[rows]), grad_accum=len(parts), num_processes=num_processes
+        )
         n = rows.numel()
         inputs = {"prompt_ids": torch.zeros(n, 1, dtype=torch.long), "prompt_mask": torch.ones(n, 1, dtype=torch.long),
                   "completion_ids": tokens[rows], "completion_mask": mask[rows], "advantages": adv[rows],
@@ -112,8 +123,9 @@ def test_two_gloo_ranks_equal_trls_two_process_normalisation(tmp_path):
     import torch.multiprocessing as mp
 
     pytest.importorskip("trl")
-    procs = mp.start_processes(_worker, args=(WORLD, _free_port(), str(tmp_path)), nprocs=WORLD, join=False,
-                               start_method="spawn")  # fmt: skip
+    procs = mp.start_processes(
+        _worker, args=(WORLD, _free_port(), str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn"
+    )
     from test_grpo import _trl_args  # imported while the ranks start
     from trl.trainer.grpo_trainer import GRPOTrainer
 
@@ -127,16 +139,26 @@ def test_two_gloo_ranks_equal_trls_two_process_normalisation(tmp_path):
     for loss_type in LOSS_TYPES:
         args = _trl_args(loss_type, beta=0.04, epsilon_high=0.28, steps_per_generation=MICRO)
         # TRL on 2 processes: each rank's micro-batches with num_processes=2; DDP averages the ranks
-        want = sum(_trl_grad(GRPOTrainer, args, _micro_batches(r), num_processes=WORLD, num_items=num_items)
-                   for r in range(WORLD)) / WORLD  # fmt: skip
+        want = (
+            sum(
+                _trl_grad(GRPOTrainer, args, _micro_batches(r), num_processes=WORLD, num_items=num_items)
+                for r in range(WORLD)
+            )
+            / WORLD
+        )
         scale = want.abs().max().item()
         assert scale > 0
         for r in ranks:  # the same averaged gradient on both ranks
             torch.testing.assert_close(r[loss_type], want, rtol=1e-5, atol=1e-6 * scale, msg=loss_type)
         # one process, all 12 rollouts in one micro-batch: the same step for dapo and grpo (the token
         # and per-rollout means survive the split); bnpo's token mean is per micro-batch, so it differs
-        one = _trl_grad(GRPOTrainer, _trl_args(loss_type, beta=0.04, epsilon_high=0.28),
-                        [torch.arange(len(LENGTHS))], num_processes=1, num_items=num_items)  # fmt: skip
+        one = _trl_grad(
+            GRPOTrainer,
+            _trl_args(loss_type, beta=0.04, epsilon_high=0.28),
+            [torch.arange(len(LENGTHS))],
+            num_processes=1,
+            num_items=num_items,
+        )
         gap = (one - want).abs().max().item()
         if loss_type == "bnpo":
             assert gap > 1e-3 * scale, gap

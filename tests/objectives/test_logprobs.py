@@ -4,15 +4,15 @@ packed rows equal each sequence run alone, on every backend padless packs with."
 import numpy as np
 import pytest
 import torch
-from conftest import make_features
 
 import padless
+from conftest import make_features
 from padless.attention.backend import register_padless_attention
-from padless.batching.collate import PackingCollator, PaddingCollator
 from padless.batching.batch import PackedBatch, Placements
+from padless.batching.collate import PackingCollator, PaddingCollator
 from padless.layout import IGNORE_INDEX
-from padless.objectives.logprobs import sequence_logprobs
 from padless.models.factory import build_model
+from padless.objectives.logprobs import sequence_logprobs
 
 LENGTHS = [5, 1, 17, 9, 3, 12, 2, 8]
 
@@ -96,11 +96,18 @@ def test_dropped_feature_is_nan_and_empty():
 
 def _literal_batch(prev_offset, labels, pairs=False):
     """One row of 6 tokens holding three pieces (features 0, 1, 2) with hand-set logits."""
-    placements = Placements(feature=np.array([0, 1, 2]), start=np.zeros(3, np.int64), row=np.zeros(3, np.int64),
-                            offset=np.array([0, 2, 4]), length=np.array([2, 2, 2]), num_features=3 + pairs,
-                            prev_offset=prev_offset)  # fmt: skip
-    batch = PackedBatch({"input_ids": torch.zeros(1, 6, dtype=torch.long), "labels": torch.tensor([labels])},
-                        placements)  # fmt: skip
+    placements = Placements(
+        feature=np.array([0, 1, 2]),
+        start=np.zeros(3, np.int64),
+        row=np.zeros(3, np.int64),
+        offset=np.array([0, 2, 4]),
+        length=np.array([2, 2, 2]),
+        num_features=3 + pairs,
+        prev_offset=prev_offset,
+    )
+    batch = PackedBatch(
+        {"input_ids": torch.zeros(1, 6, dtype=torch.long), "labels": torch.tensor([labels])}, placements
+    )
     if pairs:
         batch.pairs = True
     return batch
@@ -111,8 +118,7 @@ def test_prev_offset_picks_the_predicting_position():
     logits = torch.randn(1, 6, 5)
     lp = logits[0].log_softmax(-1)
     labels = [-100, 3, 2, 4, 1, 0]  # prompt [0, 2): its second token trained; completions fully trained
-    sums, tokens = sequence_logprobs(None, _literal_batch(np.array([-1, 1, 1]), labels), logits=logits,
-                                     per_token=True)  # fmt: skip
+    sums, tokens = sequence_logprobs(None, _literal_batch(np.array([-1, 1, 1]), labels), logits=logits, per_token=True)
     torch.testing.assert_close(tokens[0], lp[[0], [3]])
     torch.testing.assert_close(tokens[1], torch.stack([lp[1, 2], lp[2, 4]]))
     torch.testing.assert_close(tokens[2], torch.stack([lp[1, 1], lp[4, 0]]))

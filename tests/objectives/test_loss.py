@@ -3,11 +3,11 @@ splits of a step into micro-batches, because the loss is normalised by the step'
 
 import pytest
 import torch
-from conftest import make_features
 
+from conftest import make_features
 from padless.batching.collate import PackingCollator, PaddingCollator
-from padless.objectives.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
 from padless.models.factory import build_model
+from padless.objectives.loss import causal_lm_loss, model_loss, step_num_items, trained_tokens
 
 LENGTHS = [5, 1, 17, 9, 3, 12, 2, 8]
 

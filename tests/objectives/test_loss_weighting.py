@@ -9,12 +9,12 @@ import socket
 import numpy as np
 import pytest
 import torch
-from conftest import make_features
 
+from conftest import make_features
 from padless.batching.collate import FeatureSpec, PackingCollator, PaddingCollator
 from padless.layout import IGNORE_INDEX
-from padless.objectives.loss import LOSS_WEIGHTINGS, document_ids, model_loss, step_num_items, target_weights
 from padless.models.factory import build_model
+from padless.objectives.loss import LOSS_WEIGHTINGS, document_ids, model_loss, step_num_items, target_weights
 
 LENGTHS = [5, 1, 17, 9, 3, 12, 2, 8, 20, 6]
 
@@ -66,8 +66,11 @@ def _reference(model, feats, mode):
             continue
         logits = model(input_ids=torch.tensor([f["input_ids"]]), use_cache=False).logits[0]
         ce = torch.nn.functional.cross_entropy(logits[t - 1].float(), labels[t], reduction="none")
-        w = {"token": torch.ones_like(ce), "sequence": torch.full_like(ce, 1.0 / ce.numel()),
-             "weights": torch.tensor(f["w"])[t]}[mode]  # fmt: skip
+        w = {
+            "token": torch.ones_like(ce),
+            "sequence": torch.full_like(ce, 1.0 / ce.numel()),
+            "weights": torch.tensor(f["w"])[t],
+        }[mode]
         parts.append((ce * w).sum())
         norms.append(w.sum() if mode != "sequence" else torch.tensor(1.0))
     loss = torch.stack(parts).sum() / torch.stack(norms).sum()
@@ -126,8 +129,9 @@ def test_shared_prompt_batches_are_refused():
 
     batch = PackingCollator(model_free=True, max_length=24)(make_features([4, 5], seed=10))
     p = batch.placements
-    batch.placements = type(p)(p.feature, p.start, p.row, p.offset, p.length, p.num_features,
-                               prev_offset=np.array([-1, 1]))  # fmt: skip
+    batch.placements = type(p)(
+        p.feature, p.start, p.row, p.offset, p.length, p.num_features, prev_offset=np.array([-1, 1])
+    )
     with pytest.raises(ValueError, match="use padless.sequence_logprobs"):
         step_num_items([batch])
 
@@ -172,10 +176,13 @@ def test_bad_weights_are_refused(w, match):
 
 def test_separator_weighs_as_the_token_before_it():
     spec = FeatureSpec(loss_weights="w", separator_id=9)
-    padded = PaddingCollator(features=spec)([{"input_ids": [1, 2, 3], "w": [0.5, 1.5, 2.5]},
-                                             {"input_ids": [4, 9], "w": [1.0, 3.0]}])  # fmt: skip
+    padded = PaddingCollator(features=spec)(
+        [{"input_ids": [1, 2, 3], "w": [0.5, 1.5, 2.5]}, {"input_ids": [4, 9], "w": [1.0, 3.0]}]
+    )
     assert padded["loss_weights"].tolist() == [[0.5, 1.5, 2.5, 2.5], [1.0, 3.0, 0.0, 0.0]]
-    packed = PackingCollator(model_free=True, max_length=8, features=spec)([{"input_ids": [1, 2, 3], "w": [0.5, 1.5, 2.5]}])
+    packed = PackingCollator(model_free=True, max_length=8, features=spec)(
+        [{"input_ids": [1, 2, 3], "w": [0.5, 1.5, 2.5]}]
+    )
     assert packed["loss_weights"].tolist() == [[0.5, 1.5, 2.5, 2.5]]
 
 
@@ -198,8 +205,9 @@ def _ddp_worker(rank, world_size, port, out_dir):
     if "lo" in {name for _, name in socket.if_nameindex()}:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
     try:
         model = build_model("tiny-gpt2", seed=0).eval()
         ddp = DistributedDataParallel(model)

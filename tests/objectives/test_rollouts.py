@@ -126,8 +126,14 @@ def test_every_trl_field_for_preference_pairs():
     """All of TRL's per-token fields on a pair batch: feature 2i chosen, 2i + 1 rejected."""
     model = _model("sdpa")
     rng = np.random.default_rng(2)
-    pairs = [{"prompt_ids": rng.integers(1, VOCAB, p).tolist(), "chosen_ids": rng.integers(1, VOCAB, c).tolist(),
-              "rejected_ids": rng.integers(1, VOCAB, r).tolist()} for p, c, r in [(3, 4, 2), (6, 1, 5)]]  # fmt: skip
+    pairs = [
+        {
+            "prompt_ids": rng.integers(1, VOCAB, p).tolist(),
+            "chosen_ids": rng.integers(1, VOCAB, c).tolist(),
+            "rejected_ids": rng.integers(1, VOCAB, r).tolist(),
+        }
+        for p, c, r in [(3, 4, 2), (6, 1, 5)]
+    ]
     with torch.no_grad():
         stats = completion_token_stats(model, PreferenceCollator.for_model(model)(pairs), outputs=TOKEN_STATS)
         for i, pair in enumerate(pairs):
@@ -148,7 +154,9 @@ def test_every_trl_field_for_preference_pairs():
 def test_a_batch_built_for_another_backend_is_refused():
     groups = _groups()
     tree_for_padless = RolloutCollator.for_model(_model("padless"), share_prompt=True)(groups)
-    with pytest.raises(ValueError, match="tree_cu_seqlens for padless attention, which attn_implementation='sdpa' ignores"):
+    with pytest.raises(
+        ValueError, match="tree_cu_seqlens for padless attention, which attn_implementation='sdpa' ignores"
+    ):
         rollout_token_logprobs(_model("sdpa"), tree_for_padless)
 
 

@@ -209,13 +209,27 @@ OLD_DIGESTS = {  # sha256[:16] of json.dumps(batches) from the schedule before `
 
 
 def test_tokens_balance_is_the_old_schedule():
-    assert schedule_epoch([16, 13, 7, 7, 5, 5, 5], 16, world_size=2, rows_per_batch=2, shuffle=False,
-                          balance="tokens").batches == [[[0, 1], [3, 2]]]
+    assert schedule_epoch(
+        [16, 13, 7, 7, 5, 5, 5], 16, world_size=2, rows_per_batch=2, shuffle=False, balance="tokens"
+    ).batches == [[[0, 1], [3, 2]]]
     lengths = [9, 30, 4, 17, 25, 3, 12, 8, 21, 6, 14, 2]
-    assert schedule_epoch(lengths, 32, world_size=2, rows_per_batch=2, seed=5).batches == [[[0, 2], [3, 1]], [[4], [-1]]]
+    assert schedule_epoch(lengths, 32, world_size=2, rows_per_batch=2, seed=5).batches == [
+        [[0, 2], [3, 1]],
+        [[4], [-1]],
+    ]
     for (world, rows, remainder, epoch, seed, strategy), digest in OLD_DIGESTS.items():
-        sched = schedule_epoch(LOGNORMAL, 512, world_size=world, rows_per_batch=rows, remainder=remainder,
-                               epoch=epoch, seed=seed, strategy=strategy, overlong="truncate", balance="tokens")
+        sched = schedule_epoch(
+            LOGNORMAL,
+            512,
+            world_size=world,
+            rows_per_batch=rows,
+            remainder=remainder,
+            epoch=epoch,
+            seed=seed,
+            strategy=strategy,
+            overlong="truncate",
+            balance="tokens",
+        )
         assert hashlib.sha256(json.dumps(sched.batches).encode()).hexdigest()[:16] == digest
         assert sched.balance == "tokens" and sched.cost_a is None
 
@@ -249,9 +263,21 @@ def test_cost_beats_tokens_where_tokens_must_pair_the_long_documents():
     st.floats(0, 200),
 )
 def test_cost_schedules_are_alike_on_every_rank_and_cover_the_rows(lengths, world, rows, remainder, seed, a):
-    samplers = [DistributedPackedBatchSampler(lengths, 48, rows, num_replicas=world, rank=r, seed=seed,
-                                              remainder=remainder, overlong="split", balance="cost", cost_a=a)
-                for r in range(world)]  # fmt: skip
+    samplers = [
+        DistributedPackedBatchSampler(
+            lengths,
+            48,
+            rows,
+            num_replicas=world,
+            rank=r,
+            seed=seed,
+            remainder=remainder,
+            overlong="split",
+            balance="cost",
+            cost_a=a,
+        )
+        for r in range(world)
+    ]
     try:
         scheds = [s.schedule() for s in samplers]
     except ValueError as err:
@@ -286,13 +312,15 @@ def test_cost_schedules_are_alike_on_every_rank_and_cover_the_rows(lengths, worl
 
 def test_cost_schedules_are_deterministic_and_change_with_the_epoch():
     lengths = draw_lengths("lognormal", 2000, np.random.default_rng(2), (200, 1.2, 1024))
+
     def batches(**kw):
         return schedule_epoch(lengths, 1024, world_size=4, rows_per_batch=2, balance="cost", cost_a=96, **kw).batches
 
     assert batches(epoch=1, seed=3) == batches(epoch=1, seed=3)
     assert batches(epoch=0) != batches(epoch=1) and batches(seed=0) != batches(seed=1)
-    sampler = DistributedPackedBatchSampler(lengths, 1024, 2, num_replicas=4, rank=3, balance="cost",
-                                            cost_a=SimpleNamespace(hidden_size=8))
+    sampler = DistributedPackedBatchSampler(
+        lengths, 1024, 2, num_replicas=4, rank=3, balance="cost", cost_a=SimpleNamespace(hidden_size=8)
+    )
     assert sampler.cost_a == 96.0  # the config is read once, kept as its number
     first = list(sampler)
     assert first == list(sampler) == [[sampler.schedule().row_key(r) for r in step[3]] for step in batches(epoch=0)]
@@ -313,8 +341,9 @@ def test_cost_lowers_the_rank_cost_imbalance_on_long_tailed_lengths(rows):
     a = 12 * 256
     out, totals = {}, {}
     for balance in ("tokens", "cost"):
-        sched = schedule_epoch(lengths, 4096, world_size=8, rows_per_batch=rows, balance=balance,
-                               cost_a=a if balance == "cost" else None)
+        sched = schedule_epoch(
+            lengths, 4096, world_size=8, rows_per_batch=rows, balance=balance, cost_a=a if balance == "cost" else None
+        )
         out[balance] = _step_ratios(sched, row_costs(sched.plan, a), rows)
         per_rank = sched.step_loads(row_costs(sched.plan, a)).sum(0)
         totals[balance] = per_rank.max() / per_rank.mean()
@@ -359,23 +388,31 @@ def test_cost_beats_tokens_on_groups_where_tokens_must_pair_the_long_completions
 
 
 @FAST
-@given(st.lists(st.tuples(st.integers(1, 50), st.lists(st.integers(1, 300), min_size=1, max_size=6)),
-                min_size=6, max_size=40),
-       st.integers(1, 3), st.integers(1, 2), st.booleans(), st.booleans())
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 50), st.lists(st.integers(1, 300), min_size=1, max_size=6)), min_size=6, max_size=40
+    ),
+    st.integers(1, 3),
+    st.integers(1, 2),
+    st.booleans(),
+    st.booleans(),
+)
 def test_balance_groups_covers_every_group_once(groups, ranks, micro, share, equal):
     if len(groups) < ranks * micro:
         return
     prompts, comps = [p for p, _ in groups], [c for _, c in groups]
-    got = balance_groups(prompts, comps, (ranks, micro), share_prompt=share, balance="cost", cost_a=64,
-                         equal_size=equal)
+    got = balance_groups(
+        prompts, comps, (ranks, micro), share_prompt=share, balance="cost", cost_a=64, equal_size=equal
+    )
     batches = got.batches()
     assert len(batches) == ranks and all(len(r) == micro for r in batches)
     assert sorted(i for r in batches for items in r for i in items.tolist()) == list(range(len(groups)))
     assert all(items.size > 0 for r in batches for items in r)
     _, costs = group_loads(prompts, comps, share_prompt=share, cost_a=64)
     assert np.allclose(got.loads, got.loads_of(costs))
-    again = balance_groups(prompts, comps, (ranks, micro), share_prompt=share, balance="cost", cost_a=64,
-                           equal_size=equal)
+    again = balance_groups(
+        prompts, comps, (ranks, micro), share_prompt=share, balance="cost", cost_a=64, equal_size=equal
+    )
     assert np.array_equal(again.part, got.part)
 
 

@@ -10,8 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from padless.cli import main
+from padless.planning.lengths import (
+    bucketed_order,
+    compare_batching,
+    draw_lengths,
+    load_lengths,
+    padding_fraction_bucketed,
+    padding_fraction_pad_to_longest,
+    summarize_lengths,
+    synthetic_lengths,
+)
 from padless.planning.plan import PackPlan, plan_packs
-from padless.planning.lengths import bucketed_order, compare_batching, draw_lengths, load_lengths, padding_fraction_bucketed, padding_fraction_pad_to_longest, summarize_lengths, synthetic_lengths
 
 # ------------------------------------------------------------------------------ library functions
 
@@ -71,7 +80,10 @@ def test_summarize_literal():
         (lambda: padding_fraction_bucketed([3], 2, pad_to_multiple_of=0), "pad_to_multiple_of"),
         (lambda: padding_fraction_pad_to_longest([3, 0], 2), "sequence 1 has length 0"),
         (lambda: synthetic_lengths("zipf"), "unknown distribution 'zipf'; choose one of lognormal, uniform"),
-        (lambda: draw_lengths("uniform", 3, np.random.default_rng(), (5, 2)), "uniform needs integers 1 <= low <= high"),
+        (
+            lambda: draw_lengths("uniform", 3, np.random.default_rng(), (5, 2)),
+            "uniform needs integers 1 <= low <= high",
+        ),
         (lambda: draw_lengths("lognormal", 3, np.random.default_rng(), (60, 1, 2048, 4)), "at most 3 parameters"),
     ],
 )
@@ -159,8 +171,17 @@ def test_data_flag_uses_load_corpus(monkeypatch, capsys):
 
     def fake(name, tokenizer, **options):
         ids = [[1] * 3, [1] * 4, [1] * 5]
-        report = CorpusReport(read=3, selected=3, kept=3, skipped={}, truncated_examples=0, truncated_tokens=0,
-                              boundary_mismatches=0, tokens=12, trained_tokens=12)
+        report = CorpusReport(
+            read=3,
+            selected=3,
+            kept=3,
+            skipped={},
+            truncated_examples=0,
+            truncated_tokens=0,
+            boundary_mismatches=0,
+            tokens=12,
+            trained_tokens=12,
+        )
         return TokenizedCorpus(name, ids, ids, report)
 
     monkeypatch.setattr(padless.data.load, "load_corpus", fake)
@@ -176,8 +197,10 @@ def test_data_flag_uses_load_corpus(monkeypatch, capsys):
         (["--lengths", "{bad_txt}"], "line 2: 'abc' is not an integer"),
         (["--lengths", "{zero_txt}"], "sequence 1 has length 0"),
         (["--lengths", "{csv}"], "unsupported file type '.csv'"),
-        (["--lengths", "{long_txt}", "--max-length", "8", "--overlong", "error"],
-         "1 sequence is over --max-length 8 and --overlong is error"),
+        (
+            ["--lengths", "{long_txt}", "--max-length", "8", "--overlong", "error"],
+            "1 sequence is over --max-length 8 and --overlong is error",
+        ),
         (["--max-length", "0", "--num", "10"], "argument --max-length: must be between 1 and"),
         (["--batch-size", "0", "--num", "10"], "argument --batch-size: must be between 1 and"),
         (["--max-per-row", "0", "--num", "10"], "argument --max-per-row: must be between 1 and"),

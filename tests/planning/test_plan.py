@@ -17,8 +17,12 @@ from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES, PackPlan, PlanS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference import (  # noqa: E402
-    optimum, ref_best_fit_decreasing, ref_histogram_items, ref_next_fit, ref_wrapped,
-)  # fmt: skip
+    optimum,
+    ref_best_fit_decreasing,
+    ref_histogram_items,
+    ref_next_fit,
+    ref_wrapped,
+)
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -81,11 +85,23 @@ def test_overlong_policies_literal(strategy):
 def test_stats_literal():
     plan = plan_packs([5, 3, 6], 8, strategy="next_fit")  # rows [5, 3] and [6]
     assert plan.stats == PlanStats(
-        num_sequences=3, num_rows=2, real_tokens=14, capacity_tokens=16, efficiency=14 / 16,
-        padding_fraction=1 - 14 / 16, lower_bound=2, gap_to_lower_bound=0, relative_gap=0.0,
-        mean_per_row=1.5, max_per_row=2, truncated_sequences=0, truncated_tokens=0, split_sequences=0,
-        dropped_sequences=0, dropped_tokens=0,
-    )  # fmt: skip
+        num_sequences=3,
+        num_rows=2,
+        real_tokens=14,
+        capacity_tokens=16,
+        efficiency=14 / 16,
+        padding_fraction=1 - 14 / 16,
+        lower_bound=2,
+        gap_to_lower_bound=0,
+        relative_gap=0.0,
+        mean_per_row=1.5,
+        max_per_row=2,
+        truncated_sequences=0,
+        truncated_tokens=0,
+        split_sequences=0,
+        dropped_sequences=0,
+        dropped_tokens=0,
+    )
     assert plan.stats.as_dict()["real_tokens"] == 14
     assert plan.row_lengths.tolist() == [8, 6]
     index, start, length = plan.row(1)
@@ -198,8 +214,11 @@ def spread(counted: list[tuple[int, int]], order_seed: int) -> list[int]:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 30), st.integers(1, 60)), min_size=1, max_size=5),
-       st.integers(0, 9), st.sampled_from([None, 2, 7]))  # fmt: skip
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(1, 60)), min_size=1, max_size=5),
+    st.integers(0, 9),
+    st.sampled_from([None, 2, 7]),
+)
 def test_decreasing_engines_match_textbook_on_longer_runs(counted, order_seed, per_row):
     sizes = spread(counted, order_seed)
     plan = plan_packs(sizes, 64, strategy="best_fit_decreasing", max_per_row=per_row)

@@ -38,8 +38,7 @@ def test_a_literal_case():
 
 
 @FAST
-@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=300), max_length=st.integers(40, 90),
-       data=st.data())  # fmt: skip
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=300), max_length=st.integers(40, 90), data=st.data())
 def test_placement_equals_the_reference_for_any_cut(lengths, max_length, data):
     lengths = np.array(lengths)
     plan = plan_histogram(counts_of(lengths, max_length), max_length)

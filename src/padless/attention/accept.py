@@ -36,8 +36,10 @@ import numpy as np
 from padless.attention.adapters import base_model_of
 from padless.attention.verdict import BATCH_FIX as _FIX
 
-_MASK_FIX = ("drop the 'attention_mask' key (the restarted position_ids mark the documents) or let the collator "
-             "make the mask (PackingCollator.for_model(model, ...))")
+_MASK_FIX = (
+    "drop the 'attention_mask' key (the restarted position_ids mark the documents) or let the collator "
+    "make the mask (PackingCollator.for_model(model, ...))"
+)
 _CHECKED: dict[int, tuple[weakref.ref, Any]] = {}
 """``id`` of a 4D mask tensor -> (a weak reference to it, the window it was found to carry): a batch
 run twice (a DPO policy and its reference) is compared entry by entry once. Keyed by ``id`` (tensors
@@ -109,8 +111,10 @@ def _check_masks(mask: Any, windows: Any, docs: list[list[int]], dtype: Any) -> 
 
     if isinstance(windows, dict):
         if not isinstance(mask, Mapping) or set(windows) - set(mask):
-            raise ValueError(f"the model's layer types need masks with sliding windows {windows}, this batch "
-                             f"carries one block-causal mask; {_FIX}")  # fmt: skip
+            raise ValueError(
+                f"the model's layer types need masks with sliding windows {windows}, this batch "
+                f"carries one block-causal mask; {_FIX}"
+            )
         wanted = {t: (mask[t], w) for t, w in windows.items()}
     else:
         masks = list(mask.values()) if isinstance(mask, Mapping) else [mask]
@@ -123,8 +127,9 @@ def _check_masks(mask: Any, windows: Any, docs: list[list[int]], dtype: Any) -> 
         expected = additive_block_causal_mask(docs, dtype=m.dtype, device=m.device, window=window)
         if expected.shape != m.shape or not bool(((m == 0) == (expected == 0)).all()):
             what = f"a sliding window of {window} tokens" if window is not None else "no sliding window"
-            raise ValueError(f"the batch's 4D mask ({name}) is not the block-causal mask with {what} that this "
-                             f"model needs; {_FIX}")  # fmt: skip
+            raise ValueError(
+                f"the batch's 4D mask ({name}) is not the block-causal mask with {what} that this model needs; {_FIX}"
+            )
         _remember(m, window)
 
 
@@ -151,21 +156,29 @@ def check_attention_mask(batch: Mapping[str, Any]) -> None:
         got = tuple(getattr(m, "shape", ()))
         if ndim == 2 and not isinstance(mask, Mapping):
             if shape is not None and got != shape:
-                raise ValueError(f"the batch's attention_mask has shape {got}, its input_ids {shape}; a 2D mask "
-                                 f"must match them (one document per row); {_MASK_FIX}")  # fmt: skip
+                raise ValueError(
+                    f"the batch's attention_mask has shape {got}, its input_ids {shape}; a 2D mask "
+                    f"must match them (one document per row); {_MASK_FIX}"
+                )
             packed = _packed_rows(batch, m)
             if packed:
-                raise ValueError(f"this batch is packed ({packed}) and carries a 2D attention_mask {got}: "
-                                 "transformers then skips its packed-row detection, so the documents of a row "
-                                 f"attend to each other; {_MASK_FIX}")  # fmt: skip
+                raise ValueError(
+                    f"this batch is packed ({packed}) and carries a 2D attention_mask {got}: "
+                    "transformers then skips its packed-row detection, so the documents of a row "
+                    f"attend to each other; {_MASK_FIX}"
+                )
             continue
         if ndim != 4:
-            raise ValueError(f"the batch's attention_mask has shape {got}: padless reads a 2D mask [B, L] (one "
-                             "document per row) or a 4D mask [B, 1, L, L] (a dict of them per layer type), "
-                             f"not this; {_MASK_FIX}")  # fmt: skip
+            raise ValueError(
+                f"the batch's attention_mask has shape {got}: padless reads a 2D mask [B, L] (one "
+                "document per row) or a 4D mask [B, 1, L, L] (a dict of them per layer type), "
+                f"not this; {_MASK_FIX}"
+            )
         if shape is not None and (got[0] not in (1, shape[0]) or got[2:] != (shape[1], shape[1])):
-            raise ValueError(f"the batch's 4D attention_mask has shape {got}, its input_ids {shape}; it must be "
-                             f"[{shape[0]}, 1, {shape[1]}, {shape[1]}]; {_MASK_FIX}")  # fmt: skip
+            raise ValueError(
+                f"the batch's 4D attention_mask has shape {got}, its input_ids {shape}; it must be "
+                f"[{shape[0]}, 1, {shape[1]}, {shape[1]}]; {_MASK_FIX}"
+            )
         if not is_tree(batch):  # a shared prompt's tree mask shows the prompt to every completion, by design
             _check_blocks(batch, m)
 
@@ -246,6 +259,8 @@ def _check_blocks(batch: Mapping[str, Any], mask: Any) -> None:
         seen = visible(mask[rows, :, qq, key])  # [K, heads]
         if bool(seen.any()):
             k = int(seen.any(dim=-1).nonzero()[0, 0])
-            raise ValueError(f"the batch's 4D attention_mask lets query {int(qq[k])} of row {int(b[k])} see key "
-                             f"{int(key[k])}, in an earlier document (the position_ids restart at "
-                             f"{int(start[b[k], qq[k]])}): it is not block-causal; {_MASK_FIX}")  # fmt: skip
+            raise ValueError(
+                f"the batch's 4D attention_mask lets query {int(qq[k])} of row {int(b[k])} see key "
+                f"{int(key[k])}, in an earlier document (the position_ids restart at "
+                f"{int(start[b[k], qq[k]])}): it is not block-causal; {_MASK_FIX}"
+            )

@@ -50,7 +50,9 @@ def adapter_refusal(model: Any) -> str | None:
         if config is not None and getattr(config, "is_prompt_learning", False):
             kind = getattr(getattr(config, "peft_type", None), "value", None) or type(config).__name__
             virtual = getattr(config, "num_virtual_tokens", None)
-            return (f"the PEFT adapter {name!r} is prompt learning ({kind}): it puts {virtual} virtual tokens in "
-                    "front of each row, not of each packed document, so every document but a row's first would "
-                    "train without them; train it with PaddingCollator, or use a weight adapter (LoRA, DoRA, IA3)")  # fmt: skip
+            return (
+                f"the PEFT adapter {name!r} is prompt learning ({kind}): it puts {virtual} virtual tokens in "
+                "front of each row, not of each packed document, so every document but a row's first would "
+                "train without them; train it with PaddingCollator, or use a weight adapter (LoRA, DoRA, IA3)"
+            )
     return None

@@ -125,7 +125,9 @@ def document_layout(kwargs: dict[str, Any], batch: int, length: int, device: Any
             raise ValueError(f"position_ids cover {pos.shape[-1]} tokens but the attention input has {length}")
         _check_position_shape(pos, batch)
     if cu is not None and (cu.ndim != 1 or cu.numel() < 2 or cu.dtype.is_floating_point):
-        raise ValueError(f"cu_seq_lens_q must be 1-D integers with at least 2 entries, got {cu.dtype} {tuple(cu.shape)}")
+        raise ValueError(
+            f"cu_seq_lens_q must be 1-D integers with at least 2 entries, got {cu.dtype} {tuple(cu.shape)}"
+        )
     max_len = None if max_len is None else int(max_len)
     primary = cu if cu is not None else pos
     extra = (batch, length, id(pos), id(cu_k), max_len, str(device))

@@ -202,8 +202,18 @@ def _key(model: Any, inner: Any, device: Any, dtype: Any) -> tuple:
     config = getattr(inner, "config", None)
     active = getattr(model, "active_adapter", None) if hasattr(model, "peft_config") else None
     adapters = tuple(getattr(model, "peft_config", {}) or ()) if hasattr(model, "peft_config") else ()
-    return (type(model), type(inner), id(inner), device, dtype, getattr(model, "dtype", None), patches(),
-            str(active), adapters, _freeze(vars(config)) if hasattr(config, "__dict__") else id(config))  # fmt: skip
+    return (
+        type(model),
+        type(inner),
+        id(inner),
+        device,
+        dtype,
+        getattr(model, "dtype", None),
+        patches(),
+        str(active),
+        adapters,
+        _freeze(vars(config)) if hasattr(config, "__dict__") else id(config),
+    )
 
 
 def _same(a: tuple, b: tuple) -> bool:

@@ -47,7 +47,12 @@ def remember_moved(before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
     the host values of its :data:`BOUNDARY_KEYS` tensors, so a forward reads them without a sync."""
     for key in BOUNDARY_KEYS:
         src, dst = before.get(key), after.get(key)
-        if hasattr(src, "device") and hasattr(dst, "device") and src.device.type == "cpu" and not src.is_floating_point():
+        if (
+            hasattr(src, "device")
+            and hasattr(dst, "device")
+            and src.device.type == "cpu"
+            and not src.is_floating_point()
+        ):
             remember_host_copy(dst, src)
 
 

@@ -106,7 +106,12 @@ def cuda_capability(device: torch.device | str) -> tuple[int, int] | None:
 
 
 def kernel_refusal(
-    kernel: Kernel, device: torch.device | str, dtype: torch.dtype, head_dim: int | None = None, *, name: str | None = None
+    kernel: Kernel,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    head_dim: int | None = None,
+    *,
+    name: str | None = None,
 ) -> str | None:
     """Why ``kernel`` cannot run attention on ``device`` in ``dtype`` with heads of ``head_dim``
     (``None``: it can), naming it ``name`` (default: ``kernel``; the rule says ``flash_attention_2``).
@@ -141,6 +146,7 @@ def head_dim_of(config: Any) -> int | None:
     if config is None:
         return None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+
     def get(name: str) -> Any:
         try:
             return getattr(text, name, None)
@@ -186,14 +192,20 @@ def flash_boundary_refusal(model_class: type | None) -> str | None:
     name = model_class.__name__
     kind = flash_boundaries(model_class)
     if kind == "none":
-        return (f"{name}'s flash-attention layers pass neither cu_seq_lens nor position_ids to the kernel, "
-                "so packed documents would attend to each other")  # fmt: skip
+        return (
+            f"{name}'s flash-attention layers pass neither cu_seq_lens nor position_ids to the kernel, "
+            "so packed documents would attend to each other"
+        )
     if kind == "position_ids":
-        return (f"{name}'s flash-attention layers pass only position_ids to the kernel, and transformers finds "
-                "packed documents in them only for a batch of one row")  # fmt: skip
+        return (
+            f"{name}'s flash-attention layers pass only position_ids to the kernel, and transformers finds "
+            "packed documents in them only for a batch of one row"
+        )
     if kind == "undeclared":
-        return (f"{name} does not declare that it forwards attention kwargs (cu_seq_lens_q/k) to its attention "
-                "layers (_supports_attention_backend)")  # fmt: skip
+        return (
+            f"{name} does not declare that it forwards attention kwargs (cu_seq_lens_q/k) to its attention "
+            "layers (_supports_attention_backend)"
+        )
     return None
 
 

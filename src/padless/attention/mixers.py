@@ -188,9 +188,10 @@ def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25, kernels
     unknown = [f"{m.name} ({type(model.get_submodule(m.name)).__name__})" for m in layers if m.kind == "unknown"]
     if unknown:
         raise ValueError(
-            "these layers mix tokens in a way padless cannot split by document: " + ", ".join(unknown)
+            "these layers mix tokens in a way padless cannot split by document: "
+            + ", ".join(unknown)
             + "; packed rows would leak across documents in them, so train this model with padded batches"
-        )  # fmt: skip
+        )
     _capture_model_positions(model)
     _hook_checkpointed_layers(model, [m.name for m in layers])
     names = []
@@ -216,8 +217,10 @@ def mixer_refusal(model: Any, layers: list[MixerInfo] | None = None) -> str | No
     unpatched = [m.name for m in layers if getattr(model.get_submodule(m.name), _MARK, None) is None]
     if unpatched:
         kinds = sorted({m.kind for m in layers if m.name in unpatched})
-        return (f"{len(unpatched)} token-mixing layers ({', '.join(kinds)}) carry state along the whole row, "
-                "across documents; call padless.attention.mixers.enable_per_document_mixers(model) first")  # fmt: skip
+        return (
+            f"{len(unpatched)} token-mixing layers ({', '.join(kinds)}) carry state along the whole row, "
+            "across documents; call padless.attention.mixers.enable_per_document_mixers(model) first"
+        )
     return None
 
 

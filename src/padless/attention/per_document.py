@@ -155,8 +155,10 @@ def run_with_boundaries(
     hidden = arguments[hidden_name]
     batch, length = hidden.shape[:2]
     call = {k: v for k, v in arguments.items() if k not in _BOUNDARY_KWARGS and k not in MASK_ARGS}
-    call = {k: (v.reshape(1, batch * length, *v.shape[2:]) if _is_token_tensor(v, batch, length) else v)
-            for k, v in call.items()}  # fmt: skip
+    call = {
+        k: (v.reshape(1, batch * length, *v.shape[2:]) if _is_token_tensor(v, batch, length) else v)
+        for k, v in call.items()
+    }
     cu = cu_seqlens.to(device=hidden.device, dtype=torch.int32)
     if cu_kwargs:
         call["cu_seq_lens_q"] = call["cu_seq_lens_k"] = cu

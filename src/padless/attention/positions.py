@@ -61,11 +61,15 @@ def alibi_refusal(model_or_config: Any, *, backend: str) -> str | None:
         return None
     model_type = getattr(config, "model_type", None)
     if model_type == "bloom":
-        return ("BLOOM builds its ALiBi bias from a 2D attention_mask in transformers 5.24 and cannot take the 4D "
-                "block mask that keeps packed documents apart")  # fmt: skip
+        return (
+            "BLOOM builds its ALiBi bias from a 2D attention_mask in transformers 5.24 and cannot take the 4D "
+            "block mask that keeps packed documents apart"
+        )
     if model_type == "falcon":
-        return ("Falcon with alibi=True cannot take a 4D block mask in transformers 5.24, and rounds its ALiBi "
-                "positions to bfloat16, so documents past a row's 256th token would get other biases than alone")  # fmt: skip
+        return (
+            "Falcon with alibi=True cannot take a 4D block mask in transformers 5.24, and rounds its ALiBi "
+            "positions to bfloat16, so documents past a row's 256th token would get other biases than alone"
+        )
     if backend not in _MASK4D_BACKENDS:
         return f"ALiBi models are packed exactly only with a 4D block mask ({' or '.join(_MASK4D_BACKENDS)}), not {backend!r}"
     return None

@@ -74,13 +74,17 @@ def _refuse_model(t: _Case) -> str | None:
         if reason is not None:
             return f"the model uses ALiBi positions: {reason}"
     elif r.takes_position_ids is False and not t.attention_free:
-        return (f"{t.model_class.__name__}.forward takes no position_ids, so packed documents would be given "
-                "positions that run on across document boundaries")  # fmt: skip
+        return (
+            f"{t.model_class.__name__}.forward takes no position_ids, so packed documents would be given "
+            "positions that run on across document boundaries"
+        )
     if r.bidirectional:
         return "the model attends in both directions (use_bidirectional_attention, or is_decoder=False)"
     if r.offset_positions:
-        return ("the model numbers positions from padding_idx + 1 when it computes them itself (RoBERTa family), "
-                "so position ids restarted at 0 would give each packed document other positions than it has alone")  # fmt: skip
+        return (
+            "the model numbers positions from padding_idx + 1 when it computes them itself (RoBERTa family), "
+            "so position ids restarted at 0 would give each packed document other positions than it has alone"
+        )
     mixers = t.facts.mixers
     if mixers is MixerState.REFUSED:
         return t.facts.mixer_reason
@@ -90,10 +94,14 @@ def _refuse_model(t: _Case) -> str | None:
         kinds = ", ".join(map(repr, others))
         fix = ""
         if not found and any(x in MIXER_LAYER_TYPES for x in others):
-            fix = ("; on a model (not a bare config), padless.attention.mixers.enable_per_document_mixers(model) runs them on each "
-                   "document alone (PackingCollator.for_model calls it)")
-        return (f"layers of type {kinds} mix tokens without the attention mask (recurrent, linear, convolution or "
-                f"sparse-indexed layers), so their state runs along the whole row, across documents{fix}")  # fmt: skip
+            fix = (
+                "; on a model (not a bare config), padless.attention.mixers.enable_per_document_mixers(model) runs them on each "
+                "document alone (PackingCollator.for_model calls it)"
+            )
+        return (
+            f"layers of type {kinds} mix tokens without the attention mask (recurrent, linear, convolution or "
+            f"sparse-indexed layers), so their state runs along the whole row, across documents{fix}"
+        )
     return None
 
 
@@ -139,13 +147,17 @@ def _flash_softcap_dropout(t: _Case) -> str | None:
 def _refuse_padless(t: _Case) -> str | None:
     if _lacks(t, "_supports_attention_backend"):
         return f"{t.model_class.__name__} does not pass position_ids and attention kwargs to its attention layers"
-    model_type = getattr(t.config.get_text_config() if hasattr(t.config, "get_text_config") else t.config, "model_type", None)
+    model_type = getattr(
+        t.config.get_text_config() if hasattr(t.config, "get_text_config") else t.config, "model_type", None
+    )
     if model_type in _PADLESS_REFUSED:
         return f"{model_type} {_PADLESS_REFUSED[model_type]}"
     qk, v = _head_sizes(t.config)
     if qk is not None and v is not None and qk != v:
-        return (f"padless attention needs value heads as large as query/key heads, and this model's are {v} and {qk} "
-                "(v_head_dim != qk_head_dim)")  # fmt: skip
+        return (
+            f"padless attention needs value heads as large as query/key heads, and this model's are {v} and {qk} "
+            "(v_head_dim != qk_head_dim)"
+        )
     if t.rules.chunk_size is not None:
         return "the model uses chunked attention"
     if t.rules.sinks:
@@ -172,8 +184,10 @@ def _refuse_mask4d(t: _Case, name: str, flag: str | None) -> str | None:
         return f"layers differ in sliding window ({windows}) and {owner} takes no 4D mask per layer type"
     mixer_types = [x for x in t.rules.other_layer_types if x in MIXER_LAYER_TYPES]
     if isinstance(windows, dict) and mixer_types:
-        return (f"layers differ in sliding window ({windows}) and the per-layer-type 4D masks have none for the "
-                f"token-mixer layers ({', '.join(map(repr, mixer_types))}), which the model looks up by layer type")  # fmt: skip
+        return (
+            f"layers differ in sliding window ({windows}) and the per-layer-type 4D masks have none for the "
+            f"token-mixer layers ({', '.join(map(repr, mixer_types))}), which the model looks up by layer type"
+        )
     if name == "sdpa" and t.rules.softcap is not None:
         return "sdpa has no attention logit soft-capping"
     return None
@@ -268,8 +282,10 @@ def _reason(target: _Case, backend: str) -> str | None:
 
 def _refuse_attention_free_layout(t: _Case) -> str | None:
     if t.layout == "shared_prompt":
-        return ("a shared-prompt tree needs attention to let completions see the prompt; the state-space / "
-                "recurrent mixers of a model without attention run each document alone")
+        return (
+            "a shared-prompt tree needs attention to let completions see the prompt; the state-space / "
+            "recurrent mixers of a model without attention run each document alone"
+        )
     return None
 
 
@@ -337,10 +353,21 @@ def decide(facts: ModelFacts, backend: str, *, max_length: int | None = None, la
             advice = "no attention backend can (" + "; ".join(reasons) + ")"
         message = f"attention backend {backend!r} cannot guarantee isolated packed documents here: {reason}; {advice}"
     windows = mask_windows(facts, max_length) if reason is None and inputs == "mask4d" else None
-    return Verdict(model=facts.name, backend=backend, max_length=max_length, layout=layout, reason=reason,
-                   message=message, inputs=inputs, backend_inputs=BACKENDS[backend].inputs, windows=windows,
-                   mask_dtype=facts.weights_dtype, positions_alone=facts.rules.masks_from_position_ids,
-                   attention_free=facts.attention_free, model_class=facts.base_class or "this model")  # fmt: skip
+    return Verdict(
+        model=facts.name,
+        backend=backend,
+        max_length=max_length,
+        layout=layout,
+        reason=reason,
+        message=message,
+        inputs=inputs,
+        backend_inputs=BACKENDS[backend].inputs,
+        windows=windows,
+        mask_dtype=facts.weights_dtype,
+        positions_alone=facts.rules.masks_from_position_ids,
+        attention_free=facts.attention_free,
+        model_class=facts.base_class or "this model",
+    )
 
 
 def mask_windows(model_or_config: Any, max_length: int | None) -> MaskWindows:

@@ -60,8 +60,10 @@ def shared_prompt_refusal(backend: str) -> str | None:
     if backend in SHARED_PROMPT_BACKENDS:
         return None
     if backend == "flash_attention_2":
-        return ("flash_attention_2 in transformers takes one contiguous span per document (cu_seq_lens), so two "
-                "completions cannot share a prompt that sits before both; use 'padless', 'sdpa' or 'eager'")  # fmt: skip
+        return (
+            "flash_attention_2 in transformers takes one contiguous span per document (cu_seq_lens), so two "
+            "completions cannot share a prompt that sits before both; use 'padless', 'sdpa' or 'eager'"
+        )
     if backend == "flex_attention":
         return "flex_attention in transformers builds its own document mask from position_ids; use 'padless', 'sdpa' or 'eager'"
     return f"backend {backend!r} has no way to receive a shared-prompt (tree) mask; use 'padless', 'sdpa' or 'eager'"
@@ -224,7 +226,9 @@ def tree_attention(
     import torch.nn.functional as F
 
     if q.ndim != 3 or k.shape != v.shape or k.shape[0] != q.shape[0] or q.shape[1] % k.shape[1]:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must be [T, H, D] with Hq % Hk == 0")
+        raise ValueError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must be [T, H, D] with Hq % Hk == 0"
+        )
     t, hq, d = q.shape
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
@@ -246,8 +250,11 @@ def tree_attention(
         mask = None
         if prefix is not None or sliding_window is not None:
             a = prefix if prefix is not None else torch.zeros(n, dtype=torch.long, device=q.device)
-            gap = (a[:, None, None] + torch.arange(mq, device=q.device)[None, :, None]
-                   - torch.arange(mk, device=q.device)[None, None, :])  # [n, mq, mk] query pos - key pos  # fmt: skip
+            gap = (
+                a[:, None, None]
+                + torch.arange(mq, device=q.device)[None, :, None]
+                - torch.arange(mk, device=q.device)[None, None, :]
+            )  # [n, mq, mk] query pos - key pos  #
             mask = gap >= 0
             if sliding_window is not None:
                 mask &= gap < sliding_window
@@ -315,7 +322,9 @@ def padless_tree_attention(
     q = query.transpose(1, 2).reshape(batch * length, heads, dim)  # [T, Hq, D]
     k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)
     v = value.transpose(1, 2).reshape(batch * length, value.shape[1], dim)
-    out = tree_attention(q, k, v, cu, parents, scale=scaling, dropout_p=dropout, sliding_window=kwargs.get("sliding_window"))
+    out = tree_attention(
+        q, k, v, cu, parents, scale=scaling, dropout_p=dropout, sliding_window=kwargs.get("sliding_window")
+    )
     return out.reshape(batch, length, heads, dim)
 
 
@@ -339,5 +348,7 @@ def _check_rows(cu_t: torch.Tensor, parents_t: torch.Tensor, pos: torch.Tensor |
     got = np.broadcast_to(got[0], (batch, length)).reshape(-1)
     if not np.array_equal(got, want):
         bad = int(np.flatnonzero(got != want)[0])
-        raise ValueError(f"position_ids disagree with the shared-prefix tree at flat token {bad} "
-                         f"({int(got[bad])}, expected {int(want[bad])}); the batch was not built for this tree")
+        raise ValueError(
+            f"position_ids disagree with the shared-prefix tree at flat token {bad} "
+            f"({int(got[bad])}, expected {int(want[bad])}); the batch was not built for this tree"
+        )

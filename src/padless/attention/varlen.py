@@ -158,7 +158,6 @@ def layout_from_host(cu: np.ndarray, total: int, max_seqlen: int | None, device,
 
 
 def _group_plan(layout: VarlenLayout, cost: BucketCost, width: int, device) -> _GroupPlan:
-    import torch
 
     lengths = layout.lengths
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
@@ -298,6 +297,7 @@ def _flash_attn(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, slid
             "(attention_dropout=0) or use attn_implementation='eager' with a 4D mask"
         )
     from flash_attn import flash_attn_varlen_func
+
     extra: dict = {}
     if sliding_window is not None:
         extra["window_size"] = (sliding_window - 1, 0 if causal else sliding_window - 1)
@@ -378,7 +378,9 @@ def varlen_attention(
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
         raise ValueError(f"q, k, v must be [T, H, D], got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise ValueError(f"k and v must be [T, Hk, D] matching q {tuple(q.shape)}, got {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must be [T, Hk, D] matching q {tuple(q.shape)}, got {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
     if not 0.0 <= dropout_p < 1.0:

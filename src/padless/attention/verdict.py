@@ -93,16 +93,24 @@ def mismatch(
     if carried == "position_ids" and verdict.backend_inputs == "mask4d" and not verdict.attention_free:
         if verdict.positions_alone:  # transformers builds per-document masks, windows included, from them
             if use_cache is not False:
-                return ("this batch carries position_ids alone without use_cache=False; with a cache transformers "
-                        f"does not look for documents in them; {fix}")  # fmt: skip
+                return (
+                    "this batch carries position_ids alone without use_cache=False; with a cache transformers "
+                    f"does not look for documents in them; {fix}"
+                )
             return None
         if batch:
-            return (f"this batch carries position_ids alone, and {verdict.model_class} does not build its masks "
-                    f"from them, so its documents would attend to each other; {fix}")  # fmt: skip
+            return (
+                f"this batch carries position_ids alone, and {verdict.model_class} does not build its masks "
+                f"from them, so its documents would attend to each other; {fix}"
+            )
     if carried != verdict.inputs:
-        what = f"this batch carries {carried!r} attention inputs" if batch else f"the collator sends attention={carried!r}"
-        return (f"{what}, but attn_implementation={verdict.backend!r} isolates documents only with "
-                f"{verdict.inputs!r}; {fix}")  # fmt: skip
+        what = (
+            f"this batch carries {carried!r} attention inputs" if batch else f"the collator sends attention={carried!r}"
+        )
+        return (
+            f"{what}, but attn_implementation={verdict.backend!r} isolates documents only with "
+            f"{verdict.inputs!r}; {fix}"
+        )
     if carried != "mask4d":
         return None
     if windows is not _UNSEEN and _normal(windows) != _normal(verdict.windows):

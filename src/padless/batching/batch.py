@@ -56,8 +56,14 @@ class Placements:
         counts = np.diff(row_offsets)
         before = np.concatenate([[0], np.cumsum(length)])  # tokens before each piece, over all rows
         offset = before[:-1] - np.repeat(before[row_offsets[:-1]], counts)
-        return cls(feature=index, start=start, row=np.repeat(np.arange(counts.size, dtype=np.int64), counts),
-                   offset=offset, length=length, num_features=num_features)  # fmt: skip
+        return cls(
+            feature=index,
+            start=start,
+            row=np.repeat(np.arange(counts.size, dtype=np.int64), counts),
+            offset=offset,
+            length=length,
+            num_features=num_features,
+        )
 
     @property
     def num_rows(self) -> int:

@@ -28,7 +28,13 @@ import numpy as np
 
 from padless.batching.batch import NOT_FORWARD, PackedBatch, Placements, batch_to, device_of, forward_inputs  # noqa: F401 (re-exported)
 from padless.batching.rowformat import FeatureSpec, RowFormat, Sequences, round_up  # noqa: F401 (re-exported)
-from padless.layout import IGNORE_INDEX, build_row, cu_seqlens_from_lengths, mask_document_starts, position_ids_from_lengths
+from padless.layout import (
+    IGNORE_INDEX,
+    build_row,
+    cu_seqlens_from_lengths,
+    mask_document_starts,
+    position_ids_from_lengths,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -87,10 +93,17 @@ class PackingCollator(RowFormat):
     calls the collator), so nothing is lost silently.
     """
 
-    totals: dict[str, int] = field(default_factory=lambda: {
-        "sequences": 0, "tokens": 0, "truncated_sequences": 0, "truncated_tokens": 0,
-        "dropped_sequences": 0, "dropped_tokens": 0, "split_sequences": 0,
-    })  # fmt: skip
+    totals: dict[str, int] = field(
+        default_factory=lambda: {
+            "sequences": 0,
+            "tokens": 0,
+            "truncated_sequences": 0,
+            "truncated_tokens": 0,
+            "dropped_sequences": 0,
+            "dropped_tokens": 0,
+            "split_sequences": 0,
+        }
+    )
     """Running counts over every batch collated so far."""
 
     def pack(self, features: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, list[list[int]], Placements]:
@@ -116,8 +129,16 @@ class PackingCollator(RowFormat):
             self.check_fitted()
             self._count(None, lengths)
             whole = np.zeros(lengths.size, dtype=np.int64)
-            return self._place(seqs, Placements.from_plan(index=np.arange(lengths.size), start=whole, length=lengths,
-                                                          row_offsets=[0, lengths.size], num_features=lengths.size))  # fmt: skip
+            return self._place(
+                seqs,
+                Placements.from_plan(
+                    index=np.arange(lengths.size),
+                    start=whole,
+                    length=lengths,
+                    row_offsets=[0, lengths.size],
+                    num_features=lengths.size,
+                ),
+            )
         from padless.planning.plan import plan_packs
 
         plan = plan_packs(lengths, self.max_length, strategy=self.strategy, overlong=self.overlong)
@@ -125,8 +146,16 @@ class PackingCollator(RowFormat):
         self._count(plan.stats, lengths)
         if plan.num_rows == 0:
             raise ValueError("every sequence of the batch was dropped by the overlong policy; nothing to train on")
-        return self._place(seqs, Placements.from_plan(index=plan.index, start=plan.start, length=plan.length,
-                                                      row_offsets=plan.row_offsets, num_features=plan.num_sequences))  # fmt: skip
+        return self._place(
+            seqs,
+            Placements.from_plan(
+                index=plan.index,
+                start=plan.start,
+                length=plan.length,
+                row_offsets=plan.row_offsets,
+                num_features=plan.num_sequences,
+            ),
+        )
 
     def _prepacked(self, features: Sequence[Mapping[str, Any]], totals: np.ndarray) -> Placements:
         """One row per pre-packed feature, its documents as pieces."""
@@ -135,18 +164,26 @@ class PackingCollator(RowFormat):
             d = f["seq_lengths"]
             d = np.asarray(d.detach().cpu().numpy() if hasattr(d, "detach") else d, dtype=np.int64)
             if d.ndim != 1 or d.size == 0 or d.min() < 1 or int(d.sum()) != total:
-                raise ValueError(f"feature {i}: seq_lengths {d.tolist()} must be positive and sum to its {total} tokens")
+                raise ValueError(
+                    f"feature {i}: seq_lengths {d.tolist()} must be positive and sum to its {total} tokens"
+                )
             if self.max_length is not None and total > self.max_length:
-                raise ValueError(f"feature {i}: a pre-packed row of {total} tokens exceeds max_length={self.max_length}")
+                raise ValueError(
+                    f"feature {i}: a pre-packed row of {total} tokens exceeds max_length={self.max_length}"
+                )
             docs.append(d)
         counts = np.array([d.size for d in docs], dtype=np.int64)
         return Placements.from_plan(
             index=np.repeat(np.arange(counts.size), counts),
             start=np.concatenate([cu_seqlens_from_lengths(d)[:-1] for d in docs]),
-            length=np.concatenate(docs), row_offsets=cu_seqlens_from_lengths(counts), num_features=len(features),
-        )  # fmt: skip
+            length=np.concatenate(docs),
+            row_offsets=cu_seqlens_from_lengths(counts),
+            num_features=len(features),
+        )
 
-    def _place(self, seqs: Sequences, placements: Placements) -> tuple[np.ndarray, np.ndarray, list[list[int]], Placements]:
+    def _place(
+        self, seqs: Sequences, placements: Placements
+    ) -> tuple[np.ndarray, np.ndarray, list[list[int]], Placements]:
         """Build each row from its pieces (:func:`padless.layout.build_row`) into a padded
         ``[R, width]`` batch; mask each document's first label."""
         rows = [placements.row_pieces(r).tolist() for r in range(placements.num_rows)]

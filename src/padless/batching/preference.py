@@ -111,12 +111,16 @@ def check_batch_for_model(model: Any, batch: Any) -> None:
     spec = BACKENDS.get(backend)
     takes_mask4d = spec is not None and spec.inputs == "mask4d"
     if "tree_cu_seqlens" in batch and backend != BACKEND_NAME:
-        raise ValueError(f"this shared-prompt batch carries tree_cu_seqlens for padless attention, which "
-                         f"attn_implementation={backend!r} ignores; build it with PreferenceCollator.for_model(model)")  # fmt: skip
+        raise ValueError(
+            f"this shared-prompt batch carries tree_cu_seqlens for padless attention, which "
+            f"attn_implementation={backend!r} ignores; build it with PreferenceCollator.for_model(model)"
+        )
     mask = batch.get("attention_mask")
     if mask is not None and getattr(mask, "ndim", 0) == 4 and not takes_mask4d:
-        raise ValueError(f"this batch carries a 4D mask for sdpa/eager, but the model uses {backend!r}; "
-                         "build it with PreferenceCollator.for_model(model)")  # fmt: skip
+        raise ValueError(
+            f"this batch carries a 4D mask for sdpa/eager, but the model uses {backend!r}; "
+            "build it with PreferenceCollator.for_model(model)"
+        )
     if "tree_cu_seqlens" not in batch and mask is None and backend != BACKEND_NAME and is_tree(batch):
         raise ValueError(f"this shared-prompt batch has neither a tree mask nor tree kwargs; {backend!r} cannot run it")
     if "tree_cu_seqlens" not in batch and not is_tree(batch):  # documents only: the one batch check
@@ -169,8 +173,13 @@ class _Group:
         """The group with the prompt's last ``prompt`` tokens and each completion's first ``cap``
         (``cap >= 1``: a placeholder stays), its per-token values cut with the tokens."""
         values = {k: tuple(a[:cap] if a.ndim else a for a in v) for k, v in self.values.items()}
-        return _Group(self.prompt[self.prompt.size - prompt :], tuple(c[:cap] for c in self.completions),
-                      tuple(lab[:cap] for lab in self.labels), self.empty, values)  # fmt: skip
+        return _Group(
+            self.prompt[self.prompt.size - prompt :],
+            tuple(c[:cap] for c in self.completions),
+            tuple(lab[:cap] for lab in self.labels),
+            self.empty,
+            values,
+        )
 
 
 def _fit(prompt: int, completions: np.ndarray, max_length: int, copies: int) -> tuple[int, int]:
@@ -179,8 +188,10 @@ def _fit(prompt: int, completions: np.ndarray, max_length: int, copies: int) -> 
     k = completions.size
     p = min(prompt, (max_length - k) // copies)
     if p < 1:
-        raise ValueError(f"max_length={max_length} cannot hold one prompt token and one token of each of {k} "
-                         "completions; raise max_length")  # fmt: skip
+        raise ValueError(
+            f"max_length={max_length} cannot hold one prompt token and one token of each of {k} "
+            "completions; raise max_length"
+        )
     budget = max_length - copies * p
     low, high = 1, int(completions.max())  # largest cap whose completions fit the budget
     while low < high:
@@ -199,10 +210,19 @@ class _GroupCollator(RowFormat):
 
     share_prompt: bool = True
     """Put the prompt once before its completions (tree mask) instead of once per completion."""
-    totals: dict[str, int] = field(default_factory=lambda: {
-        "groups": 0, "completions": 0, "tokens": 0, "truncated_groups": 0, "truncated_tokens": 0,
-        "dropped_groups": 0, "dropped_tokens": 0, "empty_completions": 0, "empty_groups": 0,
-    })  # fmt: skip
+    totals: dict[str, int] = field(
+        default_factory=lambda: {
+            "groups": 0,
+            "completions": 0,
+            "tokens": 0,
+            "truncated_groups": 0,
+            "truncated_tokens": 0,
+            "dropped_groups": 0,
+            "dropped_tokens": 0,
+            "empty_completions": 0,
+            "empty_groups": 0,
+        }
+    )
     """Running counts over every batch collated so far (``tokens``: as given, one prompt per group;
     ``empty_completions`` / ``empty_groups``: packed completions with no trained token, and packed
     groups whose completions all are, counted after ``overlong``)."""
@@ -213,14 +233,20 @@ class _GroupCollator(RowFormat):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.share_prompt and self.attention == "position_ids":
-            raise ValueError("share_prompt=True needs attention='mask4d' (sdpa, eager) or 'varlen' (padless attention); "
-                             "position_ids alone cannot say that completions share a prompt")  # fmt: skip
+            raise ValueError(
+                "share_prompt=True needs attention='mask4d' (sdpa, eager) or 'varlen' (padless attention); "
+                "position_ids alone cannot say that completions share a prompt"
+            )
         if self.share_prompt and self.windows is not None:
-            raise ValueError(f"the 4D tree mask of a shared prompt carries no sliding window (windows={self.windows!r}); "
-                             "use share_prompt=False")  # fmt: skip
+            raise ValueError(
+                f"the 4D tree mask of a shared prompt carries no sliding window (windows={self.windows!r}); "
+                "use share_prompt=False"
+            )
         if self.overlong not in GROUP_OVERLONG:
-            raise ValueError(f"unknown overlong policy {self.overlong!r} for groups; choose one of "
-                             f"{', '.join(GROUP_OVERLONG)} (a group never splits across rows)")  # fmt: skip
+            raise ValueError(
+                f"unknown overlong policy {self.overlong!r} for groups; choose one of "
+                f"{', '.join(GROUP_OVERLONG)} (a group never splits across rows)"
+            )
         if self.strategy == "wrapped":
             raise ValueError("strategy='wrapped' cuts sequences across rows; a group never splits, choose another")
 
@@ -253,9 +279,11 @@ class _GroupCollator(RowFormat):
                 out.append(g)
                 continue
             if self.overlong == "error":
-                raise ValueError(f"group {i} needs {unit(g)} tokens in a row (share_prompt={self.share_prompt}), more "
-                                 f"than the collator's max_length={self.max_length}, and overlong='error' refuses it: "
-                                 "raise max_length, or choose overlong='truncate' or 'drop'")  # fmt: skip
+                raise ValueError(
+                    f"group {i} needs {unit(g)} tokens in a row (share_prompt={self.share_prompt}), more "
+                    f"than the collator's max_length={self.max_length}, and overlong='error' refuses it: "
+                    "raise max_length, or choose overlong='truncate' or 'drop'"
+                )
             if self.overlong == "drop":
                 t["dropped_groups"] += 1
                 t["dropped_tokens"] += g.given
@@ -304,8 +332,15 @@ class _GroupCollator(RowFormat):
             for gi in row:
                 g = layouts[gi]
                 for j, (o, prev) in enumerate(zip(g.completion_offsets, g.prev_offsets)):
-                    pieces.append((int(first_feature[gi]) + j, r, offset + int(o), groups[gi].completions[j].size,
-                                   offset + int(prev)))  # fmt: skip
+                    pieces.append(
+                        (
+                            int(first_feature[gi]) + j,
+                            r,
+                            offset + int(o),
+                            groups[gi].completions[j].size,
+                            offset + int(prev),
+                        )
+                    )
                 offset += g.input_ids.size
             row_parts.append([layouts[gi] for gi in row])
         width = self.row_width(max(sum(g.input_ids.size for g in parts) for parts in row_parts))
@@ -334,12 +369,19 @@ class _GroupCollator(RowFormat):
                 base = np.cumsum([0] + [lengths.size for lengths, _ in trees[:-1]])
                 cu = cu_seqlens_from_lengths(np.concatenate([lengths for lengths, _ in trees]))
                 parents = np.concatenate([np.where(p >= 0, p + b, -1) for (_, p), b in zip(trees, base)])
-                batch.update(tree_cu_seqlens=torch.from_numpy(cu).to(torch.int32),
-                             tree_parents=torch.from_numpy(parents))  # fmt: skip
+                batch.update(
+                    tree_cu_seqlens=torch.from_numpy(cu).to(torch.int32), tree_parents=torch.from_numpy(parents)
+                )
         arr = np.array(pieces, dtype=np.int64).reshape(-1, 5)
-        placements = Placements(feature=arr[:, 0], start=np.zeros(len(arr), dtype=np.int64), row=arr[:, 1],
-                                offset=arr[:, 2], length=arr[:, 3], num_features=int(first_feature[-1]),
-                                prev_offset=arr[:, 4])  # fmt: skip
+        placements = Placements(
+            feature=arr[:, 0],
+            start=np.zeros(len(arr), dtype=np.int64),
+            row=arr[:, 1],
+            offset=arr[:, 2],
+            length=arr[:, 3],
+            num_features=int(first_feature[-1]),
+            prev_offset=arr[:, 4],
+        )
         out = self._batch_type(batch, placements)
         out.kept = kept
         self._carry(out, groups)
@@ -451,8 +493,14 @@ class PreferenceCollator(_GroupCollator):
         for i, f in enumerate(features):
             f = _need(f, i, keys)
             pair = [self._completion(f[k], f"feature {i} {k}") for k in keys[1:]]
-            groups.append(_Group(self._tokens(f["prompt_ids"], f"feature {i} prompt_ids"), tuple(c for c, _ in pair),
-                                 tuple(lab for _, lab in pair), (False, False)))  # fmt: skip
+            groups.append(
+                _Group(
+                    self._tokens(f["prompt_ids"], f"feature {i} prompt_ids"),
+                    tuple(c for c, _ in pair),
+                    tuple(lab for _, lab in pair),
+                    (False, False),
+                )
+            )
         return groups
 
 
@@ -482,8 +530,10 @@ class RolloutCollator(_GroupCollator):
             having = [i for i, g in enumerate(groups) if name in g.values]
             if having and len(having) < len(groups):
                 missing = next(i for i, g in enumerate(groups) if name not in g.values)
-                raise ValueError(f"feature {missing} has no {name}, but feature {having[0]} has: give {name} for "
-                                 "every group of the batch or for none")  # fmt: skip
+                raise ValueError(
+                    f"feature {missing} has no {name}, but feature {having[0]} has: give {name} for "
+                    "every group of the batch or for none"
+                )
         return groups
 
     def _group(self, f: Mapping[str, Any], i: int, k: int) -> _Group:
@@ -494,26 +544,40 @@ class RolloutCollator(_GroupCollator):
             n = _count(entries)
             if n != k:
                 what = "values" if name == "advantages" else "entries"
-                raise ValueError(f"feature {i} {name} has {'no list of' if n is None else n} {what} for {k} "
-                                 f"completions; give one per completion_ids entry")  # fmt: skip
+                raise ValueError(
+                    f"feature {i} {name} has {'no list of' if n is None else n} {what} for {k} "
+                    f"completions; give one per completion_ids entry"
+                )
         sep = self.features.separator_id
         comps, labels, empty = [], [], []
         values: dict[str, list[np.ndarray]] = {name: [] for name in given if name != "completion_mask"}
         for j, c in enumerate(f["completion_ids"]):
             where = f"feature {i} completion_ids[{j}]"
             ids = _array(c, where, int)
-            mask = _mask(given["completion_mask"][j], ids.size, f"feature {i} completion_mask[{j}]",
-                         f"{ids.size} tokens of completion_ids[{j}]") if "completion_mask" in given else None  # fmt: skip
+            mask = (
+                _mask(
+                    given["completion_mask"][j],
+                    ids.size,
+                    f"feature {i} completion_mask[{j}]",
+                    f"{ids.size} tokens of completion_ids[{j}]",
+                )
+                if "completion_mask" in given
+                else None
+            )
             n = ids.size if mask is None else int(mask.sum())
             if mask is not None and not mask[:n].all():
-                raise ValueError(f"feature {i} completion_mask[{j}] has a 0 at token {int(np.argmin(mask))} before a 1 "
-                                 f"at token {int(np.flatnonzero(mask)[-1])}: a completion's mask is 1...1 0...0 "
-                                 "(trailing padding); mark tool results inside a completion with tool_mask")  # fmt: skip
+                raise ValueError(
+                    f"feature {i} completion_mask[{j}] has a 0 at token {int(np.argmin(mask))} before a 1 "
+                    f"at token {int(np.flatnonzero(mask)[-1])}: a completion's mask is 1...1 0...0 "
+                    "(trailing padding); mark tool results inside a completion with tool_mask"
+                )
             per_token = {}
             for name in values:
                 label = f"feature {i} {name}[{j}]"
                 if name == "tool_mask":
-                    per_token[name] = _mask(given[name][j], ids.size, label, f"{ids.size} tokens of completion_ids[{j}]")
+                    per_token[name] = _mask(
+                        given[name][j], ids.size, label, f"{ids.size} tokens of completion_ids[{j}]"
+                    )
                     continue
                 a = _array(given[name][j], label, float)
                 if name == "advantages" and a.ndim == 0:
@@ -521,14 +585,18 @@ class RolloutCollator(_GroupCollator):
                     values[name].append(a.astype(np.float32))
                     continue
                 if a.size != ids.size:
-                    raise ValueError(f"{label} has {a.size} values for the {ids.size} tokens of completion_ids[{j}]"
-                                     + ("" if name == "advantages" else ": from another batch?"))  # fmt: skip
+                    raise ValueError(
+                        f"{label} has {a.size} values for the {ids.size} tokens of completion_ids[{j}]"
+                        + ("" if name == "advantages" else ": from another batch?")
+                    )
                 _finite(a[:n], label, "advantages" if name == "advantages" else "log-probs")
                 per_token[name] = a
             if sep is not None and per_token:
-                raise ValueError(f"feature {i} {next(iter(per_token))} gives one value per completion token, but "
-                                 f"features.separator_id={sep} appends a token it has no value for; TRL's completions "
-                                 "end with their EOS already: build the RolloutCollator without separator_id")  # fmt: skip
+                raise ValueError(
+                    f"feature {i} {next(iter(per_token))} gives one value per completion token, but "
+                    f"features.separator_id={sep} appends a token it has no value for; TRL's completions "
+                    "end with their EOS already: build the RolloutCollator without separator_id"
+                )
             for name, a in per_token.items():
                 values[name].append(a[:n].astype(np.int64 if name == "tool_mask" else np.float32))
             if n == 0:  # an empty rollout: one untrained placeholder keeps its place (and its sum at 0)
@@ -652,30 +720,45 @@ def rollout_features(
     t = {k: _table(v, k) for k, v in tables.items() if v is not None}
     rows, width = t["completion_ids"].shape
     if t["prompt_ids"].shape[0] != rows:
-        raise ValueError(f"prompt_ids has {t['prompt_ids'].shape[0]} rows, completion_ids {rows}; one prompt per completion")
+        raise ValueError(
+            f"prompt_ids has {t['prompt_ids'].shape[0]} rows, completion_ids {rows}; one prompt per completion"
+        )
     for name, a in t.items():
         ref = "prompt_ids" if name == "prompt_mask" else "completion_ids"
-        if name not in ("prompt_ids", "completion_ids") and a.shape != t[ref].shape and not (name == "advantages" and a.shape == (rows,)):
+        if (
+            name not in ("prompt_ids", "completion_ids")
+            and a.shape != t[ref].shape
+            and not (name == "advantages" and a.shape == (rows,))
+        ):
             also = f" or ({rows},)" if name == "advantages" else ""
-            raise ValueError(f"{name} has shape {a.shape}, but {ref} has {t[ref].shape}; it must be {t[ref].shape}{also}")
+            raise ValueError(
+                f"{name} has shape {a.shape}, but {ref} has {t[ref].shape}; it must be {t[ref].shape}{also}"
+            )
     prompts, lengths = [], []
     for b in range(rows):
         pm = _mask(t["prompt_mask"][b], t["prompt_mask"].shape[1], f"prompt_mask row {b}", "prompt")
         p = int(pm.sum())
         if p == 0 or not pm[pm.size - p :].all():
-            raise ValueError(f"prompt_mask row {b} is {'all zero' if p == 0 else 'not 0...0 1...1'}: prompts are "
-                             "left-padded and every rollout needs a prompt")  # fmt: skip
+            raise ValueError(
+                f"prompt_mask row {b} is {'all zero' if p == 0 else 'not 0...0 1...1'}: prompts are "
+                "left-padded and every rollout needs a prompt"
+            )
         prompts.append(t["prompt_ids"][b, pm.size - p :].astype(np.int64))
         cm = _mask(t["completion_mask"][b], width, f"completion_mask row {b}", "completion")
         n = int(cm.sum())
         if not cm[:n].all():
-            raise ValueError(f"completion_mask row {b} has a 0 at token {int(np.argmin(cm))} before a 1: completions "
-                             "are right-padded (1...1 0...0); mark tool results with tool_mask")  # fmt: skip
+            raise ValueError(
+                f"completion_mask row {b} has a 0 at token {int(np.argmin(cm))} before a 1: completions "
+                "are right-padded (1...1 0...0); mark tool results with tool_mask"
+            )
         lengths.append(n)
     starts = _group_starts(prompts, num_generations)
     features = []
     for lo, hi in zip(starts, [*starts[1:], rows]):
-        f: dict[str, Any] = {"prompt_ids": prompts[lo], "completion_ids": [t["completion_ids"][b, : lengths[b]].astype(np.int64) for b in range(lo, hi)]}  # noqa: E501
+        f: dict[str, Any] = {
+            "prompt_ids": prompts[lo],
+            "completion_ids": [t["completion_ids"][b, : lengths[b]].astype(np.int64) for b in range(lo, hi)],
+        }  # noqa: E501
         for name in ("tool_mask", "advantages", "old_per_token_logps", "ref_per_token_logps"):
             if name in t:
                 a = t[name]
@@ -695,7 +778,9 @@ def _host(values: Any) -> Any:
 def _table(values: Any, name: str) -> np.ndarray:
     a = np.asarray(_host(values))
     if a.ndim not in ((1, 2) if name == "advantages" else (2,)):
-        raise ValueError(f"{name} must be a [B, {'P' if name.startswith('prompt') else 'T'}] table, got shape {a.shape}")
+        raise ValueError(
+            f"{name} must be a [B, {'P' if name.startswith('prompt') else 'T'}] table, got shape {a.shape}"
+        )
     return a
 
 
@@ -706,12 +791,16 @@ def _group_starts(prompts: list[np.ndarray], num_generations: int | None) -> lis
         return [b for b in range(len(prompts)) if b == 0 or not same(prompts[b], prompts[b - 1])]
     check_int(num_generations, "num_generations")
     if len(prompts) % num_generations:
-        raise ValueError(f"num_generations={num_generations} does not divide the {len(prompts)} rows of completion_ids; "
-                         "a group never splits")  # fmt: skip
+        raise ValueError(
+            f"num_generations={num_generations} does not divide the {len(prompts)} rows of completion_ids; "
+            "a group never splits"
+        )
     starts = list(range(0, len(prompts), num_generations))
     for g, lo in enumerate(starts):
         for b in range(lo + 1, lo + num_generations):
             if not same(prompts[b], prompts[lo]):
-                raise ValueError(f"rows {lo}..{lo + num_generations - 1} are group {g} (num_generations="
-                                 f"{num_generations}), but row {b}'s prompt differs from row {lo}'s")  # fmt: skip
+                raise ValueError(
+                    f"rows {lo}..{lo + num_generations - 1} are group {g} (num_generations="
+                    f"{num_generations}), but row {b}'s prompt differs from row {lo}'s"
+                )
     return starts

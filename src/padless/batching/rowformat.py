@@ -89,7 +89,9 @@ class FeatureSpec:
             return None
         from padless.batching.weights import feature_weights
 
-        return [feature_weights(f, self.loss_weights, self.separator_id, f"feature {i}") for i, f in enumerate(features)]
+        return [
+            feature_weights(f, self.loss_weights, self.separator_id, f"feature {i}") for i, f in enumerate(features)
+        ]
 
     def tokens(self, values: Any, where: str) -> np.ndarray:
         """Validated token ids (no labels, no separator): a prompt."""
@@ -151,36 +153,50 @@ def check_feature_keys(feature: Mapping[str, Any], where: str, loss_weights: str
     extra = [k for k in feature if k not in FEATURE_KEYS and k not in REDERIVED_KEYS and k != loss_weights]
     vision = [k for k in extra if k in VISION_KEYS]
     if vision:
-        raise ValueError(f"{where} carries image inputs ({', '.join(map(repr, vision))}): padless' collators do "
-                         "not carry images with their documents yet, and a batch without them would train the "
-                         "model on image placeholder tokens; batch these with the model's own processor and "
-                         "collator, or remove the image records")  # fmt: skip
+        raise ValueError(
+            f"{where} carries image inputs ({', '.join(map(repr, vision))}): padless' collators do "
+            "not carry images with their documents yet, and a batch without them would train the "
+            "model on image placeholder tokens; batch these with the model's own processor and "
+            "collator, or remove the image records"
+        )
     if extra:
-        raise ValueError(f"{where} has keys the collator does not pack: {', '.join(map(repr, extra))} (it packs "
-                         f"{', '.join(map(repr, FEATURE_KEYS))} and re-derives {', '.join(map(repr, REDERIVED_KEYS))}); "
-                         "remove them from the features (datasets: dataset.remove_columns([...])), or turn a mask "
-                         "into labels (-100 where a token is not trained)")  # fmt: skip
+        raise ValueError(
+            f"{where} has keys the collator does not pack: {', '.join(map(repr, extra))} (it packs "
+            f"{', '.join(map(repr, FEATURE_KEYS))} and re-derives {', '.join(map(repr, REDERIVED_KEYS))}); "
+            "remove them from the features (datasets: dataset.remove_columns([...])), or turn a mask "
+            "into labels (-100 where a token is not trained)"
+        )
     n = len(feature["input_ids"])
     mask = feature.get("attention_mask")
     if mask is not None:
         zeros = int(np.asarray(mask).size - np.count_nonzero(np.asarray(mask)))
         if np.asarray(mask).shape != (n,) or zeros:
-            what = f"{zeros} padding position{'s' if zeros > 1 else ''} (0)" if zeros else f"shape {np.asarray(mask).shape}, not ({n},)"
-            raise ValueError(f"{where}'s attention_mask has {what}: a packed row marks documents itself, and "
-                             "padding inside a feature would be packed as tokens; pass the features unpadded")  # fmt: skip
+            what = (
+                f"{zeros} padding position{'s' if zeros > 1 else ''} (0)"
+                if zeros
+                else f"shape {np.asarray(mask).shape}, not ({n},)"
+            )
+            raise ValueError(
+                f"{where}'s attention_mask has {what}: a packed row marks documents itself, and "
+                "padding inside a feature would be packed as tokens; pass the features unpadded"
+            )
     positions = feature.get("position_ids")
     if positions is not None:
         got = np.asarray(positions).reshape(-1)
         starts = _starts(feature, n)
         want = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
         if got.shape != want.shape or not np.array_equal(got, want):
-            raise ValueError(f"{where}'s position_ids do not count 0..n-1 from each document's start (multimodal "
-                             "or shifted positions?); packed rows restart positions per document themselves, so "
-                             "they cannot carry these: remove 'position_ids' from the features")  # fmt: skip
+            raise ValueError(
+                f"{where}'s position_ids do not count 0..n-1 from each document's start (multimodal "
+                "or shifted positions?); packed rows restart positions per document themselves, so "
+                "they cannot carry these: remove 'position_ids' from the features"
+            )
     types = feature.get("token_type_ids")
     if types is not None and np.count_nonzero(np.asarray(types)):
-        raise ValueError(f"{where}'s token_type_ids are not all 0: packed rows do not carry token types; remove "
-                         "'token_type_ids', or train padded")  # fmt: skip
+        raise ValueError(
+            f"{where}'s token_type_ids are not all 0: packed rows do not carry token types; remove "
+            "'token_type_ids', or train padded"
+        )
     length = feature.get("length")
     if length is not None and int(np.asarray(length).reshape(-1)[0]) != n:
         raise ValueError(f"{where}'s length {length} is not the length of its input_ids ({n})")
@@ -239,7 +255,9 @@ class RowFormat:
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_INPUTS:
-            raise ValueError(f"unknown attention inputs {self.attention!r}; choose one of {', '.join(ATTENTION_INPUTS)}")
+            raise ValueError(
+                f"unknown attention inputs {self.attention!r}; choose one of {', '.join(ATTENTION_INPUTS)}"
+            )
         if self.max_length is not None:
             check_int(self.max_length, "max_length")
         if self.pad_to_multiple_of is not None:
@@ -280,9 +298,11 @@ class RowFormat:
             changed = self._unfit(self.verdict)
             if not changed:
                 return
-            raise ValueError(f"this {name} was fitted to {self.verdict.model}, and since then its settings changed "
-                             f"({changed}), which that model was not checked for; fit it again: "
-                             f"{name}.for_model(model, ...) or padless.check_collator(model, collator)")  # fmt: skip
+            raise ValueError(
+                f"this {name} was fitted to {self.verdict.model}, and since then its settings changed "
+                f"({changed}), which that model was not checked for; fit it again: "
+                f"{name}.for_model(model, ...) or padless.check_collator(model, collator)"
+            )
         if not self.needs_model:
             return
         raise ValueError(
@@ -291,7 +311,7 @@ class RowFormat:
             f"build it with {name}.for_model(model, ...), or fit it with "
             f"collator = padless.check_collator(model, collator); model_free=True collates anyway and leaves "
             f"each batch to you (padless.check_batch(model, batch) before model(**batch))"
-        )  # fmt: skip
+        )
 
     def _unfit(self, verdict: Verdict) -> str:
         """What of this format's settings does not fit ``verdict`` (empty: all of it fits): the row
@@ -305,8 +325,13 @@ class RowFormat:
         changed = [f"{k} {v!r} -> {getattr(self, k)!r}" for k, v in judged.items() if getattr(self, k) != v]
         if changed:
             return ", ".join(changed)
-        reason = mismatch(verdict, self.attention, subject="collator", windows=self.windows,
-                          mask_dtype=self.mask_dtype or torch.float32)  # fmt: skip
+        reason = mismatch(
+            verdict,
+            self.attention,
+            subject="collator",
+            windows=self.windows,
+            mask_dtype=self.mask_dtype or torch.float32,
+        )
         return "" if reason is None else reason.rsplit("; ", 1)[0]
 
     def exactness_settings(self) -> dict[str, Any]:
@@ -314,8 +339,13 @@ class RowFormat:
         (windows and refusals depend on the longest document), the attention inputs, the mask's
         windows and dtype, the layout. Padding, planner and validation settings do not matter."""
         windows = tuple(sorted(self.windows.items())) if isinstance(self.windows, dict) else self.windows
-        return {"max_length": self.max_length, "attention": self.attention, "windows": windows,
-                "mask_dtype": self.mask_dtype, "layout": self.layout}  # fmt: skip
+        return {
+            "max_length": self.max_length,
+            "attention": self.attention,
+            "windows": windows,
+            "mask_dtype": self.mask_dtype,
+            "layout": self.layout,
+        }
 
     @property
     def layout(self) -> Layout:
@@ -358,12 +388,20 @@ class RowFormat:
         dtype = getattr(model, "dtype", None) if dtype is None else dtype
         if model_facts(model, device, dtype).mixers_patchable:  # unknown kinds: the rule says why not
             enable_per_document_mixers(model)  # idempotent; keeps no-mixer models untouched
-        verdict = select.check_exact(model, backend, device=device, dtype=dtype, max_length=options.get("max_length"),
-                                     layout=cls.layout_of(options))  # fmt: skip
+        verdict = select.check_exact(
+            model,
+            backend,
+            device=device,
+            dtype=dtype,
+            max_length=options.get("max_length"),
+            layout=cls.layout_of(options),
+        )
         needed = verdict.inputs  # chunked attention: position_ids alone (transformers' own masks)
         if options.setdefault("attention", needed) != needed:
-            raise ValueError(f"attention={options['attention']!r} does not isolate documents on backend {backend!r}, "
-                             f"which needs attention={needed!r}")  # fmt: skip
+            raise ValueError(
+                f"attention={options['attention']!r} does not isolate documents on backend {backend!r}, "
+                f"which needs attention={needed!r}"
+            )
         options.setdefault("mask_dtype", verdict.mask_dtype)
         if needed == "mask4d":
             options.setdefault("windows", verdict.windows)
@@ -385,7 +423,11 @@ class RowFormat:
         return round_up(width, self.pad_to_multiple_of)
 
     def row_inputs(
-        self, input_ids: np.ndarray, labels: np.ndarray, position_ids: np.ndarray, row_docs: Sequence[Sequence[int]] | None
+        self,
+        input_ids: np.ndarray,
+        labels: np.ndarray,
+        position_ids: np.ndarray,
+        row_docs: Sequence[Sequence[int]] | None,
     ) -> dict[str, Any]:
         """The model inputs of packed ``[R, L]`` rows: ``input_ids``, ``labels``, ``position_ids``,
         ``use_cache=False`` (a cache silently turns off transformers' packed-row handling) and, for rows
@@ -435,10 +477,16 @@ def check_collator(model: Any, collator: _Format, *, device: Any = None, dtype: 
     from padless.attention.verdict import mismatch
 
     backend = base_model_of(model).config._attn_implementation
-    verdict = select.check_exact(model, backend, device=device, dtype=dtype, max_length=collator.max_length,
-                                 layout=collator.layout)  # fmt: skip
-    reason = mismatch(verdict, collator.attention, subject="collator", windows=collator.windows,
-                      mask_dtype=collator.mask_dtype or torch.float32)  # fmt: skip
+    verdict = select.check_exact(
+        model, backend, device=device, dtype=dtype, max_length=collator.max_length, layout=collator.layout
+    )
+    reason = mismatch(
+        verdict,
+        collator.attention,
+        subject="collator",
+        windows=collator.windows,
+        mask_dtype=collator.mask_dtype or torch.float32,
+    )
     if reason is not None:
         raise ValueError(reason)
     return dataclasses.replace(collator, verdict=verdict)  # a copy: the running totals stay shared

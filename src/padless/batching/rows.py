@@ -43,8 +43,12 @@ class PackedRowView:
         if not isinstance(key, tuple):
             raise ValueError(f"a packed row is read by a row key (a tuple of (sequence, start, length)), got {key!r}")
         if not key:
-            return {"input_ids": np.array([self.pad_token_id], dtype=np.int64),
-                    "labels": np.array([IGNORE_INDEX], dtype=np.int64), "seq_lengths": np.array([1], dtype=np.int64)}
+            return {
+                "input_ids": np.array([self.pad_token_id], dtype=np.int64),
+                "labels": np.array([IGNORE_INDEX], dtype=np.int64),
+                "seq_lengths": np.array([1], dtype=np.int64),
+            }
+
         def lookup(i: int) -> tuple[np.ndarray, np.ndarray]:
             feature = self.dataset[i]
             if not isinstance(feature, Mapping) or "input_ids" not in feature:
@@ -76,7 +80,7 @@ class PackedRows:
 
         self.sequences = FeatureSpec().prepare(features)
         self.plan = plan_packs(self.sequences.lengths, max_length, strategy=strategy, overlong=overlong, seed=seed)
-        validated = [{"input_ids": i, "labels": l} for i, l in zip(self.sequences.input_ids, self.sequences.labels)]
+        validated = [{"input_ids": i, "labels": lab} for i, lab in zip(self.sequences.input_ids, self.sequences.labels)]
         self._rows = PackedRowView(validated)  # assembles a row from its (sequence, start, length) pieces
 
     def __len__(self) -> int:

@@ -69,7 +69,9 @@ class LengthGroupedBatchSampler:
         check_int(self.mega_batch_mult, "mega_batch_mult")
         if self.max_tokens is not None and self.lengths.size and self.max_tokens < self.lengths.max():
             i = int(np.argmax(self.lengths))
-            raise ValueError(f"max_tokens={self.max_tokens} is smaller than example {i} ({int(self.lengths[i])} tokens)")
+            raise ValueError(
+                f"max_tokens={self.max_tokens} is smaller than example {i} ({int(self.lengths[i])} tokens)"
+            )
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -78,7 +80,9 @@ class LengthGroupedBatchSampler:
         rng = np.random.default_rng(self.seed + self.epoch)
         n = self.lengths.size
         order = rng.permutation(n) if self.shuffle else np.arange(n)
-        per_mega = (self.batch_size or max(1, int(self.max_tokens // max(1, np.median(self.lengths))))) * self.mega_batch_mult
+        per_mega = (
+            self.batch_size or max(1, int(self.max_tokens // max(1, np.median(self.lengths))))
+        ) * self.mega_batch_mult
         grouped = group_by_length(self.lengths, order, per_mega)
         out: list[list[int]] = []
         for s in range(0, n, per_mega):  # a batch never spans two mega-batches
@@ -201,11 +205,20 @@ class DistributedPackedBatchSampler:
         if self._cache is None or self._cache[0] != self.epoch:
             assert self.num_replicas is not None  # set in __post_init__
             sched = schedule_epoch(
-                self.lengths, self.max_length, world_size=self.num_replicas, rows_per_batch=self.rows_per_batch,
-                epoch=self.epoch, seed=self.seed, shuffle=self.shuffle, strategy=self.strategy,
-                overlong=self.overlong, remainder=self.remainder, max_per_row=self.max_per_row,
-                balance=self.balance, cost_a=self.cost_a,
-            )  # fmt: skip
+                self.lengths,
+                self.max_length,
+                world_size=self.num_replicas,
+                rows_per_batch=self.rows_per_batch,
+                epoch=self.epoch,
+                seed=self.seed,
+                shuffle=self.shuffle,
+                strategy=self.strategy,
+                overlong=self.overlong,
+                remainder=self.remainder,
+                max_per_row=self.max_per_row,
+                balance=self.balance,
+                cost_a=self.cost_a,
+            )
             self._cache = (self.epoch, sched)
         return self._cache[1]
 

@@ -91,11 +91,14 @@ class _Reader:
         self.source, self.worker, self.workers = source, worker, workers
         if isinstance(source, Iterator):
             self.kind = "iterator"
-        elif isinstance(source, Sequence) or (hasattr(source, "__len__") and hasattr(source, "__getitem__")
-                                              and not isinstance(source, Mapping)):  # fmt: skip
+        elif isinstance(source, Sequence) or (
+            hasattr(source, "__len__") and hasattr(source, "__getitem__") and not isinstance(source, Mapping)
+        ):
             self.kind = "sequence"
-        elif hasattr(source, "load_state_dict") and hasattr(source, "state_dict") and (
-            workers == 1 or _splits_itself(source)
+        elif (
+            hasattr(source, "load_state_dict")
+            and hasattr(source, "state_dict")
+            and (workers == 1 or _splits_itself(source))
         ):
             self.kind = "stateful"
         elif isinstance(source, Iterable):
@@ -117,8 +120,10 @@ class _Reader:
                 self.source.load_state_dict(snapshot)
             return iter(self.source)
         if self.kind == "iterator" and pos:
-            raise ValueError("cannot resume a one-shot iterator (a generator): give the stream a re-iterable source "
-                             "(a list, a datasets.Dataset or IterableDataset, an object with __iter__)")  # fmt: skip
+            raise ValueError(
+                "cannot resume a one-shot iterator (a generator): give the stream a re-iterable source "
+                "(a list, a datasets.Dataset or IterableDataset, an object with __iter__)"
+            )
         return islice(iter(self.source), w + pos * k, None, k)
 
 
@@ -131,8 +136,15 @@ class PackedStream:
     A torch ``IterableDataset`` of the same is :class:`PackedIterableDataset`.
     """
 
-    def __init__(self, source: Iterable[Mapping[str, Any]], max_length: int, *, dtype: Any = np.int64,
-                 vocab_size: int | None = None, **options: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        source: Iterable[Mapping[str, Any]],
+        max_length: int,
+        *,
+        dtype: Any = np.int64,
+        vocab_size: int | None = None,
+        **options: Any,
+    ) -> None:
         self.source = source
         if vocab_size is not None and vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1 (or None), got {vocab_size}")
@@ -163,8 +175,10 @@ class PackedStream:
         start, snap = 0, None
         if state is not None:
             if state["worker"] != [worker, workers]:
-                raise ValueError(f"the state was saved by worker {state['worker'][0]} of {state['worker'][1]}; "
-                                 f"this is worker {worker} of {workers}: resume with the same num_workers")  # fmt: skip
+                raise ValueError(
+                    f"the state was saved by worker {state['worker'][0]} of {state['worker'][1]}; "
+                    f"this is worker {worker} of {workers}: resume with the same num_workers"
+                )
             planner.load_state_dict(state["planner"])
             start, snap = state["source"]["position"], state["source"]["snapshot"]
         snapshots: deque[tuple[int, Any]] = deque([(start, snap)])  # (position, where to re-open for it)
@@ -178,14 +192,18 @@ class PackedStream:
             for pos in range(start, planner.consumed):
                 example = next(examples, None)
                 if example is None:
-                    raise ValueError(f"the source ended at example {pos}, before the saved position "
-                                     f"{planner.consumed}: is it the source the state was saved from?")  # fmt: skip
+                    raise ValueError(
+                        f"the source ended at example {pos}, before the saved position "
+                        f"{planner.consumed}: is it the source the state was saved from?"
+                    )
                 if pos in need:
                     ids, labels = _as_tokens(example, pos, self.vocab_size)
                     kept = min(ids.size, self.options.max_length) if self.options.overlong == "truncate" else ids.size
                     if kept < need[pos][1]:
-                        raise ValueError(f"example {pos} has {ids.size} tokens, fewer than the state buffered: "
-                                         "is it the source the state was saved from?")  # fmt: skip
+                        raise ValueError(
+                            f"example {pos} has {ids.size} tokens, fewer than the state buffered: "
+                            "is it the source the state was saved from?"
+                        )
                     store[pos] = [ids[:kept], labels[:kept], need[pos][0]]
         while True:
             while planner.pending:
@@ -228,9 +246,13 @@ class PackedStream:
         if self._resume is not None:
             return self._resume
         if self._live is None:  # nothing read yet
-            return {"version": STATE_VERSION, "options": asdict(self.options), "worker": list(_worker()),
-                    "source": {"position": 0, "snapshot": None},
-                    "planner": StreamPlanner(self.options).state_dict()}  # fmt: skip
+            return {
+                "version": STATE_VERSION,
+                "options": asdict(self.options),
+                "worker": list(_worker()),
+                "source": {"position": 0, "snapshot": None},
+                "planner": StreamPlanner(self.options).state_dict(),
+            }
         reader, snapshots = self._live
         oldest = self._planner.oldest()
         if reader.kind == "stateful":
@@ -252,8 +274,10 @@ class PackedStream:
         saved = state["options"]
         for f in fields(StreamOptions):
             if saved.get(f.name) != getattr(self.options, f.name):
-                raise ValueError(f"the state was saved with {f.name}={saved.get(f.name)!r}; this stream has "
-                                 f"{f.name}={getattr(self.options, f.name)!r}")  # fmt: skip
+                raise ValueError(
+                    f"the state was saved with {f.name}={saved.get(f.name)!r}; this stream has "
+                    f"{f.name}={getattr(self.options, f.name)!r}"
+                )
         self._resume = dict(state)
         self._planner = StreamPlanner(self.options)
         self._planner.load_state_dict(state["planner"])

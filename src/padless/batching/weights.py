@@ -21,7 +21,9 @@ import numpy as np
 def feature_weights(feature: Mapping[str, Any], key: str, separator_id: int | None, where: str) -> np.ndarray:
     """The validated float32 weights of one feature, extended for an appended separator."""
     if key not in feature:
-        raise ValueError(f"{where} has no {key!r}: FeatureSpec(loss_weights={key!r}) needs per-token weights in every feature")
+        raise ValueError(
+            f"{where} has no {key!r}: FeatureSpec(loss_weights={key!r}) needs per-token weights in every feature"
+        )
     raw = feature[key]
     w = np.asarray(raw.detach().cpu().numpy() if hasattr(raw, "detach") else raw, dtype=np.float64)
     ids = feature["input_ids"]
@@ -46,7 +48,9 @@ def padded_weights(weights: Sequence[np.ndarray], width: int) -> np.ndarray:
 def placed_weights(weights: Sequence[np.ndarray], placements: Any, shape: tuple[int, int]) -> np.ndarray:
     """``[R, L]`` weights of a packed batch, each piece's slice where :class:`Placements` put it."""
     out = np.zeros(shape, dtype=np.float32)
-    for i, s, r, o, n in zip(placements.feature, placements.start, placements.row, placements.offset, placements.length):
+    for i, s, r, o, n in zip(
+        placements.feature, placements.start, placements.row, placements.offset, placements.length
+    ):
         piece = weights[i][s : s + n]
         if piece.size != n:
             raise ValueError(f"feature {i}: {weights[i].size} loss weights, too few for its tokens [{s}, {s + n})")

@@ -31,8 +31,16 @@ def _child(argv: list[str]) -> int:
         torch.set_num_threads(cfg.threads)
     device, dtype = resolve_device_dtype(cfg)
     data = load_data(cfg)
-    run, at = run_one_strategy(cfg, name, data, device=device, dtype=dtype, progress="--no-progress" not in argv,
-                               allocator=allocator, own_process=True)  # fmt: skip
+    run, at = run_one_strategy(
+        cfg,
+        name,
+        data,
+        device=device,
+        dtype=dtype,
+        progress="--no-progress" not in argv,
+        allocator=allocator,
+        own_process=True,
+    )
     payload: dict[str, Any] = {"run": dataclasses.asdict(run), "interrupted_at": at,
                                "lengths": [len(f["input_ids"]) for f in data[0]]}  # fmt: skip
     atomic_write_text(Path(out), json.dumps(payload))

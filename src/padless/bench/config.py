@@ -100,10 +100,16 @@ class RunConfig:
     def __post_init__(self) -> None:
         unknown = [s for s in self.strategies if s not in BENCH_STRATEGIES]
         if unknown or not self.strategies:
-            raise ValueError(f"strategies: unknown strategy {unknown[0] if unknown else '(none given)'!r}; "
-                             f"choose from {', '.join(BENCH_STRATEGIES)}")  # fmt: skip
-        for name, allowed in (("mode", Mode), ("allocator", Allocator), ("compile", Compile),
-                              ("distributed", Distributed)):
+            raise ValueError(
+                f"strategies: unknown strategy {unknown[0] if unknown else '(none given)'!r}; "
+                f"choose from {', '.join(BENCH_STRATEGIES)}"
+            )
+        for name, allowed in (
+            ("mode", Mode),
+            ("allocator", Allocator),
+            ("compile", Compile),
+            ("distributed", Distributed),
+        ):
             if getattr(self, name) not in typing.get_args(allowed):
                 raise ValueError(f"{name} {getattr(self, name)!r}: choose one of {', '.join(typing.get_args(allowed))}")
         if self.lora is not None and (isinstance(self.lora, bool) or not isinstance(self.lora, int) or self.lora < 1):
@@ -114,18 +120,27 @@ class RunConfig:
                 raise ValueError(f"{name}={value!r} must be >= 1 (an integer)")
         # a run that trains nothing or times nothing is refused, not reported as a result
         if not 0 <= self.warmup_steps < self.steps:
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0 and less than steps={self.steps} "
-                             "(warm-up steps are not timed)")  # fmt: skip
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps} must be >= 0 and less than steps={self.steps} "
+                "(warm-up steps are not timed)"
+            )
         multiple = self.pad_to_multiple_of
         if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
             raise ValueError(f"pad_to_multiple_of={multiple!r} must be >= 1 (an integer) or None")
         if self.distributed == "fsdp" and (self.compile != "off" or self.dtype == "float16" or self.lora is not None):
-            what = (f"compile={self.compile!r}" if self.compile != "off" else "lora (frozen base weights in the shards)"
-                    if self.lora is not None else "dtype='float16' (loss scaling of shards)")  # fmt: skip
+            what = (
+                f"compile={self.compile!r}"
+                if self.compile != "off"
+                else "lora (frozen base weights in the shards)"
+                if self.lora is not None
+                else "dtype='float16' (loss scaling of shards)"
+            )
             raise ValueError(f"distributed='fsdp' with {what} has not been run; use distributed='ddp' for it")
         if self.compile == "static" and multiple is None:
-            raise ValueError("compile='static' compiles a graph per row shape, so pad_to_multiple_of must be set "
-                             "(e.g. 64: rows then take a few shapes); or use compile='dynamic'")  # fmt: skip
+            raise ValueError(
+                "compile='static' compiles a graph per row shape, so pad_to_multiple_of must be set "
+                "(e.g. 64: rows then take a few shapes); or use compile='dynamic'"
+            )
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1 (or None), got {self.limit}")
         if not self.lr > 0:

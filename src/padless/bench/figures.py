@@ -169,8 +169,9 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def _timed_rates(run: MeasuredSteps, values: Sequence[float], warmup_steps: int,
-                 steps: Sequence[int] | None = None) -> list[float]:
+def _timed_rates(
+    run: MeasuredSteps, values: Sequence[float], warmup_steps: int, steps: Sequence[int] | None = None
+) -> list[float]:
     """``values[i] / step_time_s[i]`` for the timed steps (``steps``: those indices only); a step
     timed at 0 s (a coarse clock) has no rate and is left out."""
     picked = range(warmup_steps, len(run.step_time_s)) if steps is None else steps
@@ -246,12 +247,23 @@ def paired_steps(run: MeasuredSteps, other: MeasuredSteps, warmup_steps: int) ->
     if not pairs:
         return None
     ratios = [b / a for a, b in pairs]
-    return PairedSteps(steps=len(pairs), faster=sum(1 for a, b in pairs if a < b), ratio_p25=percentile(ratios, 25),
-                       ratio_median=percentile(ratios, 50), ratio_p75=percentile(ratios, 75))  # fmt: skip
+    return PairedSteps(
+        steps=len(pairs),
+        faster=sum(1 for a, b in pairs if a < b),
+        ratio_p25=percentile(ratios, 25),
+        ratio_median=percentile(ratios, 50),
+        ratio_p75=percentile(ratios, 75),
+    )
 
 
-def _within_noise(name: str, other: str, runs: dict[str, MeasuredSteps], figs: dict[str, StrategyFigures],
-                  warmup_steps: int, paired: bool) -> str | None:
+def _within_noise(
+    name: str,
+    other: str,
+    runs: dict[str, MeasuredSteps],
+    figs: dict[str, StrategyFigures],
+    warmup_steps: int,
+    paired: bool,
+) -> str | None:
     """How ``name``'s speedup over ``other`` sits inside the spread, or ``None`` if it stands clear.
     Same examples per step (``paired``): the per-step speedup's interquartile range holds x1.00 (one
     strategy is faster in fewer than three steps in four). Otherwise the two strategies' per-step
@@ -260,8 +272,10 @@ def _within_noise(name: str, other: str, runs: dict[str, MeasuredSteps], figs: d
         p = paired_steps(runs[name], runs[other], warmup_steps)
         if p is None or not p.ratio_p25 <= 1.0 <= p.ratio_p75:
             return None
-        return (f"{name} over {other}: per-step speedup ×{p.ratio_p25:.2f}-×{p.ratio_p75:.2f} (IQR), "
-                f"faster in {p.faster} of {p.steps} steps")  # fmt: skip
+        return (
+            f"{name} over {other}: per-step speedup ×{p.ratio_p25:.2f}-×{p.ratio_p75:.2f} (IQR), "
+            f"faster in {p.faster} of {p.steps} steps"
+        )
     a, b = figs[name], figs[other]
     lo_a, hi_a = a.real_tokens_per_s_p25, a.real_tokens_per_s_p75
     lo_b, hi_b = b.real_tokens_per_s_p25, b.real_tokens_per_s_p75
@@ -270,25 +284,40 @@ def _within_noise(name: str, other: str, runs: dict[str, MeasuredSteps], figs: d
     return f"{name} over {other}: real tokens/s IQR {lo_a:,.0f}-{hi_a:,.0f} against {lo_b:,.0f}-{hi_b:,.0f}"
 
 
-def _warnings(runs: dict[str, MeasuredSteps], figs: dict[str, StrategyFigures], warmup_steps: int, paired: bool,
-              baseline: str, speedup: dict[str, float | None], ideal: float | None, strongest: str | None,
-              fraction: dict[str, float | None], peak: float | None) -> list[str]:
+def _warnings(
+    runs: dict[str, MeasuredSteps],
+    figs: dict[str, StrategyFigures],
+    warmup_steps: int,
+    paired: bool,
+    baseline: str,
+    speedup: dict[str, float | None],
+    ideal: float | None,
+    strongest: str | None,
+    fraction: dict[str, float | None],
+    peak: float | None,
+) -> list[str]:
     out: list[str] = []
     few = {n: f.measured_steps for n, f in figs.items() if f.measured_steps < MIN_TIMED_STEPS}
     if few:
         counts = ", ".join(f"{n} {k}" for n, k in few.items())
-        out.append(f"too few timed steps for a speedup: {counts} (fewer than {MIN_TIMED_STEPS} after the "
-                   f"{warmup_steps} warm-up step(s)); run more steps, at least warmup_steps + {MIN_TIMED_STEPS}")
+        out.append(
+            f"too few timed steps for a speedup: {counts} (fewer than {MIN_TIMED_STEPS} after the "
+            f"{warmup_steps} warm-up step(s)); run more steps, at least warmup_steps + {MIN_TIMED_STEPS}"
+        )
     over = {n: x for n, x in fraction.items() if x is not None and x > 1.0}
     if over and ideal is not None:
         listed = ", ".join(f"{n} ×{speedup[n]:.2f} ({100 * x:.0f}%)" for n, x in over.items())
-        out.append(f"speedup over the ideal ×{ideal:.2f} ({baseline}'s tokens fed / real tokens), which removing "
-                   f"padding cannot beat: {listed}; the timing or the ideal is wrong, so 'of ideal' shows n/a")
+        out.append(
+            f"speedup over the ideal ×{ideal:.2f} ({baseline}'s tokens fed / real tokens), which removing "
+            f"padding cannot beat: {listed}; the timing or the ideal is wrong, so 'of ideal' shows n/a"
+        )
     mfu = {n: f.mfu for n, f in figs.items() if f.mfu is not None and f.mfu > 1.0}
     if mfu:
         listed = ", ".join(f"{n} ({100 * x:.0f}%)" for n, x in mfu.items())
-        out.append(f"MFU over 100%: {listed}; the measured peak ({peak or 0:.3g} FLOP/s), the FLOP count or the "
-                   "step timing is wrong, so MFU shows n/a")
+        out.append(
+            f"MFU over 100%: {listed}; the measured peak ({peak or 0:.3g} FLOP/s), the FLOP count or the "
+            "step timing is wrong, so MFU shows n/a"
+        )
     pairs = [(n, baseline) for n in figs if n != baseline and baseline in figs]
     if strongest is not None and PADLESS in figs and strongest != baseline:
         pairs.insert(0, (PADLESS, strongest))
@@ -297,13 +326,21 @@ def _warnings(runs: dict[str, MeasuredSteps], figs: dict[str, StrategyFigures], 
         out.append("speedup within the spread of the step times, not a measured difference: " + "; ".join(noisy))
     heavy = [n for n, f in figs.items() if (f.cpu_sys_fraction or 0) > SYS_TIME_WARNING]
     if heavy:
-        out.append(f"kernel (sys) time above {SYS_TIME_WARNING:.0%} of CPU time for {', '.join(heavy)}: the run "
-                   "spent its time in page faults or the allocator, not in training")
+        out.append(
+            f"kernel (sys) time above {SYS_TIME_WARNING:.0%} of CPU time for {', '.join(heavy)}: the run "
+            "spent its time in page faults or the allocator, not in training"
+        )
     return out
 
 
-def summarize(strategies: dict[str, MeasuredSteps], warmup_steps: int, baseline: str = BASELINE, *,
-              peak_flops_per_s: float | None = None, same_examples: bool = True) -> Summary:
+def summarize(
+    strategies: dict[str, MeasuredSteps],
+    warmup_steps: int,
+    baseline: str = BASELINE,
+    *,
+    peak_flops_per_s: float | None = None,
+    same_examples: bool = True,
+) -> Summary:
     """Speedup of each strategy over ``baseline`` (ratio of the median per-step real tokens/s), the
     strongest baseline run and packing's speedup over it, the ideal speedup (the baseline's tokens
     fed / real tokens), eval-loss deltas and the warnings. ``same_examples``: step ``i`` trained the
@@ -341,6 +378,18 @@ def summarize(strategies: dict[str, MeasuredSteps], warmup_steps: int, baseline:
         fraction_of_ideal=fraction,
         baselines_run=tuple(others),
         paired_over_strongest=paired,
-        warnings=tuple(_warnings(strategies, figs, warmup_steps, same_examples, baseline, speedup, ideal,
-                                 strongest if ours is not None else None, fraction, peak_flops_per_s)),
+        warnings=tuple(
+            _warnings(
+                strategies,
+                figs,
+                warmup_steps,
+                same_examples,
+                baseline,
+                speedup,
+                ideal,
+                strongest if ours is not None else None,
+                fraction,
+                peak_flops_per_s,
+            )
+        ),
     )

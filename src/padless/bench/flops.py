@@ -74,8 +74,9 @@ class ModelShape:
         return 2 * self.hidden * self.vocab
 
 
-def training_flops(shape: ModelShape, tokens: int, blocks: Iterable[int], head_rows: int, *,
-                   frozen_weights: bool = False) -> float:
+def training_flops(
+    shape: ModelShape, tokens: int, blocks: Iterable[int], head_rows: int, *, frozen_weights: bool = False
+) -> float:
     """FLOPs of forward + backward for ``tokens`` through the body, causal attention over ``blocks``
     (their lengths) and ``head_rows`` rows of logits: 3x forward, or with ``frozen_weights`` 2x for
     the weight matmuls (no weight gradients) and 3x for attention."""
@@ -84,8 +85,9 @@ def training_flops(shape: ModelShape, tokens: int, blocks: Iterable[int], head_r
     return (2.0 if frozen_weights else 3.0) * weights + 3.0 * attention
 
 
-def needed_step_flops(shape: ModelShape, lengths: Iterable[int], trained_tokens: int, *,
-                      frozen_weights: bool = False) -> float:
+def needed_step_flops(
+    shape: ModelShape, lengths: Iterable[int], trained_tokens: int, *, frozen_weights: bool = False
+) -> float:
     """Model FLOPs a step needs: its examples (``lengths``) each attending within itself, logits
     only for its ``trained_tokens``."""
     lengths = [int(n) for n in lengths]
@@ -93,7 +95,11 @@ def needed_step_flops(shape: ModelShape, lengths: Iterable[int], trained_tokens:
 
 
 def executed_step_flops(
-    shape: ModelShape, micro_batches: Iterable[Mapping[str, Any]], trained_tokens: int, full_logits: bool, *,
+    shape: ModelShape,
+    micro_batches: Iterable[Mapping[str, Any]],
+    trained_tokens: int,
+    full_logits: bool,
+    *,
     frozen_weights: bool = False,
 ) -> float:
     """FLOPs of a step as its micro-batches were fed: padding included; a batch that carries
@@ -110,5 +116,6 @@ def executed_step_flops(
             blocks += [b - a for a, b in zip(bounds, bounds[1:])]
         else:
             blocks += [width] * rows
-    return training_flops(shape, tokens, blocks, tokens if full_logits else trained_tokens,
-                          frozen_weights=frozen_weights)
+    return training_flops(
+        shape, tokens, blocks, tokens if full_logits else trained_tokens, frozen_weights=frozen_weights
+    )

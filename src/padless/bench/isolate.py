@@ -83,7 +83,9 @@ def allocator_env(name: str) -> tuple[str, dict[str, str]]:
     return name, {"LD_PRELOAD": preload}
 
 
-def run_in_child(cfg: RunConfig, name: str, *, progress: bool = True) -> tuple[StrategyRun, int | None, tuple[int, ...]]:
+def run_in_child(
+    cfg: RunConfig, name: str, *, progress: bool = True
+) -> tuple[StrategyRun, int | None, tuple[int, ...]]:
     """Run strategy ``name`` of ``cfg`` in a fresh Python process; returns its measurements, the step
     it was interrupted at (``None``: finished) and the training lengths. Ctrl-C reaches the child
     too (same process group); the parent then waits for it to write what it measured."""

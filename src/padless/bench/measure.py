@@ -56,17 +56,25 @@ class StrategyRecorder:
     compile_mode: tuple[str, str] | None = None
     """``(mode, backend)`` of a compiled run."""
 
-    def record_step(self, *, step_time_s: float, loss: float, real_tokens: int, padded_tokens: int,
-                    sequences: int, trained_tokens: int | None = None, model_flops: float | None = None,
-                    executed_flops: float | None = None, compile_stats: CompileStats | None = None) -> None:
+    def record_step(
+        self,
+        *,
+        step_time_s: float,
+        loss: float,
+        real_tokens: int,
+        padded_tokens: int,
+        sequences: int,
+        trained_tokens: int | None = None,
+        model_flops: float | None = None,
+        executed_flops: float | None = None,
+        compile_stats: CompileStats | None = None,
+    ) -> None:
         """Append one optimiser step; ``ValueError`` on an impossible combination."""
         step = len(self.step_time_s)
         if step_time_s < 0:
             raise ValueError(f"step {step}: step_time_s is negative ({step_time_s})")
         if not 0 <= real_tokens <= padded_tokens:
-            raise ValueError(
-                f"step {step}: real_tokens={real_tokens} must be in [0, padded_tokens={padded_tokens}]"
-            )
+            raise ValueError(f"step {step}: real_tokens={real_tokens} must be in [0, padded_tokens={padded_tokens}]")
         if sequences < 0:
             raise ValueError(f"step {step}: sequences is negative ({sequences})")
         self.step_time_s.append(float(step_time_s))
@@ -74,8 +82,11 @@ class StrategyRecorder:
         self.real_tokens.append(int(real_tokens))
         self.padded_tokens.append(int(padded_tokens))
         self.sequences.append(int(sequences))
-        for name, value in (("trained_tokens", trained_tokens), ("model_flops", model_flops),
-                            ("executed_flops", executed_flops)):  # fmt: skip
+        for name, value in (
+            ("trained_tokens", trained_tokens),
+            ("model_flops", model_flops),
+            ("executed_flops", executed_flops),
+        ):
             if value is not None:
                 getattr(self, name).append(value)
         if compile_stats is not None:  # seconds compiled during this step: the counter's growth
@@ -83,8 +94,14 @@ class StrategyRecorder:
             self.step_compile_s.append(compile_stats.compile_s - before)
             self.compile_stats = compile_stats
 
-    def result(self, peak_memory_bytes: int | None, memory_method: str, *, max_rss_bytes: int | None = None,
-               allocator: str | None = None) -> StrategyRun:
+    def result(
+        self,
+        peak_memory_bytes: int | None,
+        memory_method: str,
+        *,
+        max_rss_bytes: int | None = None,
+        allocator: str | None = None,
+    ) -> StrategyRun:
         """The measurements so far, frozen."""
         user, sys_ = self.cpu_times.elapsed() if self.cpu_times is not None else (None, None)
         return StrategyRun(
@@ -112,10 +129,10 @@ class StrategyRecorder:
         if self.compile_mode is None:
             return None
         s = self.compile_stats
-        counts = (0, 0, 0, 0, 0.0) if s is None else (s.frames, s.recompiles, s.backward_compiles, s.graphs,
-                                                       s.compile_s)
+        counts = (
+            (0, 0, 0, 0, 0.0) if s is None else (s.frames, s.recompiles, s.backward_compiles, s.graphs, s.compile_s)
+        )
         return CompileRecord(*self.compile_mode, *counts)
-
 
 
 # --- environment --------------------------------------------------------------------------------

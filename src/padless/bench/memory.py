@@ -34,7 +34,6 @@ CPU_MEMORY_METHODS: tuple[MemoryMethod, ...] = ("vmhwm", "statm-sampler", "ru_ma
 """CPU methods in order of preference (see the module docstring)."""
 
 
-
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -92,8 +91,9 @@ class PeakMemory:
     else the first of :data:`CPU_MEMORY_METHODS` that works here (or the one passed in).
     """
 
-    def __init__(self, device: torch.device | str = "cpu", method: MemoryMethod | None = None,
-                 interval_s: float = 0.005):
+    def __init__(
+        self, device: torch.device | str = "cpu", method: MemoryMethod | None = None, interval_s: float = 0.005
+    ):
         import torch
 
         self.device = torch.device(device)
@@ -162,7 +162,6 @@ class PeakMemory:
             self._thread.join()
             self._thread = None
         return self.peak_bytes()
-
 
 
 def max_rss_bytes() -> int | None:

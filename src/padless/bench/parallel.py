@@ -38,8 +38,10 @@ def init_distributed(device_name: str, distributed: str = "ddp") -> tuple[int, i
 
     rank, world_size = world_info()
     if distributed == "fsdp" and not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
-        raise ValueError("distributed='fsdp' runs under torchrun (its ranks shard the model): "
-                         "`torchrun --nproc-per-node N -m padless bench ...`, N >= 1")  # fmt: skip
+        raise ValueError(
+            "distributed='fsdp' runs under torchrun (its ranks shard the model): "
+            "`torchrun --nproc-per-node N -m padless bench ...`, N >= 1"
+        )
     if (world_size > 1 or distributed == "fsdp") and not dist.is_initialized():
         on_gpu = torch.cuda.is_available() and device_name != "cpu"
         if on_gpu:  # each rank on its own GPU before NCCL starts (else every rank works on GPU 0)

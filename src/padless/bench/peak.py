@@ -10,6 +10,7 @@ timed on the device with CUDA events where there are any (:func:`gemm_timer`), e
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,8 +30,12 @@ def gemm_shapes(shape: ModelShape, rows: int) -> list[tuple[int, int, int]]:
     """The model's GEMMs ``(M, K, N)`` for ``rows`` tokens: the attention projection, the MLP up and
     down projections and the LM head."""
     q = shape.heads * shape.head_dim
-    return [(rows, shape.hidden, q), (rows, shape.hidden, shape.intermediate), (rows, shape.intermediate, shape.hidden),
-            (rows, shape.hidden, shape.vocab)]  # fmt: skip
+    return [
+        (rows, shape.hidden, q),
+        (rows, shape.hidden, shape.intermediate),
+        (rows, shape.intermediate, shape.hidden),
+        (rows, shape.hidden, shape.vocab),
+    ]
 
 
 def gemm_timer(device: torch.device | str) -> Timer:
@@ -65,8 +70,14 @@ def gemm_timer(device: torch.device | str) -> Timer:
     return wall
 
 
-def measure_peak_flops(shapes: list[tuple[int, int, int]], device: torch.device | str, dtype: torch.dtype,
-                       min_time_s: float = 0.3, *, timer: Timer | None = None) -> tuple[float, str]:
+def measure_peak_flops(
+    shapes: list[tuple[int, int, int]],
+    device: torch.device | str,
+    dtype: torch.dtype,
+    min_time_s: float = 0.3,
+    *,
+    timer: Timer | None = None,
+) -> tuple[float, str]:
     """The machine's peak for this model: the best FLOP/s of timed GEMMs ``[M, K] @ [K, N]`` of the
     given shapes (the model's projections, MLP and head), on ``device`` in ``dtype`` (16-bit dtypes
     are timed as autocast runs them). Each shape runs for at least ``min_time_s`` in batches of
@@ -84,7 +95,7 @@ def measure_peak_flops(shapes: list[tuple[int, int, int]], device: torch.device 
         a = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
         b = torch.randn(k, n, generator=gen).to(device=device, dtype=dtype)
         c = torch.empty(m, n, device=device, dtype=dtype)
-        work = lambda: torch.mm(a, b, out=c)  # noqa: E731  no allocation inside the timed batch
+        work = functools.partial(torch.mm, a, b, out=c)  # no allocation inside the timed batch
         timer(work, 1)  # warm-up: kernel selection, first touch of the output
         fastest, spent, repeats = float("inf"), 0.0, 1
         while spent < min_time_s:

@@ -95,26 +95,62 @@ def plot_throughput(results: BenchResults, path: Path) -> Path:
             continue
         # stacked: real tokens/s solid, the padding fed on top of it hatched (their sum: tokens fed/s)
         ax.bar(i, real, width=0.6, color=colors[name])
-        ax.bar(i, padded - real, bottom=real, width=0.6, color="none", edgecolor=colors[name], hatch="//",
-               linewidth=1, label="padding tokens fed / s" if padded > real and not hatched else None)
+        ax.bar(
+            i,
+            padded - real,
+            bottom=real,
+            width=0.6,
+            color="none",
+            edgecolor=colors[name],
+            hatch="//",
+            linewidth=1,
+            label="padding tokens fed / s" if padded > real and not hatched else None,
+        )
         hatched = hatched or padded > real
         lo, hi = figs[name].real_tokens_per_s_p25, figs[name].real_tokens_per_s_p75
         if lo is not None and hi is not None:
-            ax.errorbar(i, real, yerr=[[max(0.0, real - lo)], [max(0.0, hi - real)]], fmt="none", ecolor="k",
-                        capsize=4, linewidth=1, label=None if spread else "IQR of per-step real tokens/s")
+            ax.errorbar(
+                i,
+                real,
+                yerr=[[max(0.0, real - lo)], [max(0.0, hi - real)]],
+                fmt="none",
+                ecolor="k",
+                capsize=4,
+                linewidth=1,
+                label=None if spread else "IQR of per-step real tokens/s",
+            )
             spread = True
         speed = summary.speedup.get(name)
         label = f"{_si(real)} real/s" + (f"\n×{speed:.2f}" if speed is not None else "")
-        ax.annotate(label, (i, max(padded, hi or 0.0)), xytext=(0, 3), textcoords="offset points", ha="center",
-                    va="bottom", bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85))
+        ax.annotate(
+            label,
+            (i, max(padded, hi or 0.0)),
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85),
+        )
     base = figs.get(summary.baseline)
     if summary.ideal_speedup is not None and base is not None and base.real_tokens_per_s is not None:
         ideal = base.real_tokens_per_s * summary.ideal_speedup
-        ax.axhline(ideal, color="k", linestyle="--", linewidth=1,
-                   label=f"ideal: {summary.baseline} × {summary.ideal_speedup:.2f} (its tokens fed / real tokens)")
+        ax.axhline(
+            ideal,
+            color="k",
+            linestyle="--",
+            linewidth=1,
+            label=f"ideal: {summary.baseline} × {summary.ideal_speedup:.2f} (its tokens fed / real tokens)",
+        )
     if summary.warnings:
-        ax.text(0.99, 0.98, f"{len(summary.warnings)} warning(s): see report.html", transform=ax.transAxes,
-                ha="right", va="top", color="#a00")
+        ax.text(
+            0.99,
+            0.98,
+            f"{len(summary.warnings)} warning(s): see report.html",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            color="#a00",
+        )
     ax.set_xticks(range(len(names)), names)
     ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_xlabel("strategy (solid: real tokens/s, label: speedup over padding)")
@@ -128,8 +164,11 @@ def plot_throughput(results: BenchResults, path: Path) -> Path:
 
 
 LossAxis = Literal["step", "tokens", "time"]
-_LOSS_TITLES = {"step": "Training loss per optimiser step", "tokens": "Training loss against real tokens trained",
-                "time": "Training loss against training time"}
+_LOSS_TITLES = {
+    "step": "Training loss per optimiser step",
+    "tokens": "Training loss against real tokens trained",
+    "time": "Training loss against training time",
+}
 
 
 def plot_loss(results: BenchResults, path: Path, x: LossAxis) -> Path:
@@ -175,11 +214,25 @@ def plot_lengths(results: BenchResults, path: Path) -> Path:
         ax.set_ylim(0, ax.get_ylim()[1] * 1.45)  # headroom for the legend and the padding box
     else:
         _note_empty(ax, "no lengths recorded")
-    ax.axvline(results.config.max_length, color="k", linestyle="--", linewidth=1,
-               label=f"max_length = {results.config.max_length}")
+    ax.axvline(
+        results.config.max_length,
+        color="k",
+        linestyle="--",
+        linewidth=1,
+        label=f"max_length = {results.config.max_length}",
+    )
     lines = [f"{n}: {_pct(f.padding_fraction)}" for n, f in results.figures().items()]
-    ax.text(0.98, 0.95, "padding fraction\n" + "\n".join(lines), transform=ax.transAxes, ha="right", va="top",
-            family="monospace", fontsize="small", bbox=dict(boxstyle="round", facecolor="white", alpha=0.9))
+    ax.text(
+        0.98,
+        0.95,
+        "padding fraction\n" + "\n".join(lines),
+        transform=ax.transAxes,
+        ha="right",
+        va="top",
+        family="monospace",
+        fontsize="small",
+        bbox=dict(boxstyle="round", facecolor="white", alpha=0.9),
+    )
     ax.set_xlabel("example length (tokens)")
     ax.set_ylabel("examples")
     ax.set_xlim(0, max([results.config.max_length, *lengths]) * 1.03)
@@ -196,8 +249,14 @@ def plot_step_times(results: BenchResults, path: Path) -> Path:
     colors = _colors(names)
     data = [list(results.strategies[n].step_time_s[warm:]) for n in names]
     if any(data):
-        box = ax.boxplot([d or [float("nan")] for d in data], tick_labels=names, showfliers=False,
-                         patch_artist=True, widths=0.5, medianprops=dict(color="k"))
+        box = ax.boxplot(
+            [d or [float("nan")] for d in data],
+            tick_labels=names,
+            showfliers=False,
+            patch_artist=True,
+            widths=0.5,
+            medianprops=dict(color="k"),
+        )
         for patch, name in zip(box["boxes"], names):
             patch.set(facecolor=colors[name], alpha=0.35)
         for i, d in enumerate(data, start=1):
@@ -240,8 +299,22 @@ def _bytes(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
-SUMMARY_COLUMNS = ("strategy", "steps", "timed", "median step (IQR)", "real tok/s (IQR)", "padded tok/s", "padding",
-                   "seq/s", "MFU", "sys/CPU", "peak memory", "eval loss start -> end", "speedup", "of ideal")
+SUMMARY_COLUMNS = (
+    "strategy",
+    "steps",
+    "timed",
+    "median step (IQR)",
+    "real tok/s (IQR)",
+    "padded tok/s",
+    "padding",
+    "seq/s",
+    "MFU",
+    "sys/CPU",
+    "peak memory",
+    "eval loss start -> end",
+    "speedup",
+    "of ideal",
+)
 
 
 COMPILE_COLUMNS = ("steady tok/s", "compiled")
@@ -267,22 +340,26 @@ def summary_rows(results: BenchResults) -> list[tuple[str, ...]]:
         f: StrategyFigures = figs[name]
         steps = f"{f.steps_done}/{results.config.steps}"
         evals = f"{_num(run.eval_loss_start)} -> {_num(run.eval_loss_end)}"
-        rows.append((
-            name,
-            steps,
-            str(f.measured_steps) + (" !" if f.measured_steps < MIN_TIMED_STEPS else ""),
-            _num(f.step_time_median_s, "{:.3f} s") + _spread(f.step_time_p25_s, f.step_time_p75_s, "{:.3f}"),
-            _num(f.real_tokens_per_s, "{:,.0f}") + _spread(f.real_tokens_per_s_p25, f.real_tokens_per_s_p75, "{:,.0f}"),
-            _num(f.padded_tokens_per_s, "{:,.0f}"),
-            _pct(f.padding_fraction),
-            _num(f.sequences_per_s, "{:.2f}"),
-            _fraction(f.mfu, "peak"),
-            _pct(f.cpu_sys_fraction) + (" !" if (f.cpu_sys_fraction or 0) > SYS_TIME_WARNING else ""),
-            _bytes(run.peak_memory_bytes),
-            evals,
-            _num(summary.speedup.get(name), "×{:.2f}"),
-            _fraction(summary.fraction_of_ideal.get(name), "ideal"),
-        ) + (_compile_cells(f, run) if extra else ()))
+        rows.append(
+            (
+                name,
+                steps,
+                str(f.measured_steps) + (" !" if f.measured_steps < MIN_TIMED_STEPS else ""),
+                _num(f.step_time_median_s, "{:.3f} s") + _spread(f.step_time_p25_s, f.step_time_p75_s, "{:.3f}"),
+                _num(f.real_tokens_per_s, "{:,.0f}")
+                + _spread(f.real_tokens_per_s_p25, f.real_tokens_per_s_p75, "{:,.0f}"),
+                _num(f.padded_tokens_per_s, "{:,.0f}"),
+                _pct(f.padding_fraction),
+                _num(f.sequences_per_s, "{:.2f}"),
+                _fraction(f.mfu, "peak"),
+                _pct(f.cpu_sys_fraction) + (" !" if (f.cpu_sys_fraction or 0) > SYS_TIME_WARNING else ""),
+                _bytes(run.peak_memory_bytes),
+                evals,
+                _num(summary.speedup.get(name), "×{:.2f}"),
+                _fraction(summary.fraction_of_ideal.get(name), "ideal"),
+            )
+            + (_compile_cells(f, run) if extra else ())
+        )
     return rows
 
 
@@ -304,8 +381,10 @@ def _compile_cells(f: StrategyFigures, run: Any) -> tuple[str, str]:
     c = run.compiled
     if c is None:
         return "n/a", "eager"
-    return (_num(f.steady_real_tokens_per_s, "{:,.0f}"),
-            f"{c.mode}: {c.frames} frames ({c.recompiles} recompiles), {c.compile_s:.1f} s")
+    return (
+        _num(f.steady_real_tokens_per_s, "{:,.0f}"),
+        f"{c.mode}: {c.frames} frames ({c.recompiles} recompiles), {c.compile_s:.1f} s",
+    )
 
 
 MEMORY_METHOD_NOTES = {
@@ -332,9 +411,11 @@ def headline(results: BenchResults) -> str | None:
     also = f"; ×{over_base:.2f} over {s.baseline}" if strongest != s.baseline and over_base is not None else ""
     same = "same examples per step" if results.config.mode == "same-examples" else "same token budget per step"
     isolated = all(run.allocator for run in results.strategies.values())
-    return (f"packing: ×{s.speedup_over_strongest:.2f} real tokens/s over {who}{also}. {same.capitalize()}"
-            f"{', same LM-head work' if not results.config.full_logits else ''}"
-            f"{', each strategy in its own process' if isolated else ''}.")
+    return (
+        f"packing: ×{s.speedup_over_strongest:.2f} real tokens/s over {who}{also}. {same.capitalize()}"
+        f"{', same LM-head work' if not results.config.full_logits else ''}"
+        f"{', each strategy in its own process' if isolated else ''}."
+    )
 
 
 def paired_line(results: BenchResults) -> str | None:
@@ -343,8 +424,10 @@ def paired_line(results: BenchResults) -> str | None:
     p = s.paired_over_strongest
     if p is None:
         return None
-    return (f"packing's step was faster than {s.strongest_baseline}'s in {p.faster} of {p.steps} timed steps "
-            f"(the same examples in both; per-step speedup ×{p.ratio_p25:.2f}-×{p.ratio_p75:.2f}, IQR)")
+    return (
+        f"packing's step was faster than {s.strongest_baseline}'s in {p.faster} of {p.steps} timed steps "
+        f"(the same examples in both; per-step speedup ×{p.ratio_p25:.2f}-×{p.ratio_p75:.2f}, IQR)"
+    )
 
 
 def warning_lines(results: BenchResults) -> list[str]:
@@ -352,8 +435,11 @@ def warning_lines(results: BenchResults) -> list[str]:
     status = results.status
     lines = [f"WARNING: {w}" for w in results.summary().warnings]
     if status.state != "complete":
-        lines.insert(0, f"INTERRUPTED during {status.interrupted_strategy!s} after {status.interrupted_at_step} "
-                        f"step(s); strategies finished: {', '.join(status.strategies_done) or 'none'}")
+        lines.insert(
+            0,
+            f"INTERRUPTED during {status.interrupted_strategy!s} after {status.interrupted_at_step} "
+            f"step(s); strategies finished: {', '.join(status.strategies_done) or 'none'}",
+        )
     return lines
 
 
@@ -366,18 +452,26 @@ def _notes(results: BenchResults) -> list[str]:
         "real (non-padding) tokens / its time, so one slow step cannot move it; (IQR): the 25th-75th percentile "
         "of the same per-step values; padded tok/s, seq/s and MFU are medians the same way",
         f"speedup: real tok/s over {summary.baseline}'s; ideal "
-        + (f"×{ideal:.2f}: {summary.baseline}'s tokens fed / its real tokens, the speedup if padding cost nothing "
-           "and every cost scaled with the tokens fed (a bound: the LM head runs on trained tokens only); "
-           "of ideal: speedup / ideal" if ideal is not None else f"n/a ({summary.baseline} not run)"),
+        + (
+            f"×{ideal:.2f}: {summary.baseline}'s tokens fed / its real tokens, the speedup if padding cost nothing "
+            "and every cost scaled with the tokens fed (a bound: the LM head runs on trained tokens only); "
+            "of ideal: speedup / ideal"
+            if ideal is not None
+            else f"n/a ({summary.baseline} not run)"
+        ),
     ]
     if results.peak_flops_per_s:
-        notes.append(f"MFU: model FLOPs/s (padless/bench/flops.py) over the measured peak "
-                     f"{_si(results.peak_flops_per_s)}FLOP/s (GEMM {results.peak_gemm})")
+        notes.append(
+            f"MFU: model FLOPs/s (padless/bench/flops.py) over the measured peak "
+            f"{_si(results.peak_flops_per_s)}FLOP/s (GEMM {results.peak_gemm})"
+        )
     if _compiled(results):
-        notes.append("compiled: decoder layers under torch.compile (padless.compile_layers); 'real tok/s' is the "
-                     "median over every timed step, those that compiled included; 'steady tok/s' leaves out every "
-                     "step that compiled; 'compiled' gives dynamo frames compiled (of them recompiles) and seconds "
-                     "spent compiling")
+        notes.append(
+            "compiled: decoder layers under torch.compile (padless.compile_layers); 'real tok/s' is the "
+            "median over every timed step, those that compiled included; 'steady tok/s' leaves out every "
+            "step that compiled; 'compiled' gives dynamo frames compiled (of them recompiles) and seconds "
+            "spent compiling"
+        )
     allocators = sorted({run.allocator for run in results.strategies.values() if run.allocator})
     if allocators:
         notes.append("each strategy in its own process; allocator: " + ", ".join(allocators))
@@ -391,8 +485,10 @@ def text_table(rows: Sequence[Sequence[str]], left_columns: int = 1) -> list[str
     """Rows of cells (the first is the header) as aligned plain-text lines, a dashed rule under the
     header; the first ``left_columns`` columns left-aligned, the rest right-aligned (numbers)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i < left_columns else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in rows]
+    lines = [
+        "  ".join(c.ljust(w) if i < left_columns else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return lines
 
@@ -470,9 +566,7 @@ status {esc(results.status.state)}.</p>
 # --- entry points -------------------------------------------------------------------------------
 
 
-def write_report(
-    results: BenchResults | str | os.PathLike[str], out_dir: str | os.PathLike[str]
-) -> dict[str, Path]:
+def write_report(results: BenchResults | str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> dict[str, Path]:
     """Draw every plot of :data:`PLOTS` as ``<name>.png`` and ``report.html`` into ``out_dir``, from
     a results object or the path of a results.json. Returns ``{plot name or "html": path}``."""
     if not isinstance(results, BenchResults):

@@ -35,8 +35,21 @@ SCHEMA_VERSION = 1
 # re-exported: the results file's config is a RunConfig, its derived sections StrategyFigures and Summary
 __all__ = ["Mode", "RunConfig", "StrategyFigures", "Summary"]
 
-REQUIRED_CONFIG = ("model", "data", "strategies", "steps", "batch_size", "max_length", "mode", "seed", "device",
-                   "dtype", "grad_accumulation", "warmup_steps", "lr")
+REQUIRED_CONFIG = (
+    "model",
+    "data",
+    "strategies",
+    "steps",
+    "batch_size",
+    "max_length",
+    "mode",
+    "seed",
+    "device",
+    "dtype",
+    "grad_accumulation",
+    "warmup_steps",
+    "lr",
+)
 """Config fields a results file must carry (every RunConfig field has a default for the command line,
 but a figure cannot be read without these); the others were added later and may be absent."""
 
@@ -178,13 +191,18 @@ class BenchResults:
 
     def figures(self) -> dict[str, StrategyFigures]:
         """Derived figures per strategy."""
-        return {n: strategy_figures(r, self.config.warmup_steps, self.peak_flops_per_s)
-                for n, r in self.strategies.items()}  # fmt: skip
+        return {
+            n: strategy_figures(r, self.config.warmup_steps, self.peak_flops_per_s) for n, r in self.strategies.items()
+        }
 
     def summary(self) -> Summary:
         """Speedups, eval-loss comparisons and warnings, derived from the per-step data."""
-        return summarize(self.strategies, self.config.warmup_steps, peak_flops_per_s=self.peak_flops_per_s,
-                         same_examples=self.config.mode == "same-examples")
+        return summarize(
+            self.strategies,
+            self.config.warmup_steps,
+            peak_flops_per_s=self.peak_flops_per_s,
+            same_examples=self.config.mode == "same-examples",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A json-ready dict: the measured data plus the derived ``figures`` and ``summary``."""

@@ -90,18 +90,23 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
             lengths = lengths or child_lengths
         else:
             assert data is not None
-            run, at = run_one_strategy(cfg, name, data, device=device, dtype=dtype, world=(rank, world_size),
-                                       progress=progress)  # fmt: skip
+            run, at = run_one_strategy(
+                cfg, name, data, device=device, dtype=dtype, world=(rank, world_size), progress=progress
+            )
             lengths = tuple(len(f["input_ids"]) for f in data[0])
         runs[name] = run
         if at is not None:
             status = RunStatus("interrupted", tuple(done), name, at)
             break
         done.append(name)
-    resolved = dataclasses.replace(cfg, device=str(device), dtype=dtype_name(dtype), world_size=world_size,
-                                   tokenizer=_tokenizer_name(cfg),
-                                   token_budget=(cfg.token_budget or cfg.batch_size * cfg.max_length)
-                                   if cfg.mode == "token-budget" else None)  # fmt: skip
+    resolved = dataclasses.replace(
+        cfg,
+        device=str(device),
+        dtype=dtype_name(dtype),
+        world_size=world_size,
+        tokenizer=_tokenizer_name(cfg),
+        token_budget=(cfg.token_budget or cfg.batch_size * cfg.max_length) if cfg.mode == "token-budget" else None,
+    )
     results = BenchResults(
         config=resolved,
         environment=environment_snapshot(device),

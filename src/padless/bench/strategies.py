@@ -64,8 +64,11 @@ def _chunks(items: Sequence[Feature], size: int) -> list[Sequence[Feature]]:
 def _padding_collator(opts: BatchingOptions) -> Any:
     from padless.batching.collate import FeatureSpec, PaddingCollator
 
-    return PaddingCollator(pad_token_id=opts.pad_token_id, pad_to_multiple_of=opts.pad_to_multiple_of,
-                           features=FeatureSpec(vocab_size=opts.vocab_size))
+    return PaddingCollator(
+        pad_token_id=opts.pad_token_id,
+        pad_to_multiple_of=opts.pad_to_multiple_of,
+        features=FeatureSpec(vocab_size=opts.vocab_size),
+    )
 
 
 def _padding(opts: BatchingOptions, model: Any) -> Batcher:
@@ -100,8 +103,9 @@ def _bucketing(opts: BatchingOptions, model: Any) -> Batcher:
 def _packing(opts: BatchingOptions, model: Any) -> Batcher:
     from padless.batching.collate import PackingCollator
 
-    collate = PackingCollator.for_model(model, max_length=opts.max_length, pad_token_id=opts.pad_token_id,
-                                        pad_to_multiple_of=opts.pad_to_multiple_of)
+    collate = PackingCollator.for_model(
+        model, max_length=opts.max_length, pad_token_id=opts.pad_token_id, pad_to_multiple_of=opts.pad_to_multiple_of
+    )
     return lambda feats: [collate(c) for c in _chunks(feats, opts.batch_size)]
 
 
@@ -158,5 +162,7 @@ def parse_strategies(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [n for n in names if n not in BENCH_STRATEGIES]
     if unknown or not names:
-        raise ValueError(f"unknown strategy {unknown[0] if unknown else text!r}; choose from {', '.join(BENCH_STRATEGIES)}")
+        raise ValueError(
+            f"unknown strategy {unknown[0] if unknown else text!r}; choose from {', '.join(BENCH_STRATEGIES)}"
+        )
     return names

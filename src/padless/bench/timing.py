@@ -53,9 +53,7 @@ class StepTimer:
     A step that raises (e.g. Ctrl-C) is not recorded: its time would be a fragment.
     """
 
-    def __init__(
-        self, sync: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter
-    ):
+    def __init__(self, sync: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter):
         self.sync = sync or _no_sync
         self.clock = clock
         self.times_s: list[float] = []
@@ -74,7 +72,6 @@ class StepTimer:
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         return self.times_s[warmup_steps:]
-
 
 
 class CpuTimes:

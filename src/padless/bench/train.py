@@ -35,7 +35,11 @@ Data = tuple[list[dict[str, Any]], list[dict[str, Any]], int]
 
 
 def evaluate(
-    model: Any, features: Sequence[dict[str, Any]], batch_size: int, pad_token_id: int, trained_logits_only: bool = True,
+    model: Any,
+    features: Sequence[dict[str, Any]],
+    batch_size: int,
+    pad_token_id: int,
+    trained_logits_only: bool = True,
     autocast: Any = None,
 ) -> float:
     """Token-normalised loss over held-out examples, computed the same way for every strategy
@@ -48,8 +52,13 @@ def evaluate(
     model.eval()
     try:
         with autocast or contextlib.nullcontext():
-            result = packed_eval_loss(model, features, batch_size=batch_size, pad_token_id=pad_token_id,
-                                      trained_logits_only=trained_logits_only)  # fmt: skip
+            result = packed_eval_loss(
+                model,
+                features,
+                batch_size=batch_size,
+                pad_token_id=pad_token_id,
+                trained_logits_only=trained_logits_only,
+            )
     finally:
         model.set_attn_implementation(original)
         model.train()
@@ -195,10 +204,17 @@ def train_strategy(
                   executed_step_flops(shape, fed, mine + extra_items, cfg.full_logits, frozen_weights=frozen)]  # fmt: skip
         if world_size > 1:  # the step of the slowest rank; tokens, FLOPs and loss summed over ranks
             counts = all_reduce_step(counts, device)
-        recorder.record_step(step_time_s=counts[0], loss=counts[1], real_tokens=int(counts[2]),
-                             padded_tokens=int(counts[3]), sequences=int(counts[4]), trained_tokens=int(counts[5]),
-                             model_flops=counts[6], executed_flops=counts[7],
-                             compile_stats=None if counter is None else counter.stats())  # fmt: skip
+        recorder.record_step(
+            step_time_s=counts[0],
+            loss=counts[1],
+            real_tokens=int(counts[2]),
+            padded_tokens=int(counts[3]),
+            sequences=int(counts[4]),
+            trained_tokens=int(counts[5]),
+            model_flops=counts[6],
+            executed_flops=counts[7],
+            compile_stats=None if counter is None else counter.stats(),
+        )
     cpu.stop()
     peak = memory.stop()
     with _eager_if(counter is not None):  # the held-out loss is not what compile is measured on
@@ -222,12 +238,21 @@ def load_data(cfg: RunConfig) -> Data:
     from padless.models.factory import tokenizer_name_for
 
     tokenizer = load_tokenizer(cfg.tokenizer or tokenizer_name_for(cfg.model))
-    corpus = load_corpus(cfg.data, tokenizer, train_on=cfg.train_on, max_length=cfg.max_length,
-                         overlong="truncate", limit=cfg.limit, seed=cfg.seed)  # fmt: skip
+    corpus = load_corpus(
+        cfg.data,
+        tokenizer,
+        train_on=cfg.train_on,
+        max_length=cfg.max_length,
+        overlong="truncate",
+        limit=cfg.limit,
+        seed=cfg.seed,
+    )
     features = corpus.features()
     order = np.random.default_rng(cfg.seed).permutation(len(features))
     if len(features) <= cfg.eval_examples:
-        raise ValueError(f"{cfg.data} has {len(features)} examples; eval_examples={cfg.eval_examples} leaves none to train on")
+        raise ValueError(
+            f"{cfg.data} has {len(features)} examples; eval_examples={cfg.eval_examples} leaves none to train on"
+        )
     evals = [features[i] for i in order[: cfg.eval_examples]]
     train = [features[i] for i in order[cfg.eval_examples :]]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -239,14 +264,24 @@ def strategy_steps(cfg: RunConfig, name: str, lengths: np.ndarray, world: tuple[
     rank, world_size = world
     if cfg.mode == "same-examples":  # each rank takes every world_size-th example of a global step
         per_rank = cfg.batch_size * cfg.grad_accumulation
-        return [s[rank::world_size] for s in same_example_steps(lengths.size, cfg.steps, per_rank * world_size, cfg.seed)]
+        return [
+            s[rank::world_size] for s in same_example_steps(lengths.size, cfg.steps, per_rank * world_size, cfg.seed)
+        ]
     budget = cfg.token_budget or cfg.batch_size * cfg.max_length
     return token_budget_steps(name, lengths, cfg.steps * world_size, budget, cfg.seed)[rank::world_size]
 
 
 def run_one_strategy(
-    cfg: RunConfig, name: str, data: Data, *, device: Any, dtype: Any, world: tuple[int, int] = (0, 1),
-    progress: bool = True, allocator: str | None = None, own_process: bool = False,
+    cfg: RunConfig,
+    name: str,
+    data: Data,
+    *,
+    device: Any,
+    dtype: Any,
+    world: tuple[int, int] = (0, 1),
+    progress: bool = True,
+    allocator: str | None = None,
+    own_process: bool = False,
 ) -> tuple[StrategyRun, int | None]:
     """Train strategy ``name`` and return its measurements and, when interrupted (Ctrl-C), the number
     of steps it completed (``None``: it finished). ``own_process``: the process exists for this
@@ -260,8 +295,20 @@ def run_one_strategy(
     memory, recorder = PeakMemory(device), StrategyRecorder()
     interrupted = None
     try:
-        peak = train_strategy(name, cfg, train, evals, steps, device=device, dtype=dtype, pad_token_id=pad_token_id,
-                              recorder=recorder, memory=memory, progress=progress, world=world)  # fmt: skip
+        peak = train_strategy(
+            name,
+            cfg,
+            train,
+            evals,
+            steps,
+            device=device,
+            dtype=dtype,
+            pad_token_id=pad_token_id,
+            recorder=recorder,
+            memory=memory,
+            progress=progress,
+            world=world,
+        )
     except KeyboardInterrupt:
         peak, interrupted = memory.stop(), len(recorder.step_time_s)
     rss = max_rss_bytes() if own_process else None

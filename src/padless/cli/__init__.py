@@ -64,10 +64,12 @@ def _os_message(exc: OSError) -> str:
     """One line for a failed file operation: what went wrong and on which path."""
     where = f": {exc.filename}" if exc.filename else ""
     reason = exc.strerror or str(exc)
-    hint = {errno.EACCES: " (no permission: choose a folder you can write to)",
-            errno.EROFS: " (read-only file system)",
-            errno.ENOTDIR: " (a path component is a file, not a folder)",
-            errno.ENOSPC: " (the disk is full)"}.get(exc.errno or 0, "")  # fmt: skip
+    hint = {
+        errno.EACCES: " (no permission: choose a folder you can write to)",
+        errno.EROFS: " (read-only file system)",
+        errno.ENOTDIR: " (a path component is a file, not a folder)",
+        errno.ENOSPC: " (the disk is full)",
+    }.get(exc.errno or 0, "")
     return f"{reason}{where}{hint}"
 
 

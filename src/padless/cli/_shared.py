@@ -43,8 +43,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if ("%(default)" in text or "default:" in text or action.required or action.nargs == 0
-                or action.default is None or action.default == argparse.SUPPRESS):  # fmt: skip
+        if (
+            "%(default)" in text
+            or "default:" in text
+            or action.required
+            or action.nargs == 0
+            or action.default is None
+            or action.default == argparse.SUPPRESS
+        ):
             return text
         if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
             return f"{text} (default: %(default)s)"
@@ -104,18 +110,33 @@ def add_data_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     from padless.data.chat import SYSTEM_PROMPT, TRAIN_ON
 
     group = parser.add_argument_group(f"tokenizing {what} (text and chats)")
-    group.add_argument("--tokenizer", metavar="NAME", default=None,
-                       help="gpt2, smollm2-135m, or a transformers tokenizer name or folder (default: the "
-                            f"tokenizer of --model, else {TOKENIZER_DEFAULT})")
-    group.add_argument("--model", metavar="NAME", default=None,
-                       help="the model the data is for: use its own tokenizer (smollm2-135m, a GPT-2 size, a "
-                            "transformers name or folder; default: none, --tokenizer decides)")
-    group.add_argument("--train-on", choices=(TRAIN_ON_AUTO, *TRAIN_ON), default=TRAIN_ON_AUTO,
-                       help="the tokens of a chat that are trained: auto is assistant for chats ('messages') and "
-                            "all for text")
-    group.add_argument("--system-prompt", choices=SYSTEM_PROMPT, default=SYSTEM_PROMPT_DEFAULT,
-                       help="template: a chat without a system message gets the one its chat template adds (SmolLM2's "
-                            "adds a default system prompt); none: only the chat's own messages")
+    group.add_argument(
+        "--tokenizer",
+        metavar="NAME",
+        default=None,
+        help="gpt2, smollm2-135m, or a transformers tokenizer name or folder (default: the "
+        f"tokenizer of --model, else {TOKENIZER_DEFAULT})",
+    )
+    group.add_argument(
+        "--model",
+        metavar="NAME",
+        default=None,
+        help="the model the data is for: use its own tokenizer (smollm2-135m, a GPT-2 size, a "
+        "transformers name or folder; default: none, --tokenizer decides)",
+    )
+    group.add_argument(
+        "--train-on",
+        choices=(TRAIN_ON_AUTO, *TRAIN_ON),
+        default=TRAIN_ON_AUTO,
+        help="the tokens of a chat that are trained: auto is assistant for chats ('messages') and all for text",
+    )
+    group.add_argument(
+        "--system-prompt",
+        choices=SYSTEM_PROMPT,
+        default=SYSTEM_PROMPT_DEFAULT,
+        help="template: a chat without a system message gets the one its chat template adds (SmolLM2's "
+        "adds a default system prompt); none: only the chat's own messages",
+    )
 
 
 def tokenizer_choice(args: argparse.Namespace) -> tuple[str, str]:
@@ -137,8 +158,10 @@ def tokenizer_choice(args: argparse.Namespace) -> tuple[str, str]:
             raise ValueError("--tokenizer needs a tokenizer name or folder, got ''")
         name = _SAME_TOKENIZER.get(args.tokenizer, args.tokenizer)
         if implied is not None and name != implied:
-            raise ValueError(f"--tokenizer {args.tokenizer} is not the tokenizer of --model {args.model} ({implied}); "
-                             "pass one of them")  # fmt: skip
+            raise ValueError(
+                f"--tokenizer {args.tokenizer} is not the tokenizer of --model {args.model} ({implied}); "
+                "pass one of them"
+            )
         return name, "--tokenizer"
     if implied is not None:
         return implied, f"the tokenizer of --model {args.model}"
@@ -209,20 +232,25 @@ def train_on_choice(train_on: str, kind: str | None, name: str) -> tuple[str, st
     record has no kind (reading it names the problem)."""
     if kind == "input_ids":
         if train_on != TRAIN_ON_AUTO:
-            raise ValueError(f"--train-on {train_on} applies to text and chats; pre-tokenized records "
-                             "('input_ids') are trained as their 'labels' say (every token without labels)")
+            raise ValueError(
+                f"--train-on {train_on} applies to text and chats; pre-tokenized records "
+                "('input_ids') are trained as their 'labels' say (every token without labels)"
+            )
         return "all", "train on: the records' own labels (pre-tokenized 'input_ids')"
     if train_on != TRAIN_ON_AUTO:
         return train_on, f"train on: {_TRAINED[train_on]} (--train-on {train_on})"
     if kind == "messages":
-        return "assistant", (f"train on: {_TRAINED['assistant']} (--train-on auto, for chats; --train-on all "
-                             "trains every token)")  # fmt: skip
+        return "assistant", (
+            f"train on: {_TRAINED['assistant']} (--train-on auto, for chats; --train-on all trains every token)"
+        )
     if kind == "text":
         return "all", f"train on: {_TRAINED['all']} (--train-on auto, for text)"
     if Path(name).expanduser().is_file():
         return "all", None
-    return "all", (f"train on: {_TRAINED['all']} (--train-on auto; the kind of the records is not known before "
-                   "reading them: pass --train-on assistant for chats)")  # fmt: skip
+    return "all", (
+        f"train on: {_TRAINED['all']} (--train-on auto; the kind of the records is not known before "
+        "reading them: pass --train-on assistant for chats)"
+    )
 
 
 def system_prompt_line(added: int, chats: int | None = None) -> str | None:
@@ -230,8 +258,10 @@ def system_prompt_line(added: int, chats: int | None = None) -> str | None:
     if not added:
         return None
     of = f" of {chats:,}" if chats else ""
-    return (f"system prompt added to {added:,}{of} chats by the tokenizer's chat template (they have no system "
-            "message; --system-prompt none leaves it out)")
+    return (
+        f"system prompt added to {added:,}{of} chats by the tokenizer's chat template (they have no system "
+        "message; --system-prompt none leaves it out)"
+    )
 
 
 def overlong_line(policy: str, max_length: int, over: int | None = None) -> str:
@@ -241,10 +271,12 @@ def overlong_line(policy: str, max_length: int, over: int | None = None) -> str:
 
     others = "|".join(p for p in OVERLONG_POLICIES if p != policy)
     if over is None:
-        what = {"error": "the first sequence over --max-length {m} stops with an error",
-                "truncate": "a sequence over --max-length {m} keeps its first {m} tokens",
-                "split": "a sequence over --max-length {m} is cut into pieces of {m}",
-                "drop": "a sequence over --max-length {m} is left out"}[policy].format(m=max_length)  # fmt: skip
+        what = {
+            "error": "the first sequence over --max-length {m} stops with an error",
+            "truncate": "a sequence over --max-length {m} keeps its first {m} tokens",
+            "split": "a sequence over --max-length {m} is cut into pieces of {m}",
+            "drop": "a sequence over --max-length {m} is left out",
+        }[policy].format(m=max_length)
     else:
         what = f"{plural(over, 'sequence')} over --max-length {max_length}"
     return f"overlong: {policy} ({what}; pass --overlong {others})"
@@ -264,8 +296,12 @@ class InputLengths:
     """The same for ``--json`` (empty unless ``--data``)."""
 
 
-_DATA_FLAGS = (("tokenizer", None, "--tokenizer"), ("model", None, "--model"),
-               ("train_on", TRAIN_ON_AUTO, "--train-on"), ("system_prompt", SYSTEM_PROMPT_DEFAULT, "--system-prompt"))
+_DATA_FLAGS = (
+    ("tokenizer", None, "--tokenizer"),
+    ("model", None, "--model"),
+    ("train_on", TRAIN_ON_AUTO, "--train-on"),
+    ("system_prompt", SYSTEM_PROMPT_DEFAULT, "--system-prompt"),
+)
 
 
 def data_flags_given(args: argparse.Namespace) -> list[str]:
@@ -281,8 +317,10 @@ def input_lengths(args: argparse.Namespace, *, default_dist: str | None = "logno
 
     if args.data is None:
         if given := data_flags_given(args):
-            raise ValueError(f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --data (the data to "
-                             "tokenize), not to --lengths or --dist")  # fmt: skip
+            raise ValueError(
+                f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --data (the data to "
+                "tokenize), not to --lengths or --dist"
+            )
     if args.lengths is not None:
         if not args.lengths.strip():
             raise ValueError("--lengths needs a file name, got ''")
@@ -294,8 +332,10 @@ def input_lengths(args: argparse.Namespace, *, default_dist: str | None = "logno
         return _data_lengths(args)
     dist = args.dist or default_dist
     if dist is None:
-        raise ValueError("no lengths given: pass --lengths FILE, --data CORPUS or --dist "
-                         f"{'|'.join(DISTRIBUTIONS)} (with --num and --seed)")  # fmt: skip
+        raise ValueError(
+            "no lengths given: pass --lengths FILE, --data CORPUS or --dist "
+            f"{'|'.join(DISTRIBUTIONS)} (with --num and --seed)"
+        )
     return InputLengths(synthetic_lengths(dist, args.num, args.seed), f"{DISTRIBUTIONS[dist][1]}, seed {args.seed}")
 
 
@@ -345,18 +385,29 @@ def add_lengths_arguments(parser: argparse.ArgumentParser, *, default_dist: str 
 
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--lengths", metavar="FILE", help="lengths file: .npy, .txt (one per line) or .json list")
-    src.add_argument("--dist", choices=list(DISTRIBUTIONS), default=None,
-                     help="synthetic distribution"
-                     + (f" (default: {default_dist}, without --lengths or --data)" if default_dist else ""))
-    src.add_argument("--data", metavar="DATA",
-                     help="a data file (.jsonl, .json, .csv, .tsv, .parquet with 'text', 'messages' or 'input_ids'), "
-                          "a datasets folder, or a built-in corpus (tweets, dialogues, toolcalls, agentic-rag)")
+    src.add_argument(
+        "--dist",
+        choices=list(DISTRIBUTIONS),
+        default=None,
+        help="synthetic distribution"
+        + (f" (default: {default_dist}, without --lengths or --data)" if default_dist else ""),
+    )
+    src.add_argument(
+        "--data",
+        metavar="DATA",
+        help="a data file (.jsonl, .json, .csv, .tsv, .parquet with 'text', 'messages' or 'input_ids'), "
+        "a datasets folder, or a built-in corpus (tweets, dialogues, toolcalls, agentic-rag)",
+    )
     parser.add_argument("--num", type=int_in(1), default=100_000, help="draws from --dist")
     parser.add_argument("--seed", type=int_in(0), default=0, help="seed for --dist, bucketing and histogram_best_fit")
     parser.add_argument("--max-length", type=int_in(1), default=2048, help="row capacity in tokens")
     parser.add_argument("--strategy", choices=STRATEGIES, default="best_fit_decreasing", help="packing strategy")
-    parser.add_argument("--overlong", choices=OVERLONG_POLICIES, default=OVERLONG_DEFAULT,
-                        help="what a sequence over --max-length does; one default with padless pack and the collators")
+    parser.add_argument(
+        "--overlong",
+        choices=OVERLONG_POLICIES,
+        default=OVERLONG_DEFAULT,
+        help="what a sequence over --max-length does; one default with padless pack and the collators",
+    )
     parser.add_argument("--max-per-row", type=int_in(1), default=None, help="cap on documents per row (default: none)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
     add_data_arguments(parser, "--data")
@@ -366,9 +417,11 @@ def overlong_refusal(over: int, args: argparse.Namespace) -> ValueError | None:
     """The error for ``over`` sequences over ``--max-length`` under ``--overlong error``, else None."""
     if not over or args.overlong != "error":
         return None
-    return ValueError(f"{over:,} sequence{'s are' if over != 1 else ' is'} over --max-length {args.max_length} and "
-                      "--overlong is error (the default); pass --overlong truncate, split or drop to plan them, or a "
-                      "larger --max-length")  # fmt: skip
+    return ValueError(
+        f"{over:,} sequence{'s are' if over != 1 else ' is'} over --max-length {args.max_length} and "
+        "--overlong is error (the default); pass --overlong truncate, split or drop to plan them, or a "
+        "larger --max-length"
+    )
 
 
 def plan_from_args(args: argparse.Namespace, lengths: np.ndarray) -> PackPlan:
@@ -379,9 +432,13 @@ def plan_from_args(args: argparse.Namespace, lengths: np.ndarray) -> PackPlan:
     if (refusal := overlong_refusal(int((lengths > args.max_length).sum()), args)) is not None:
         raise refusal
     return plan_packs(
-        lengths, args.max_length, strategy=args.strategy, overlong=args.overlong,
-        max_per_row=args.max_per_row, seed=args.seed,
-    )  # fmt: skip
+        lengths,
+        args.max_length,
+        strategy=args.strategy,
+        overlong=args.overlong,
+        max_per_row=args.max_per_row,
+        seed=args.seed,
+    )
 
 
 def describe_lengths(found: InputLengths, summary: LengthSummary) -> list[str]:

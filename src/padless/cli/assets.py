@@ -9,8 +9,9 @@ from pathlib import Path
 
 def add_assets_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fetch", action="store_true", help="fetch and unpack the assets that are not packages")
-    parser.add_argument("--sdist", type=Path,
-                        help="use this vaderSentiment sdist instead of downloading it (default: download it)")
+    parser.add_argument(
+        "--sdist", type=Path, help="use this vaderSentiment sdist instead of downloading it (default: download it)"
+    )
 
 
 def run_assets(args: argparse.Namespace) -> int:
@@ -29,8 +30,11 @@ def run_assets(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from padless.cli._shared import HelpFormatter
 
-    parser = argparse.ArgumentParser(prog="python -m padless.cli.assets", formatter_class=HelpFormatter,
-                                     description="where each offline asset is; --fetch gets the one that is not a package")
+    parser = argparse.ArgumentParser(
+        prog="python -m padless.cli.assets",
+        formatter_class=HelpFormatter,
+        description="where each offline asset is; --fetch gets the one that is not a package",
+    )
     add_assets_arguments(parser)
     return run_assets(parser.parse_args(argv))
 

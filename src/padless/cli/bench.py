@@ -47,8 +47,11 @@ def _preset_help() -> str:
     base = PRESETS["default"]
     parts = []
     for name, cfg in sorted(PRESETS.items()):
-        changed = [f"--{f.name.replace('_', '-')} {_shown(getattr(cfg, f.name))}" for f in dataclasses.fields(cfg)
-                   if getattr(cfg, f.name) != getattr(base, f.name)]  # fmt: skip
+        changed = [
+            f"--{f.name.replace('_', '-')} {_shown(getattr(cfg, f.name))}"
+            for f in dataclasses.fields(cfg)
+            if getattr(cfg, f.name) != getattr(base, f.name)
+        ]
         parts.append(f"{name}" + (f" ({', '.join(changed)})" if changed else " (the defaults below)"))
     return "a named configuration; the flags below override it (default: default). Presets: " + "; ".join(parts)
 
@@ -63,15 +66,21 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
             if value is not None or "default" not in doc:  # an unset field's doc says what unset means
                 doc += f" (default: {_shown(value)})"
             parser.add_argument("--" + f.name.replace("_", "-"), default=None, help=doc, **_flag_kwargs(hints[f.name]))
-    parser.add_argument("--out", default="runs/bench",
-                        help="output folder for results.json, the plots and report.html (default: runs/bench)")
+    parser.add_argument(
+        "--out",
+        default="runs/bench",
+        help="output folder for results.json, the plots and report.html (default: runs/bench)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (default: off)")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The preset, with every flag given on the command line overriding its field."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
-             if f.name not in RESULT_ONLY_FIELDS and getattr(args, f.name) is not None}  # fmt: skip
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(RunConfig)
+        if f.name not in RESULT_ONLY_FIELDS and getattr(args, f.name) is not None
+    }
     return dataclasses.replace(PRESETS[args.preset], **given)
 
 
@@ -90,9 +99,11 @@ def _before_the_run(cfg: RunConfig) -> list[str]:
              f"tokenizer: {name} (vocab {len(load_tokenizer(name)):,}; {source})"]  # fmt: skip
     timed = cfg.steps - cfg.warmup_steps
     if timed < MIN_TIMED_STEPS:
-        lines.append(f"WARNING: {timed} timed step(s) per strategy (--steps {cfg.steps}, --warmup-steps "
-                     f"{cfg.warmup_steps}): a speedup needs at least {MIN_TIMED_STEPS}; try --steps "
-                     f"{cfg.warmup_steps + 2 * MIN_TIMED_STEPS}")  # fmt: skip
+        lines.append(
+            f"WARNING: {timed} timed step(s) per strategy (--steps {cfg.steps}, --warmup-steps "
+            f"{cfg.warmup_steps}): a speedup needs at least {MIN_TIMED_STEPS}; try --steps "
+            f"{cfg.warmup_steps + 2 * MIN_TIMED_STEPS}"
+        )
     return lines
 
 

@@ -11,9 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from padless.cli._shared import (SYSTEM_PROMPT_DEFAULT, add_data_arguments, as_flags, data_flags_given, data_kind,
-                                 int_in, load_named_tokenizer, overlong_line, plural, system_prompt_line,
-                                 tokenizer_choice, train_on_choice)  # fmt: skip
+from padless.cli._shared import (
+    SYSTEM_PROMPT_DEFAULT,
+    add_data_arguments,
+    as_flags,
+    data_flags_given,
+    data_kind,
+    int_in,
+    load_named_tokenizer,
+    overlong_line,
+    plural,
+    system_prompt_line,
+    tokenizer_choice,
+    train_on_choice,
+)
 from padless.data.corpora import split_corpus_name
 from padless.data.inputs import open_input
 from padless.export.engine import ENGINES
@@ -41,38 +52,76 @@ def add_pack_arguments(parser: Any) -> None:
         "(default: the vocabulary of --tokenizer). Text and chats are tokenized with --tokenizer (or the tokenizer "
         "of --model) and end with its EOS. Ctrl-C keeps the finished shards: rerun to resume."
     )
-    parser.add_argument("input", nargs="?", metavar="INPUT",
-                        help="a .jsonl/.json/.csv/.tsv/.parquet file (pre-tokenized 'input_ids', or 'text' / 'messages' "
-                             "to tokenize; one kind per file), a datasets folder, or a built-in corpus (tweets, ...)")
-    parser.add_argument("--out", required=True,
-                        help="output folder (shards, state.json, summary.json): new, empty, or an earlier packing to "
-                             "resume")
+    parser.add_argument(
+        "input",
+        nargs="?",
+        metavar="INPUT",
+        help="a .jsonl/.json/.csv/.tsv/.parquet file (pre-tokenized 'input_ids', or 'text' / 'messages' "
+        "to tokenize; one kind per file), a datasets folder, or a built-in corpus (tweets, ...)",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="output folder (shards, state.json, summary.json): new, empty, or an earlier packing to resume",
+    )
     parser.add_argument("--max-length", type=int_in(1), required=True, help="tokens per packed row")
-    parser.add_argument("--overlong", default=OVERLONG_DEFAULT, choices=OVERLONG_POLICIES,
-                        help="what a sequence longer than --max-length does, counted in summary.json; one default "
-                             "with padless stats and the collators")
+    parser.add_argument(
+        "--overlong",
+        default=OVERLONG_DEFAULT,
+        choices=OVERLONG_POLICIES,
+        help="what a sequence longer than --max-length does, counted in summary.json; one default "
+        "with padless stats and the collators",
+    )
     parser.add_argument("--rows-per-shard", type=int_in(1), default=8192, help="packed rows per Parquet file")
-    parser.add_argument("--max-shards", type=int_in(1), default=None,
-                        help="stop after writing this many shards; a rerun continues where this one stopped (default: "
-                             "no limit)")
-    parser.add_argument("--engine", default="local", choices=ENGINES,
-                        help="local: this process; ray: Ray tasks (pip install 'padless[ray]'); same rows either way")
-    parser.add_argument("--num-workers", type=int_in(1), default=None,
-                        help="--engine ray: tasks at once, and the CPUs of a local Ray (default: all CPUs)")
-    parser.add_argument("--ray-address", default=None,
-                        help="--engine ray: an existing cluster, ray://HOST:10001, HOST:6379 or auto (default: start a "
-                             "local Ray)")
-    parser.add_argument("--shard-rows", type=int_in(1), default=65536,
-                        help="input records per unit of work (the rows do not depend on it)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="start over in an --out that holds a packing of another input or other flags, or pack "
-                             "into a non-empty folder padless did not write (its other files are kept)")
-    parser.add_argument("--synthetic", metavar="DIST:N[:P1:P2...]", default=None,
-                        help="instead of INPUT: N random sequences, DIST lognormal (median, sigma, cap: 60, 1, 2048 "
-                             "unless given) or uniform (low, high: 10, 500 unless given)")
-    parser.add_argument("--vocab-size", type=int_in(1), default=None,
-                        help="token ids lie in [0, this): checked for pre-tokenized INPUT, drawn for --synthetic "
-                             "(default: the --tokenizer's vocabulary; 50257 for --synthetic)")
+    parser.add_argument(
+        "--max-shards",
+        type=int_in(1),
+        default=None,
+        help="stop after writing this many shards; a rerun continues where this one stopped (default: no limit)",
+    )
+    parser.add_argument(
+        "--engine",
+        default="local",
+        choices=ENGINES,
+        help="local: this process; ray: Ray tasks (pip install 'padless[ray]'); same rows either way",
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=int_in(1),
+        default=None,
+        help="--engine ray: tasks at once, and the CPUs of a local Ray (default: all CPUs)",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="--engine ray: an existing cluster, ray://HOST:10001, HOST:6379 or auto (default: start a local Ray)",
+    )
+    parser.add_argument(
+        "--shard-rows",
+        type=int_in(1),
+        default=65536,
+        help="input records per unit of work (the rows do not depend on it)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in an --out that holds a packing of another input or other flags, or pack "
+        "into a non-empty folder padless did not write (its other files are kept)",
+    )
+    parser.add_argument(
+        "--synthetic",
+        metavar="DIST:N[:P1:P2...]",
+        default=None,
+        help="instead of INPUT: N random sequences, DIST lognormal (median, sigma, cap: 60, 1, 2048 "
+        "unless given) or uniform (low, high: 10, 500 unless given)",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int_in(1),
+        default=None,
+        help="token ids lie in [0, this): checked for pre-tokenized INPUT, drawn for --synthetic "
+        "(default: the --tokenizer's vocabulary; 50257 for --synthetic)",
+    )
     parser.add_argument("--seed", type=int_in(0), default=0, help="seed of --synthetic")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     add_data_arguments(parser, "INPUT")
@@ -82,10 +131,15 @@ def _describe(args: Any) -> tuple[str | None, str, list[str]]:
     """``(tokenizer, train_on, lines)``: what pack will do with the input, resolved from the flags."""
     if args.synthetic is not None:
         if given := data_flags_given(args):
-            raise ValueError(f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to an INPUT to tokenize; "
-                             "--synthetic draws random token ids (below --vocab-size)")  # fmt: skip
-        return None, "all", [f"input: --synthetic {args.synthetic} (random token ids)",
-                             overlong_line(args.overlong, args.max_length)]  # fmt: skip
+            raise ValueError(
+                f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to an INPUT to tokenize; "
+                "--synthetic draws random token ids (below --vocab-size)"
+            )
+        return (
+            None,
+            "all",
+            [f"input: --synthetic {args.synthetic} (random token ids)", overlong_line(args.overlong, args.max_length)],
+        )
     if not Path(args.input).expanduser().exists() and split_corpus_name(args.input) is None:
         return None, "all", []  # opening it says what it is not
     kind = data_kind(args.input)
@@ -97,8 +151,10 @@ def _describe(args: Any) -> tuple[str | None, str, list[str]]:
     if kind != "input_ids" or args.vocab_size is None:  # pre-tokenized ids with --vocab-size need no tokenizer
         tok, tok_line = load_named_tokenizer(name, origin)
         if kind == "input_ids":
-            tok_line = (f"vocabulary: ids checked against [0, {len(tok):,}), the vocabulary of tokenizer {name} "
-                        f"({origin}; or pass --vocab-size)")  # fmt: skip
+            tok_line = (
+                f"vocabulary: ids checked against [0, {len(tok):,}), the vocabulary of tokenizer {name} "
+                f"({origin}; or pass --vocab-size)"
+            )
         lines.append(tok_line)
     if train_line is not None:
         lines.append(train_line)
@@ -118,8 +174,10 @@ def _changed(exc: JobMismatch) -> str:
             said.append("INPUT is not the input packed there (other content)")
         else:
             said.append(f"{FLAGS.get(name, name)} was {shown(was)}, now {shown(now)}")
-    return (f"--out {exc.out} holds a packing made with other flags: {'; '.join(said)}; rerun with the same flags, "
-            "choose another --out, or pass --overwrite to start over")  # fmt: skip
+    return (
+        f"--out {exc.out} holds a packing made with other flags: {'; '.join(said)}; rerun with the same flags, "
+        "choose another --out, or pass --overwrite to start over"
+    )
 
 
 def run_pack(args: Any) -> int:
@@ -131,16 +189,33 @@ def run_pack(args: Any) -> int:
     tokenizer, train_on, lines = _describe(args)
     if lines:
         print("\n".join(lines), flush=True)
-    data = {} if tokenizer is None else {"tokenizer": tokenizer, "train_on": train_on,
-                                         "system_prompt": args.system_prompt}  # fmt: skip
+    data = (
+        {} if tokenizer is None else {"tokenizer": tokenizer, "train_on": train_on, "system_prompt": args.system_prompt}
+    )
     try:
-        src = open_input(args.input, synthetic=args.synthetic, vocab_size=args.vocab_size, seed=args.seed,
-                         shard_rows=args.shard_rows, progress=args.progress, **data)  # fmt: skip
+        src = open_input(
+            args.input,
+            synthetic=args.synthetic,
+            vocab_size=args.vocab_size,
+            seed=args.seed,
+            shard_rows=args.shard_rows,
+            progress=args.progress,
+            **data,
+        )
         summary = pack_to_parquet(
-            src, args.out, args.max_length, rows_per_shard=args.rows_per_shard, max_shards=args.max_shards,
-            overlong=args.overlong, shard_rows=args.shard_rows, engine=args.engine, num_workers=args.num_workers,
-            ray_address=args.ray_address, overwrite=args.overwrite, progress=args.progress,
-        )  # fmt: skip
+            src,
+            args.out,
+            args.max_length,
+            rows_per_shard=args.rows_per_shard,
+            max_shards=args.max_shards,
+            overlong=args.overlong,
+            shard_rows=args.shard_rows,
+            engine=args.engine,
+            num_workers=args.num_workers,
+            ray_address=args.ray_address,
+            overwrite=args.overwrite,
+            progress=args.progress,
+        )
     except JobMismatch as exc:
         raise ValueError(_changed(exc)) from None
     except ValueError as exc:
@@ -156,10 +231,12 @@ def run_pack(args: Any) -> int:
     if (line := system_prompt_line(int(summary.get("system_prompt_added", 0)), s["num_sequences"])) is not None:
         print(line)
     done = "packed" if summary["complete"] else "stopped after --max-shards (rerun to continue):"
-    print(f"{done} {plural(s['num_sequences'], 'sequence')} into {plural(s['num_rows'], 'row')} of "
-          f"{args.max_length} tokens, {plural(len(summary['shards']), 'shard')} in {args.out}\n"
-          f"  efficiency {s['efficiency']:.2%} ({s['relative_gap']:.2%} over the lower bound); truncated "
-          f"{s['truncated_sequences']:,}, split {s['split_sequences']:,}, dropped {s['dropped_sequences']:,}\n"
-          f"  {run['engine']} engine, {plural(run['workers'], 'worker')}, {run['wall_s']:.1f} s, peak RSS "
-          f"{run['peak_rss_mib']:,.0f} MiB")  # fmt: skip
+    print(
+        f"{done} {plural(s['num_sequences'], 'sequence')} into {plural(s['num_rows'], 'row')} of "
+        f"{args.max_length} tokens, {plural(len(summary['shards']), 'shard')} in {args.out}\n"
+        f"  efficiency {s['efficiency']:.2%} ({s['relative_gap']:.2%} over the lower bound); truncated "
+        f"{s['truncated_sequences']:,}, split {s['split_sequences']:,}, dropped {s['dropped_sequences']:,}\n"
+        f"  {run['engine']} engine, {plural(run['workers'], 'worker')}, {run['wall_s']:.1f} s, peak RSS "
+        f"{run['peak_rss_mib']:,.0f} MiB"
+    )
     return 0

@@ -28,8 +28,12 @@ def run_plan(args: argparse.Namespace) -> int:
     plan.save(str(out))
     if args.json:
         data = {"data": found.data} if found.data else {}
-        print(json.dumps({"source": found.source, **data, "out": str(out), "strategy": args.strategy,
-                          **plan.stats.as_dict()}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {"source": found.source, **data, "out": str(out), "strategy": args.strategy, **plan.stats.as_dict()},
+                indent=2,
+            )
+        )
     else:
         lines = [*describe_lengths(found, summarize_lengths(found.lengths)), *describe_plan(plan, args)]
         print("\n".join([*lines, f"wrote {out}"]))

@@ -13,8 +13,13 @@ from padless.cli._shared import report_lines
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``padless report``."""
     parser.add_argument("results", type=Path, metavar="RESULTS.json", help="a results.json of padless bench")
-    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help="where to write the plots and report.html (default: the folder of RESULTS.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where to write the plots and report.html (default: the folder of RESULTS.json)",
+    )
 
 
 def run_report(args: argparse.Namespace) -> int:

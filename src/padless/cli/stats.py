@@ -16,10 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from padless.cli._shared import (add_lengths_arguments, describe_lengths, describe_plan, input_lengths, int_in,
-                                 overlong_line, overlong_refusal, plan_from_args)  # fmt: skip
+from padless.cli._shared import (
+    add_lengths_arguments,
+    describe_lengths,
+    describe_plan,
+    input_lengths,
+    int_in,
+    overlong_line,
+    overlong_refusal,
+    plan_from_args,
+)
 from padless.planning.lengths import compare_batching, overlong_costs, summarize_lengths
-
 
 HIST_FORMATS = (".png", ".svg", ".pdf")
 
@@ -58,14 +65,21 @@ def _histogram(lengths: np.ndarray, max_length: int, path: Path, title: str) -> 
 def add_stats_arguments(parser: argparse.ArgumentParser) -> None:
     add_lengths_arguments(parser, default_dist="lognormal")
     parser.add_argument("--batch-size", type=int_in(1), default=8, help="batch size of the padding baselines")
-    parser.add_argument("--pad-to-multiple-of", type=int_in(1), default=None,
-                        help="round padded batches up to a multiple (default: no rounding)")
-    parser.add_argument("--hist", metavar="PNG",
-                        help="also draw a length histogram to this file (.png unless .svg/.pdf; default: none)")
-    parser.description = (f"{parser.description}. Lengths: --lengths, --data or --dist (default: --dist lognormal). "
-                          "Sequences over --max-length are counted, with what each --overlong policy would cost; "
-                          "with --overlong error, the default here as in padless pack and the collators, they stop "
-                          "the plan as they would stop packing.")  # fmt: skip
+    parser.add_argument(
+        "--pad-to-multiple-of",
+        type=int_in(1),
+        default=None,
+        help="round padded batches up to a multiple (default: no rounding)",
+    )
+    parser.add_argument(
+        "--hist", metavar="PNG", help="also draw a length histogram to this file (.png unless .svg/.pdf; default: none)"
+    )
+    parser.description = (
+        f"{parser.description}. Lengths: --lengths, --data or --dist (default: --dist lognormal). "
+        "Sequences over --max-length are counted, with what each --overlong policy would cost; "
+        "with --overlong error, the default here as in padless pack and the collators, they stop "
+        "the plan as they would stop packing."
+    )
 
 
 def _overlong_lines(costs: dict[str, dict[str, int]], max_length: int, policy: str) -> list[str]:
@@ -87,8 +101,9 @@ def run_stats(args: argparse.Namespace) -> int:
     over = costs["overlong"]["sequences"]
     # as packing would, --overlong error refuses sequences over --max-length: print what is known, then refuse
     plan = None if overlong_refusal(over, args) else plan_from_args(args, lengths)
-    batching = None if plan is None else compare_batching(lengths, plan, args.batch_size, args.seed,
-                                                          args.pad_to_multiple_of)  # fmt: skip
+    batching = (
+        None if plan is None else compare_batching(lengths, plan, args.batch_size, args.seed, args.pad_to_multiple_of)
+    )
     if hist is not None:
         _histogram(lengths, args.max_length, hist, found.source)
     if args.json:
@@ -121,8 +136,11 @@ def _batching_lines(batching: dict[str, dict[str, Any]], args: argparse.Namespac
     packed = batching["packed"]["tokens_computed"]
     lines = [f"batching at batch size {args.batch_size} (padding baselines truncate at {args.max_length}):",
              f"  {'':<30}{'padding':>9}{'tokens computed':>18}{'vs packed':>11}"]  # fmt: skip
-    for name, label in (("pad_to_longest", "pad to longest"), ("bucketed", "bucketed (length-grouped)"),
-                        ("packed", f"packed ({args.strategy})")):  # fmt: skip
+    for name, label in (
+        ("pad_to_longest", "pad to longest"),
+        ("bucketed", "bucketed (length-grouped)"),
+        ("packed", f"packed ({args.strategy})"),
+    ):
         row = batching[name]
         ratio = f"{row['tokens_computed'] / packed:.2f}x" if packed else "-"
         lines.append(f"  {label:<30}{100 * row['padding_fraction']:>8.2f}%{row['tokens_computed']:>18,}{ratio:>11}")

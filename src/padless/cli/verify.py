@@ -12,7 +12,13 @@ from typing import Any
 
 from padless.cli._shared import HelpFormatter
 from padless.isolation.compare import NOISE_FACTOR
-from padless.isolation.verify import DEFAULT_BACKENDS, DEFAULT_MAX_LENGTH, VerifyReport, random_sequences, verify_isolation
+from padless.isolation.verify import (
+    DEFAULT_BACKENDS,
+    DEFAULT_MAX_LENGTH,
+    VerifyReport,
+    random_sequences,
+    verify_isolation,
+)
 
 SAMPLED_BACKENDS = ("sdpa", "padless")
 """The backends the sampled default checks: transformers' default and padless' own (each backend is a
@@ -21,8 +27,13 @@ forward and backward over the row; eager, FlexAttention and flash-attn are one `
 EXIT_PASS, EXIT_CONTAMINATED, EXIT_NOTHING_RAN = 0, 1, 3
 """Exit statuses of ``padless verify`` (2 is a bad input, as for every subcommand)."""
 
-DTYPES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "float16": ("float16", None),
-          "autocast-bf16": ("float32", "bfloat16"), "autocast-fp16": ("float32", "float16")}
+DTYPES = {
+    "float32": ("float32", None),
+    "bfloat16": ("bfloat16", None),
+    "float16": ("float16", None),
+    "autocast-bf16": ("float32", "bfloat16"),
+    "autocast-fp16": ("float32", "float16"),
+}
 """``--dtype`` choice -> (weights' dtype, autocast dtype or None)."""
 
 EPILOG = f"""judgment: per backend and dtype, the same documents right-padded into one batch give padding's own
@@ -54,22 +65,49 @@ class _Help(HelpFormatter, argparse.RawDescriptionHelpFormatter):
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = _Help
-    parser.add_argument("--model", default="tiny-gpt2",
-                        help="tiny-<gpt2|llama|qwen2|mistral> (512-token test vocabulary), a GPT-2 size, smollm2-135m, or a local model folder")  # fmt: skip
-    parser.add_argument("--backends", default=None,
-                        help=f"comma-separated attention backends (default: {','.join(SAMPLED_BACKENDS)}, "
-                             f"transformers' default and padless' own; with --thorough: {','.join(DEFAULT_BACKENDS)})")  # fmt: skip
-    parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
-                        help="weights' dtype; autocast-bf16/-fp16: float32 weights under torch.autocast, as Trainer(bf16=True)")  # fmt: skip
-    parser.add_argument("--oracle", choices=["float64"], default=None,
-                        help="also run the check with the model in float64, where float noise is ~1e-14 and any systematic difference shows")  # fmt: skip
-    parser.add_argument("--factor", type=float, default=NOISE_FACTOR, help="how many times padding's own noise packed rows may differ")
+    parser.add_argument(
+        "--model",
+        default="tiny-gpt2",
+        help="tiny-<gpt2|llama|qwen2|mistral> (512-token test vocabulary), a GPT-2 size, smollm2-135m, or a local model folder",
+    )
+    parser.add_argument(
+        "--backends",
+        default=None,
+        help=f"comma-separated attention backends (default: {','.join(SAMPLED_BACKENDS)}, "
+        f"transformers' default and padless' own; with --thorough: {','.join(DEFAULT_BACKENDS)})",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=list(DTYPES),
+        help="weights' dtype; autocast-bf16/-fp16: float32 weights under torch.autocast, as Trainer(bf16=True)",
+    )
+    parser.add_argument(
+        "--oracle",
+        choices=["float64"],
+        default=None,
+        help="also run the check with the model in float64, where float noise is ~1e-14 and any systematic difference shows",
+    )
+    parser.add_argument(
+        "--factor", type=float, default=NOISE_FACTOR, help="how many times padding's own noise packed rows may differ"
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    parser.add_argument("--lengths", default=None, help="comma-separated sequence lengths (default: seeded lengths that fill one row of --max-length)")
-    parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
-                        help="packed row length, capped at the model's positions (0: one row for all)")  # fmt: skip
-    parser.add_argument("--thorough", action="store_true",
-                        help="every document padded and run alone per backend, two rows, every parameter's gradient")  # fmt: skip
+    parser.add_argument(
+        "--lengths",
+        default=None,
+        help="comma-separated sequence lengths (default: seeded lengths that fill one row of --max-length)",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=DEFAULT_MAX_LENGTH,
+        help="packed row length, capped at the model's positions (0: one row for all)",
+    )
+    parser.add_argument(
+        "--thorough",
+        action="store_true",
+        help="every document padded and run alone per backend, two rows, every parameter's gradient",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampled document lengths and token ids")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -102,7 +140,9 @@ def run_verify(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ValueError(as_flags(str(exc), ["device"])) from None
     if args.factor < 1:
-        raise ValueError(f"--factor must be >= 1 (packed rows cannot be held below padding's own noise), got {args.factor}")
+        raise ValueError(
+            f"--factor must be >= 1 (packed rows cannot be held below padding's own noise), got {args.factor}"
+        )
     weights, autocast = DTYPES[args.dtype]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     reports = [_run(args, device, lengths, backends, weights, autocast)]
@@ -123,15 +163,23 @@ def run_verify(args: argparse.Namespace) -> int:
     if status == EXIT_PASS:
         print("PASS: packed rows are isolated on every backend that ran")
     elif status == EXIT_CONTAMINATED:
-        bad = sorted({f"{r.backend} ({report.dtype})" for report in reports for r in report.results if r.status == "fail"})
+        bad = sorted(
+            {f"{r.backend} ({report.dtype})" for report in reports for r in report.results if r.status == "fail"}
+        )
         print(f"FAIL: packed rows are contaminated or train differently on {', '.join(bad)}")
     else:
         print("NOTHING RAN: every backend was refused or unavailable (reasons above); nothing was verified")
     return status
 
 
-def _run(args: argparse.Namespace, device: Any, lengths: list[int] | None, backends: list[str], weights: str,
-         autocast: str | None) -> VerifyReport:  # fmt: skip
+def _run(
+    args: argparse.Namespace,
+    device: Any,
+    lengths: list[int] | None,
+    backends: list[str],
+    weights: str,
+    autocast: str | None,
+) -> VerifyReport:
     """Build the model in ``weights`` and verify it (under autocast when given)."""
     import torch
 
@@ -150,10 +198,17 @@ def _run(args: argparse.Namespace, device: Any, lengths: list[int] | None, backe
         print(line + (loaded.pop() if loaded else ""), file=sys.stderr, flush=True)
 
     try:
-        return verify_isolation(model, sequences, backends=backends, max_length=args.max_length or None,
-                                check="thorough" if args.thorough else "sampled", seed=args.seed,
-                                autocast=None if autocast is None else getattr(torch, autocast), factor=args.factor,
-                                progress=progress)  # fmt: skip
+        return verify_isolation(
+            model,
+            sequences,
+            backends=backends,
+            max_length=args.max_length or None,
+            check="thorough" if args.thorough else "sampled",
+            seed=args.seed,
+            autocast=None if autocast is None else getattr(torch, autocast),
+            factor=args.factor,
+            progress=progress,
+        )
     except ValueError as exc:
         raise ValueError(as_flags(str(exc), ["max_length"])) from None
 
@@ -161,17 +216,23 @@ def _run(args: argparse.Namespace, device: Any, lengths: list[int] | None, backe
 def _print_report(report: VerifyReport) -> None:
     fmt = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
     check = f" | {report.coverage.check} check" if report.coverage is not None else ""
-    print(f"model {report.model} | {report.dtype} | {report.device}{check} | lengths {report.lengths} | rows of "
-          f"{report.max_length} | limit: max({report.factor:g} x padded, dtype floor)")  # fmt: skip
+    print(
+        f"model {report.model} | {report.dtype} | {report.device}{check} | lengths {report.lengths} | rows of "
+        f"{report.max_length} | limit: max({report.factor:g} x padded, dtype floor)"
+    )
     if report.coverage is not None:
         for line in report.coverage.describe():
             print(line)
     print(report.legend())
-    print(f"{'backend':<24} {'status':<12} {'logit packed':>12} {'padded':>9} {'limit':>9} "
-          f"{'grad packed':>12} {'padded':>9} {'limit':>9} {'seconds':>8}")  # fmt: skip
+    print(
+        f"{'backend':<24} {'status':<12} {'logit packed':>12} {'padded':>9} {'limit':>9} "
+        f"{'grad packed':>12} {'padded':>9} {'limit':>9} {'seconds':>8}"
+    )
     for r in report.results:
         seconds = "-" if r.seconds is None else f"{r.seconds:.1f}"
-        print(f"{r.backend:<24} {r.status:<12} {fmt(r.max_logit_diff):>12} {fmt(r.logit_noise):>9} {fmt(r.logit_tolerance):>9} "
-              f"{fmt(r.grad_rel_diff):>12} {fmt(r.grad_noise):>9} {fmt(r.grad_tolerance):>9} {seconds:>8}  {r.detail}")  # fmt: skip
+        print(
+            f"{r.backend:<24} {r.status:<12} {fmt(r.max_logit_diff):>12} {fmt(r.logit_noise):>9} {fmt(r.logit_tolerance):>9} "
+            f"{fmt(r.grad_rel_diff):>12} {fmt(r.grad_noise):>9} {fmt(r.grad_tolerance):>9} {seconds:>8}  {r.detail}"
+        )
         for line in r.evidence:
             print(f"    {line}")

@@ -53,8 +53,13 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy exports
     from padless.data.agentic import agentic_traces
     from padless.data.assets import cache_root
     from padless.data.chat import (
-        DEFAULT_CHAT_TEMPLATE, SYSTEM_PROMPT, TRAIN_ON, chat_pieces, check_messages, render_chat,
-    )  # fmt: skip
+        DEFAULT_CHAT_TEMPLATE,
+        SYSTEM_PROMPT,
+        TRAIN_ON,
+        chat_pieces,
+        check_messages,
+        render_chat,
+    )
     from padless.data.corpora import CORPORA, CorpusRecipe
     from padless.data.load import CorpusReport, TokenizedCorpus, corpus_lengths, load_corpus
     from padless.data.records import RecordError

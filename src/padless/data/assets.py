@@ -144,8 +144,20 @@ def unpack_vader_sdist(sdist: Path, target: Path) -> list[str]:
 
 
 def _pip_download_vader(dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-           "--disable-pip-version-check", "-q", f"vaderSentiment=={VADER_VERSION}", "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-q",
+        f"vaderSentiment=={VADER_VERSION}",
+        "-d",
+        str(dest),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise MissingAssetError(f"`{' '.join(cmd[2:])}` failed (exit {done.returncode}):\n{done.stderr.strip()}")
@@ -159,8 +171,7 @@ def _silent(message: str) -> None:
     """The default ``log``: the library says nothing; ``padless.cli.assets`` passes ``print``."""
 
 
-def fetch_vader(*, sdist: Path | None = None, root: Path | None = None,
-                log: Callable[[str], None] = _silent) -> Path:
+def fetch_vader(*, sdist: Path | None = None, root: Path | None = None, log: Callable[[str], None] = _silent) -> Path:
     """Make the snippet files present (idempotent): from ``sdist`` if given, else via pip download;
     ``log`` receives one line per step."""
     target = vader_dir(root)
@@ -179,9 +190,12 @@ def fetch_vader(*, sdist: Path | None = None, root: Path | None = None,
 def check_packages(log: Callable[[str], None] = _silent) -> bool:
     """Tell ``log`` where each packaged asset is; False if one is missing."""
     ok = True
-    for what, locate in [("gpt2 tokenizer", lambda: gpt2_tokenizer_files()[0].parent),
-                         ("smollm2 gguf", smollm2_gguf), ("chatterbot corpus", chatterbot_dir),
-                         ("bfcl data", bfcl_data_dir)]:
+    for what, locate in [
+        ("gpt2 tokenizer", lambda: gpt2_tokenizer_files()[0].parent),
+        ("smollm2 gguf", smollm2_gguf),
+        ("chatterbot corpus", chatterbot_dir),
+        ("bfcl data", bfcl_data_dir),
+    ]:
         try:
             log(f"{what}: {locate()}")
         except MissingAssetError as err:

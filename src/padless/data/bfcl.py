@@ -30,16 +30,33 @@ from typing import Any
 from padless.data.assets import bfcl_data_dir
 
 SINGLE_TURN: tuple[str, ...] = (
-    "simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
-    "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+    "simple_python",
+    "simple_java",
+    "simple_javascript",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
 )
-MULTI_TURN: tuple[str, ...] = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func",
-                               "multi_turn_miss_param")
+MULTI_TURN: tuple[str, ...] = (
+    "multi_turn_base",
+    "multi_turn_long_context",
+    "multi_turn_miss_func",
+    "multi_turn_miss_param",
+)
 _CLASS_DOCS = {  # as bfcl_eval/constants/executable_backend_config.py maps them
-    "GorillaFileSystem": "gorilla_file_system.json", "MathAPI": "math_api.json",
-    "MessageAPI": "message_api.json", "TwitterAPI": "posting_api.json", "TicketAPI": "ticket_api.json",
-    "TradingBot": "trading_bot.json", "TravelAPI": "travel_booking.json",
-    "VehicleControlAPI": "vehicle_control.json", "WebSearchAPI": "web_search.json",
+    "GorillaFileSystem": "gorilla_file_system.json",
+    "MathAPI": "math_api.json",
+    "MessageAPI": "message_api.json",
+    "TwitterAPI": "posting_api.json",
+    "TicketAPI": "ticket_api.json",
+    "TradingBot": "trading_bot.json",
+    "TravelAPI": "travel_booking.json",
+    "VehicleControlAPI": "vehicle_control.json",
+    "WebSearchAPI": "web_search.json",
 }
 
 Call = dict[str, Any]
@@ -126,8 +143,14 @@ def single_turn_examples() -> tuple[ToolExample, ...]:
         for q in questions:
             if q["id"] not in answers:
                 continue
-            out.append(ToolExample(id=q["id"], messages=list(q["question"][0]), tools=q["function"],
-                                   calls=[_answer_call(a) for a in answers[q["id"]]["ground_truth"]]))
+            out.append(
+                ToolExample(
+                    id=q["id"],
+                    messages=list(q["question"][0]),
+                    tools=q["function"],
+                    calls=[_answer_call(a) for a in answers[q["id"]]["ground_truth"]],
+                )
+            )
     return tuple(out)
 
 
@@ -191,6 +214,9 @@ def web_search_tasks() -> tuple[WebSearchTask, ...]:
     for q in questions:
         a = answers[q["id"]]
         hops = [(h["subquestion"], str(h["answer"]), h["source"]) for h in a["source"]]
-        out.append(WebSearchTask(id=q["id"], question=q["question"][0][0]["content"], hops=hops,
-                                 answer=str(a["ground_truth"][0])))
+        out.append(
+            WebSearchTask(
+                id=q["id"], question=q["question"][0][0]["content"], hops=hops, answer=str(a["ground_truth"][0])
+            )
+        )
     return tuple(out)

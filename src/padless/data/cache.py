@@ -62,5 +62,4 @@ def load_entry(path: Path) -> tuple[list[list[int]], list[list[int]], dict[str, 
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
         return None  # a damaged entry is rebuilt, not trusted
     bounds = offsets.tolist()
-    return ([ids[a:b] for a, b in zip(bounds, bounds[1:])],
-            [labels[a:b] for a, b in zip(bounds, bounds[1:])], meta)
+    return ([ids[a:b] for a, b in zip(bounds, bounds[1:])], [labels[a:b] for a, b in zip(bounds, bounds[1:])], meta)

@@ -91,14 +91,17 @@ def _content_text(content: Any, here: str) -> str:
     texts = []
     for k, part in enumerate(content):
         if not isinstance(part, Mapping):
-            raise RecordError("bad_content", f"{here}: content part {k} is a {type(part).__name__}, not an object "
-                              "with 'type' and 'text'")
+            raise RecordError(
+                "bad_content",
+                f"{here}: content part {k} is a {type(part).__name__}, not an object with 'type' and 'text'",
+            )
         if part.get("type", "text") != "text":
             kinds = sorted({str(p.get("type")) for p in content if isinstance(p, Mapping)})
             raise RecordError("bad_content", f"{here}: content parts of type {kinds}; only text parts are supported")
         if not isinstance(part.get("text"), str):
-            raise RecordError("bad_content", f"{here}: content part {k} has no 'text' string "
-                              f"({fields_hint(part, ('type', 'text'))})")
+            raise RecordError(
+                "bad_content", f"{here}: content part {k} has no 'text' string ({fields_hint(part, ('type', 'text'))})"
+            )
         texts.append(part["text"])
     return "".join(texts)
 
@@ -121,8 +124,9 @@ def _tool_call(call: Any, here: str) -> dict[str, Any]:
         raise RecordError("bad_tool_call", f"{here} is a {type(call).__name__}, not an object with a 'function'")
     fn = call.get("function", call)
     if not isinstance(fn, Mapping):
-        raise RecordError("bad_tool_call", f"{here}: 'function' is a {type(fn).__name__}, not an object with "
-                          "'name' and 'arguments'")
+        raise RecordError(
+            "bad_tool_call", f"{here}: 'function' is a {type(fn).__name__}, not an object with 'name' and 'arguments'"
+        )
     name = fn.get("name")
     if name is None:
         raise RecordError("bad_tool_call", f"{here} has no function 'name' ({fields_hint(fn, CALL_FIELDS)})")
@@ -135,11 +139,11 @@ def _tool_call(call: Any, here: str) -> dict[str, Any]:
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as err:
-            raise RecordError("bad_tool_call", f"{here} ({name!r}): arguments are not valid JSON ({err.msg}): "
-                              f"{args!r:.80}") from None
+            raise RecordError(
+                "bad_tool_call", f"{here} ({name!r}): arguments are not valid JSON ({err.msg}): {args!r:.80}"
+            ) from None
     if not isinstance(args, Mapping):
-        raise RecordError("bad_tool_call", f"{here} ({name!r}): arguments are a {type(args).__name__}, "
-                          "not an object")
+        raise RecordError("bad_tool_call", f"{here} ({name!r}): arguments are a {type(args).__name__}, not an object")
     return {"type": "function", "function": {"name": name, "arguments": dict(args)}}
 
 
@@ -155,8 +159,9 @@ def check_messages(messages: Any, at: str) -> list[dict[str, Any]]:
     for j, msg in enumerate(messages):
         here = f"{at}: message {j}"
         if not isinstance(msg, Mapping):
-            raise RecordError("bad_messages", f"{here} is a {type(msg).__name__}, not an object with 'role' and "
-                              "'content'")
+            raise RecordError(
+                "bad_messages", f"{here} is a {type(msg).__name__}, not an object with 'role' and 'content'"
+            )
         if "role" not in msg:
             raise RecordError("missing_field", f"{here} has no 'role' ({fields_hint(msg, MESSAGE_FIELDS)})")
         role = msg["role"]
@@ -207,20 +212,26 @@ def _targets(messages: list[dict[str, Any]], train_on: str, at: str) -> list[boo
     if train_on == "all":
         return [True] * len(messages)
     if not any(is_assistant):
-        raise RecordError("no_assistant_turn", f"{at}: train_on={train_on!r} needs an assistant turn; "
-                          "the chat has none")
+        raise RecordError(
+            "no_assistant_turn", f"{at}: train_on={train_on!r} needs an assistant turn; the chat has none"
+        )
     if train_on == "assistant":
         return is_assistant
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     targets = [a and i > last_user for i, a in enumerate(is_assistant)]
     if not any(targets):
-        raise RecordError("no_assistant_turn", f"{at}: train_on='completion' needs an assistant turn "
-                          "after the last user turn")
+        raise RecordError(
+            "no_assistant_turn", f"{at}: train_on='completion' needs an assistant turn after the last user turn"
+        )
     return targets
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, template: str, conversations: list[list[dict[str, Any]]],
-            generation: bool = False) -> list[str]:
+def _render(
+    tokenizer: PreTrainedTokenizerBase,
+    template: str,
+    conversations: list[list[dict[str, Any]]],
+    generation: bool = False,
+) -> list[str]:
     if not conversations:
         return []
     out = tokenizer.apply_chat_template(
@@ -243,12 +254,13 @@ def _opening(tokenizer: PreTrainedTokenizerBase, template: str) -> tuple[str | N
         one, two = _render(tokenizer, template, [[_PROBE], [_PROBE, _PROBE]])
     except TemplateError:
         return None, None
-    own = two[len(one):] if two.startswith(one) else ""
+    own = two[len(one) :] if two.startswith(one) else ""
     return (one[: len(one) - len(own)] if own and one.endswith(own) else None), one
 
 
-def _render_probed(tokenizer: PreTrainedTokenizerBase, template: str,
-                   conversations: list[list[dict[str, Any]]]) -> tuple[list[str], str | None]:
+def _render_probed(
+    tokenizer: PreTrainedTokenizerBase, template: str, conversations: list[list[dict[str, Any]]]
+) -> tuple[list[str], str | None]:
     """The renderings of ``conversations`` and, in the same call, of the probe system message followed
     by the first conversation's first message (None if the template refuses that)."""
     from jinja2.exceptions import TemplateError
@@ -267,12 +279,12 @@ def _before_first(alone: str, after: str | None, opening: str | None, probe: str
 
     The message's own rendering is how it renders after the probe system message (``after``): for a
     template that adds a system prompt only to chats without one (SmolLM2's), that carries none."""
-    own = after[len(probe):] if after is not None and probe is not None and after.startswith(probe) else ""
+    own = after[len(probe) :] if after is not None and probe is not None and after.startswith(probe) else ""
     if not own or not alone.endswith(own):
         return None, ""
     before = alone[: len(alone) - len(own)]
     if opening is not None and before.startswith(opening):
-        return opening, before[len(opening):]
+        return opening, before[len(opening) :]
     return None, before
 
 
@@ -303,9 +315,11 @@ def render_chat(
     opening, added = _before_first(rendered[0], probed, *_opening(tokenizer, template))
     added = added if added.strip() else ""
     if added and system_prompt == "none" and opening is None:
-        raise ValueError(f"{at}: the chat template writes {added[:60]!r} before the first message, and what of it "
-                         "is a system prompt cannot be told from what it writes before every chat; use "
-                         "system_prompt='template' or give the chat a system message")
+        raise ValueError(
+            f"{at}: the chat template writes {added[:60]!r} before the first message, and what of it "
+            "is a system prompt cannot be told from what it writes before every chat; use "
+            "system_prompt='template' or give the chat a system message"
+        )
     cut = len(opening or "")
 
     def kept(text: str) -> str:
@@ -313,9 +327,11 @@ def render_chat(
         if not added or system_prompt == "template":
             return text
         if text[cut : cut + len(added)] != added:
-            raise ValueError(f"{at}: the chat template is not prefix-stable: a rendering does not start with the "
-                             f"system prompt it adds, so system_prompt='none' cannot leave it out")
-        return text[:cut] + text[cut + len(added):]
+            raise ValueError(
+                f"{at}: the chat template is not prefix-stable: a rendering does not start with the "
+                f"system prompt it adds, so system_prompt='none' cannot leave it out"
+            )
+        return text[:cut] + text[cut + len(added) :]
 
     carries = bool(added) and system_prompt == "template"
     if train_on == "all":
@@ -323,25 +339,32 @@ def render_chat(
     prefixes = [""] + [kept(r) for r in rendered]
     asked = [i for i in range(n) if targets[i]]
     if asked and asked[0] == 0:  # no header can be found by prefix: render([]) is not allowed
-        raise RecordError("assistant_first", f"{at}: the chat opens with an assistant turn, whose header "
-                          "cannot be found by prefix; start with a system or user turn (or use train_on='all')")
+        raise RecordError(
+            "assistant_first",
+            f"{at}: the chat opens with an assistant turn, whose header "
+            "cannot be found by prefix; start with a system or user turn (or use train_on='all')",
+        )
     headers = dict(zip(asked, map(kept, _render(tokenizer, template, [messages[:i] for i in asked], True))))
     pieces: list[ChatSpan] = []
     for i in range(n):
         before, after = prefixes[i], prefixes[i + 1]
         if not after.startswith(before):
-            raise ValueError(f"{at}: the chat template is not prefix-stable at message {i}: rendering "
-                             f"messages[:{i + 1}] does not extend messages[:{i}], so labels cannot be assigned; "
-                             f"use train_on='all' or another chat_template")
+            raise ValueError(
+                f"{at}: the chat template is not prefix-stable at message {i}: rendering "
+                f"messages[:{i + 1}] does not extend messages[:{i}], so labels cannot be assigned; "
+                f"use train_on='all' or another chat_template"
+            )
         if not targets[i]:
-            pieces.append((after[len(before):], False))
+            pieces.append((after[len(before) :], False))
             continue
         head = headers[i]
         if not (head.startswith(before) and after.startswith(head)):
-            raise ValueError(f"{at}: the chat template's generation prompt is not a prefix of assistant "
-                             f"message {i}, so its header cannot be masked; use train_on='all' or another "
-                             "chat_template")
-        pieces += [(head[len(before):], False), (after[len(head):], True)]
+            raise ValueError(
+                f"{at}: the chat template's generation prompt is not a prefix of assistant "
+                f"message {i}, so its header cannot be masked; use train_on='all' or another "
+                "chat_template"
+            )
+        pieces += [(head[len(before) :], False), (after[len(head) :], True)]
     return [p for p in pieces if p[0]], carries
 
 

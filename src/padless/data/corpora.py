@@ -31,8 +31,14 @@ from typing import Any, Literal
 
 from padless.data.assets import VADER_FILES
 from padless.data.raw import (
-    as_chat, call_message, chatterbot_conversations, chatterbot_topics, schema_system_turn, snippets, with_schema,
-)  # fmt: skip
+    as_chat,
+    call_message,
+    chatterbot_conversations,
+    chatterbot_topics,
+    schema_system_turn,
+    snippets,
+    with_schema,
+)
 
 Record = dict[str, Any]
 
@@ -56,6 +62,7 @@ class CorpusRecipe:
 
 # -- tweets and snippets -------------------------------------------------------------------------
 
+
 def _pick(selector: str | None, choices: list[str], default: list[str], what: str) -> list[str]:
     if selector is None:
         return default
@@ -64,8 +71,9 @@ def _pick(selector: str | None, choices: list[str], default: list[str], what: st
     picked = [s.strip() for s in selector.split(",") if s.strip()]
     unknown = [s for s in picked if s not in choices]
     if unknown or not picked:
-        raise ValueError(f"unknown {what} {', '.join(map(repr, unknown)) or repr(selector)}; "
-                         f"choose from all, {', '.join(choices)}")
+        raise ValueError(
+            f"unknown {what} {', '.join(map(repr, unknown)) or repr(selector)}; choose from all, {', '.join(choices)}"
+        )
     return picked
 
 
@@ -76,6 +84,7 @@ def build_tweets(selector: str | None, seed: int, tool_schema: str) -> list[Reco
 
 # -- dialogues -----------------------------------------------------------------------------------
 
+
 def build_dialogues(selector: str | None, seed: int, tool_schema: str) -> list[Record]:
     topics = chatterbot_topics()
     picked = _pick(selector, topics, topics, "chatterbot topic")
@@ -83,6 +92,7 @@ def build_dialogues(selector: str | None, seed: int, tool_schema: str) -> list[R
 
 
 # -- tool calls ----------------------------------------------------------------------------------
+
 
 def build_toolcalls(selector: str | None, seed: int, tool_schema: str) -> list[Record]:
     from padless.data import bfcl
@@ -123,13 +133,20 @@ def build_agentic(selector: str | None, seed: int, tool_schema: str) -> list[Rec
 
 
 CORPORA: dict[str, CorpusRecipe] = {
-    "tweets": CorpusRecipe("tweets", "text", "vaderSentiment tweets (tweets:all adds reviews and news snippets)",
-                           build_tweets),
+    "tweets": CorpusRecipe(
+        "tweets", "text", "vaderSentiment tweets (tweets:all adds reviews and news snippets)", build_tweets
+    ),
     "dialogues": CorpusRecipe("dialogues", "chat", "chatterbot-corpus English conversations", build_dialogues),
-    "toolcalls": CorpusRecipe("toolcalls", "chat", "BFCL function-calling questions and multi-turn traces",
-                              build_toolcalls, tool_schema="half"),
-    "agentic-rag": CorpusRecipe("agentic-rag", "chat", "agent-log-like traces: queries, tool calls, results, answers",
-                                build_agentic),
+    "toolcalls": CorpusRecipe(
+        "toolcalls",
+        "chat",
+        "BFCL function-calling questions and multi-turn traces",
+        build_toolcalls,
+        tool_schema="half",
+    ),
+    "agentic-rag": CorpusRecipe(
+        "agentic-rag", "chat", "agent-log-like traces: queries, tool calls, results, answers", build_agentic
+    ),
 }
 """Built-in corpus name -> recipe."""
 

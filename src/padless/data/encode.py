@@ -123,8 +123,9 @@ def _plan(record: Any, at: str, tokenizer: PreTrainedTokenizerBase, opts: Encode
         return "tokens", record_tokens(record, at, len(tokenizer))
     if kind == "text":
         if opts.train_on not in ("all", "auto"):  # a configuration error, never a skip
-            raise ValueError(f"{at} is plain text; train_on={opts.train_on!r} needs chats "
-                             f"('messages'); use train_on='all'")
+            raise ValueError(
+                f"{at} is plain text; train_on={opts.train_on!r} needs chats ('messages'); use train_on='all'"
+            )
         return "text", check_text(record, at)
     messages = check_messages(record["messages"], at)
     train_on = "assistant" if opts.train_on == "auto" else opts.train_on
@@ -137,8 +138,9 @@ def _tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], specials: bo
     return [list(t) for t in tokenizer(texts, add_special_tokens=specials)["input_ids"]]
 
 
-def _encode_chunk(planned: list[tuple[int, str, Any]], tokenizer: PreTrainedTokenizerBase,
-                  counts: EncodeCounts) -> list[tuple[int, str, list[int], list[int]]]:
+def _encode_chunk(
+    planned: list[tuple[int, str, Any]], tokenizer: PreTrainedTokenizerBase, counts: EncodeCounts
+) -> list[tuple[int, str, list[int], list[int]]]:
     """Batched tokenization of one chunk of planned records, in order: ``(number, kind, ids, labels)``."""
     texts = [p for _, kind, p in planned if kind == "text"]
     chats = [p[0] for _, kind, p in planned if kind == "chat"]
@@ -195,7 +197,7 @@ def encode_records(
     with tqdm(total=len(records), desc=desc, unit="rec", disable=not show) as bar:
         for start in range(0, len(records), _CHUNK):
             planned: list[tuple[int, str, Any]] = []
-            for rec, number in zip(records[start:start + _CHUNK], numbers[start:start + _CHUNK]):
+            for rec, number in zip(records[start : start + _CHUNK], numbers[start : start + _CHUNK]):
                 try:
                     planned.append((number, *_plan(rec, where(number, unit), tokenizer, opts)))
                 except RecordError as err:
@@ -248,13 +250,21 @@ class _DocumentEnd:
             # turns: a model ends its reply with the end-of-turn token and never produces what follows,
             # and a document ends with its end token (rows are cut there), so that whitespace is left out.
             return ids[:k], labels[:k]
-        new_ids, new_labels = append_separator(np.asarray(ids, dtype=np.int64), np.asarray(labels, dtype=np.int64),
-                                               self.eos)  # fmt: skip
+        new_ids, new_labels = append_separator(
+            np.asarray(ids, dtype=np.int64), np.asarray(labels, dtype=np.int64), self.eos
+        )
         return new_ids.tolist(), new_labels.tolist()
 
 
-def _finish(ids: list[int], labels: list[int], number: int, unit: Unit, close: Closer | None, opts: EncodeOptions,
-            counts: EncodeCounts) -> list[tuple[list[int], list[int]]]:
+def _finish(
+    ids: list[int],
+    labels: list[int],
+    number: int,
+    unit: Unit,
+    close: Closer | None,
+    opts: EncodeOptions,
+    counts: EncodeCounts,
+) -> list[tuple[list[int], list[int]]]:
     """End the document (``close=None``: as it is), then apply ``max_length``: the examples this record
     becomes (none if left out)."""
     if not ids:

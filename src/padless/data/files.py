@@ -53,8 +53,9 @@ def _decode_json_cells(row: dict[str, Any], at: str) -> dict[str, Any]:
             try:
                 row[name] = json.loads(value)
             except json.JSONDecodeError as err:
-                raise RecordError("bad_json",
-                                  f"{at}: field {name!r} is a string that is not JSON ({err.msg})") from None
+                raise RecordError(
+                    "bad_json", f"{at}: field {name!r} is a string that is not JSON ({err.msg})"
+                ) from None
     return row
 
 
@@ -81,8 +82,9 @@ def _read_json_lines(path: Path, on_error: str, skipped: Counter[str]) -> tuple[
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not a UTF-8 text file, so not JSON lines "
-                         f"({err.reason} at byte {err.start})") from None
+        raise ValueError(
+            f"{path} is not a UTF-8 text file, so not JSON lines ({err.reason} at byte {err.start})"
+        ) from None
     if path.suffix == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
@@ -140,9 +142,11 @@ def _read_datasets(name: str, split: str) -> tuple[list[dict[str, Any]], str]:
         from padless.hub import hub_reachable
 
         if not hub_reachable():  # datasets would retry the hub for half a minute
-            raise ValueError(f"{name!r} is not a built-in corpus ({', '.join(CORPORA)}), a data file "
-                             f"({', '.join(SUFFIXES)}) or a folder, and the model hub cannot be reached to look for a "
-                             "dataset of that name (set HF_HUB_OFFLINE=1 to use the local Hugging Face cache)")  # fmt: skip
+            raise ValueError(
+                f"{name!r} is not a built-in corpus ({', '.join(CORPORA)}), a data file "
+                f"({', '.join(SUFFIXES)}) or a folder, and the model hub cannot be reached to look for a "
+                "dataset of that name (set HF_HUB_OFFLINE=1 to use the local Hugging Face cache)"
+            )
     try:
         if saved:
             ds = datasets.load_from_disk(str(folder))
@@ -162,24 +166,37 @@ def _read_datasets(name: str, split: str) -> tuple[list[dict[str, Any]], str]:
 def _offline_mode() -> bool:
     import os
 
-    return os.environ.get("HF_HUB_OFFLINE", os.environ.get("HF_DATASETS_OFFLINE", "")).lower() in ("1", "true", "yes", "on")
+    return os.environ.get("HF_HUB_OFFLINE", os.environ.get("HF_DATASETS_OFFLINE", "")).lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+    )
 
 
 def _check_data_folder(folder: Path) -> None:
     """A plain folder is read by ``datasets`` only if every (non-hidden) file in it is a data file: a
     README.txt or a script beside the data would otherwise be trained on as text."""
-    files = [p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
-                                                                     p.relative_to(folder).parts)]  # fmt: skip
+    files = [
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
     data = {p.suffix.lower() for p in files if p.suffix.lower() in SUFFIXES}
     other = sorted(str(p.relative_to(folder)) for p in files if p.suffix.lower() not in SUFFIXES)
     if not data:
-        raise ValueError(f"folder {folder} holds no data files ({', '.join(SUFFIXES)}) and is not a dataset "
-                         "saved with save_to_disk")  # fmt: skip
+        raise ValueError(
+            f"folder {folder} holds no data files ({', '.join(SUFFIXES)}) and is not a dataset saved with save_to_disk"
+        )
     if other or len(data) > 1:
-        what = f"files that are not data ({', '.join(other[:5])}{', ...' if len(other) > 5 else ''})" if other \
+        what = (
+            f"files that are not data ({', '.join(other[:5])}{', ...' if len(other) > 5 else ''})"
+            if other
             else f"data files of several types ({', '.join(sorted(data))})"
-        raise ValueError(f"folder {folder} holds {what}; pass the data file itself, or a folder holding only "
-                         "data files of one type")  # fmt: skip
+        )
+        raise ValueError(
+            f"folder {folder} holds {what}; pass the data file itself, or a folder holding only data files of one type"
+        )
 
 
 def file_fingerprint(path: Path, chunk: int = 1 << 20) -> dict[str, Any]:

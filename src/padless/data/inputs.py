@@ -37,8 +37,14 @@ from padless._optional import require
 from padless.data.chat import SYSTEM_PROMPT
 from padless.data.records import RECORD_FIELDS, Unit, record_field, where
 from padless.data.shards import (
-    InputShard, PackInput, ShardTokens, cached_tokenizer, check_flat, cut_records, encode_shard,
-)  # fmt: skip
+    InputShard,
+    PackInput,
+    ShardTokens,
+    cached_tokenizer,
+    check_flat,
+    cut_records,
+    encode_shard,
+)
 from padless.data.synthetic import SyntheticInput, SyntheticTokens
 
 __all__ = [
@@ -50,8 +56,9 @@ TextOptions = dict[str, str]
 :class:`~padless.data.shards.PackInput`, and part of an input's key when its records are not tokens)."""
 
 
-def _vocab_and_key(kind: str, key: dict[str, Any], vocab_size: int | None,
-                   text: TextOptions) -> tuple[int | None, dict[str, Any]]:  # fmt: skip
+def _vocab_and_key(
+    kind: str, key: dict[str, Any], vocab_size: int | None, text: TextOptions
+) -> tuple[int | None, dict[str, Any]]:
     """Pre-tokenized ids are checked against ``vocab_size`` (default: the tokenizer's vocabulary),
     which joins the key; text and chats are tokenized here, so the text options join it instead."""
     if kind == "input_ids":
@@ -115,8 +122,9 @@ class JsonlInput(PackInput):
         kind = record_field(_json_line(path, *first), f"{path}, {where(first[0], 'line')}")
         key, starts = scan_lines(path, shard_rows)
         vocab, key = _vocab_and_key(kind, key, vocab_size, text)
-        return cls(name=str(path), key=key, kind=kind, vocab_size=vocab, line_starts=starts, shard_lines=shard_rows,
-                   **text)  # fmt: skip
+        return cls(
+            name=str(path), key=key, kind=kind, vocab_size=vocab, line_starts=starts, shard_lines=shard_rows, **text
+        )
 
     def shards(self, rows: int) -> list[InputShard]:
         if rows != self.shard_lines:
@@ -159,7 +167,9 @@ class ParquetInput(PackInput):
         names = meta.schema.to_arrow_schema().names
         kind = next((k for k in RECORD_FIELDS if k in names), None)
         if kind is None:
-            raise ValueError(f"{path} has none of the columns {', '.join(RECORD_FIELDS)} (its columns: {', '.join(names)})")
+            raise ValueError(
+                f"{path} has none of the columns {', '.join(RECORD_FIELDS)} (its columns: {', '.join(names)})"
+            )
         vocab, key = _vocab_and_key(kind, file_fingerprint(path), vocab_size, text)
         return cls(name=str(path), key=key, kind=kind, vocab_size=vocab, total=meta.num_rows, **text)
 
@@ -177,8 +187,9 @@ class ParquetInput(PackInput):
         rows = np.arange(shard.begin + 1, shard.end + 1, dtype=np.int64)
         ids, offsets = self._column(table, "input_ids", rows)
         labels, label_offsets = self._column(table, "labels", rows) if "labels" in columns else (None, None)
-        ids, labels = check_flat(ids, offsets, labels, label_offsets, vocab_size=self.vocab_size,
-                                 name=lambda i: self.where(int(rows[i])))  # fmt: skip
+        ids, labels = check_flat(
+            ids, offsets, labels, label_offsets, vocab_size=self.vocab_size, name=lambda i: self.where(int(rows[i]))
+        )
         return ShardTokens(ids.astype(np.int32), None if labels is None else labels.astype(np.int32), offsets, rows)
 
     def _column(self, table: Any, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -221,8 +232,9 @@ class RecordsInput(PackInput):
         kind = record_field(records[0], f"{path}, {where(numbers[0], unit)}")
         key = dict(fingerprint) if path.is_file() else {"input": str(path.resolve())}
         vocab, key = _vocab_and_key(kind, key, vocab_size, text)
-        return cls(name=str(path), key=key, kind=kind, vocab_size=vocab, unit=unit, records=records, numbers=numbers,
-                   **text)  # fmt: skip
+        return cls(
+            name=str(path), key=key, kind=kind, vocab_size=vocab, unit=unit, records=records, numbers=numbers, **text
+        )
 
     @classmethod
     def corpus(cls, name: str, text: TextOptions, progress: bool) -> RecordsInput:
@@ -230,12 +242,18 @@ class RecordsInput(PackInput):
         from padless.data.corpora import CORPORA, split_corpus_name
 
         if split_corpus_name(name) is None:
-            raise ValueError(f"input {name!r} is neither an existing file or folder nor a built-in corpus "
-                             f"({', '.join(CORPORA)})")  # fmt: skip
+            raise ValueError(
+                f"input {name!r} is neither an existing file or folder nor a built-in corpus ({', '.join(CORPORA)})"
+            )
         from padless.data.load import load_corpus
 
-        corpus = load_corpus(name, text["tokenizer"], train_on=text["train_on"],  # type: ignore[arg-type]
-                             system_prompt=text["system_prompt"], progress=progress)  # type: ignore[arg-type]
+        corpus = load_corpus(
+            name,
+            text["tokenizer"],
+            train_on=text["train_on"],  # type: ignore[arg-type]
+            system_prompt=text["system_prompt"],
+            progress=progress,
+        )  # type: ignore[arg-type]
         records = [{"input_ids": x, "labels": y} for x, y in zip(corpus.input_ids, corpus.labels)]
         return cls(name=name, key={"input": name, **text}, kind="input_ids", records=records, **text)
 

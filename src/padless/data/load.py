@@ -24,9 +24,9 @@ from padless.data.assets import VADER_VERSION
 from padless.data.cache import cache_key, entry_path, load_entry, save_entry
 from padless.data.chat import SystemPrompt, TrainOnChoice
 from padless.data.corpora import split_corpus_name
+from padless.data.encode import EncodeCounts, EncodeOptions, OnError, Overlong, encode_records
 from padless.data.raw import TOOL_SCHEMA
 from padless.data.records import Unit, numbered
-from padless.data.encode import EncodeCounts, EncodeOptions, OnError, Overlong, encode_records
 from padless.layout import IGNORE_INDEX
 from padless.planning.checks import OVERLONG_DEFAULT, check_int
 
@@ -67,11 +67,17 @@ class CorpusReport:
     def __str__(self) -> str:
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
         split = f"split {self.split_examples} examples; " if self.split_examples else ""
-        system = (f"the chat template added a system prompt to {self.system_prompt_added} chats "
-                  "(system_prompt='none' leaves it out); " if self.system_prompt_added else "")
-        return (f"read {self.read}, kept {self.kept} (selected {self.selected}); skipped: {skipped}; "
-                f"truncated {self.truncated_examples} examples / {self.truncated_tokens} tokens; {split}{system}"
-                f"{self.tokens} tokens, {self.trained_tokens} trained")
+        system = (
+            f"the chat template added a system prompt to {self.system_prompt_added} chats "
+            "(system_prompt='none' leaves it out); "
+            if self.system_prompt_added
+            else ""
+        )
+        return (
+            f"read {self.read}, kept {self.kept} (selected {self.selected}); skipped: {skipped}; "
+            f"truncated {self.truncated_examples} examples / {self.truncated_tokens} tokens; {split}{system}"
+            f"{self.tokens} tokens, {self.trained_tokens} trained"
+        )
 
 
 @dataclass(frozen=True)
@@ -108,12 +114,19 @@ class TokenizedCorpus:
         return [{"input_ids": x, "labels": y} for x, y in zip(self.input_ids, self.labels)]
 
 
-def _report(counts: EncodeCounts, read: int, selected: int, ids: list[list[int]],
-            labels: list[list[int]]) -> CorpusReport:
+def _report(
+    counts: EncodeCounts, read: int, selected: int, ids: list[list[int]], labels: list[list[int]]
+) -> CorpusReport:
     return CorpusReport(
-        read=read, selected=selected, kept=len(ids), skipped=dict(counts.skipped),
-        truncated_examples=counts.truncated_examples, truncated_tokens=counts.truncated_tokens,
-        boundary_mismatches=counts.boundary_mismatches, tokens=sum(map(len, ids)), split_examples=counts.split_examples,
+        read=read,
+        selected=selected,
+        kept=len(ids),
+        skipped=dict(counts.skipped),
+        truncated_examples=counts.truncated_examples,
+        truncated_tokens=counts.truncated_tokens,
+        boundary_mismatches=counts.boundary_mismatches,
+        tokens=sum(map(len, ids)),
+        split_examples=counts.split_examples,
         system_prompt_added=counts.system_prompt_added,
         trained_tokens=sum(sum(1 for t in y if t != IGNORE_INDEX) for y in labels),
     )
@@ -172,8 +185,16 @@ def load_corpus(
     from padless.data.files import file_fingerprint, read_records
     from padless.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
-    opts = EncodeOptions(train_on=train_on, add_eos=add_eos, max_length=max_length, overlong=overlong,
-                         on_error=on_error, field=field, chat_template=chat_template, system_prompt=system_prompt)
+    opts = EncodeOptions(
+        train_on=train_on,
+        add_eos=add_eos,
+        max_length=max_length,
+        overlong=overlong,
+        on_error=on_error,
+        field=field,
+        chat_template=chat_template,
+        system_prompt=system_prompt,
+    )
     if limit is not None:
         check_int(limit, "limit")
     if tool_schema is not None and tool_schema not in TOOL_SCHEMA:
@@ -182,7 +203,10 @@ def load_corpus(
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     builtin = split_corpus_name(name)
     key_parts: dict[str, Any] = {
-        "tokenizer": tokenizer_fingerprint(tok), "options": asdict(opts), "limit": limit, "seed": seed,
+        "tokenizer": tokenizer_fingerprint(tok),
+        "options": asdict(opts),
+        "limit": limit,
+        "seed": seed,
     }
     rows: list[tuple[int, Any]] | None = None
     unit: Unit = "record"
@@ -190,10 +214,15 @@ def load_corpus(
         recipe, selector = builtin
         tool_schema = tool_schema or recipe.tool_schema
         if recipe.kind == "text" and train_on not in ("all", "auto"):
-            raise ValueError(f"corpus {recipe.name!r} is plain text; train_on={train_on!r} needs chats; "
-                             "use train_on='all'")
-        key_parts["source"] = {"recipe": name, "version": RECIPES_VERSION, "assets": _asset_versions(),
-                               "tool_schema": tool_schema}
+            raise ValueError(
+                f"corpus {recipe.name!r} is plain text; train_on={train_on!r} needs chats; use train_on='all'"
+            )
+        key_parts["source"] = {
+            "recipe": name,
+            "version": RECIPES_VERSION,
+            "assets": _asset_versions(),
+            "tool_schema": tool_schema,
+        }
         pre_skipped: dict[str, int] = {}
     elif tool_schema is not None:
         raise ValueError(f"tool_schema={tool_schema!r} applies to the built-in corpora only, not to {name!r}")
@@ -215,8 +244,15 @@ def load_corpus(
         pre_skipped = dict(pre)
     read = len(rows) + sum(pre_skipped.values())
     chosen = [rows[i] for i in _subsample(len(rows), limit, seed)]
-    ids, labels, counts = encode_records([r for _, r in chosen], tok, opts, numbers=[i for i, _ in chosen],
-                                         unit=unit, progress=progress, desc=f"tokenizing {name}")
+    ids, labels, counts = encode_records(
+        [r for _, r in chosen],
+        tok,
+        opts,
+        numbers=[i for i, _ in chosen],
+        unit=unit,
+        progress=progress,
+        desc=f"tokenizing {name}",
+    )
     counts.skipped.update(pre_skipped)
     report = _report(counts, read, len(chosen), ids, labels)
     if cache:
@@ -227,4 +263,3 @@ def load_corpus(
 def corpus_lengths(name: str, tokenizer: str | PreTrainedTokenizerBase = "gpt2", **options: Any) -> np.ndarray:
     """``[n]`` int64 token lengths of a corpus (EOS included); ``options`` go to :func:`load_corpus`."""
     return load_corpus(name, tokenizer, **options).lengths
-

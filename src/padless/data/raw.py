@@ -26,6 +26,7 @@ TOOL_SCHEMA: tuple[str, ...] = ("half", "always", "never")
 
 # -- vaderSentiment snippets ---------------------------------------------------------------------
 
+
 @cache
 def snippets(source: str) -> tuple[tuple[str, str], ...]:
     """``(id, text)`` of every snippet of one vaderSentiment source (a key of ``VADER_FILES``)."""
@@ -39,6 +40,7 @@ def snippets(source: str) -> tuple[tuple[str, str], ...]:
 
 
 # -- chatterbot-corpus conversations -------------------------------------------------------------
+
 
 @cache
 def chatterbot_conversations(topic: str) -> tuple[tuple[str, ...], ...]:
@@ -68,6 +70,7 @@ def as_chat(turns: tuple[str, ...]) -> list[dict[str, str]]:
 
 # -- tool calls ----------------------------------------------------------------------------------
 
+
 def with_schema(tool_schema: str, seed: int, key: str) -> bool:
     """Whether an example offers its schemas in a system turn; a coin seeded by ``(seed, key)`` for
     ``half``, so the choice does not depend on order, ``limit`` or the other examples."""
@@ -88,5 +91,8 @@ def schema_system_turn(tools: list[dict[str, Any]], messages: list[dict[str, Any
 
 def call_message(calls: list[dict[str, Any]]) -> dict[str, Any]:
     """An assistant turn making ``calls`` (``{"name", "arguments"}`` each)."""
-    return {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": dict(c)} for c in calls]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": dict(c)} for c in calls],
+    }

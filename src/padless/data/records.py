@@ -70,16 +70,21 @@ def record_field(record: Any, at: str, field: str | None = None) -> str:
         if field not in _KIND_OF_FIELD:
             raise ValueError(f"field={field!r} is not one of {', '.join(RECORD_FIELDS)}")
         if record.get(field) is None:
-            raise RecordError("missing_field", f"{at}: no {field!r} field, which field={field!r} asks for "
-                              f"({fields_hint(record, [field])})")
+            raise RecordError(
+                "missing_field",
+                f"{at}: no {field!r} field, which field={field!r} asks for ({fields_hint(record, [field])})",
+            )
         return field
     for name in RECORD_FIELDS:
         if record.get(name) is not None:
             return name
     null = [name for name in RECORD_FIELDS if name in record]
     if null:
-        raise RecordError("bad_type", f"{at}: {null[0]} is null; expected "
-                          + ("a list of integer token ids" if null[0] == "input_ids" else "a value"))
+        raise RecordError(
+            "bad_type",
+            f"{at}: {null[0]} is null; expected "
+            + ("a list of integer token ids" if null[0] == "input_ids" else "a value"),
+        )
     raise RecordError("missing_field", f"{at}: no {_ACCEPTED} field ({fields_hint(record, RECORD_FIELDS)})")
 
 
@@ -112,4 +117,3 @@ def record_tokens(record: Mapping[str, Any], at: str, vocab_size: int) -> tuple[
     except TokenError as err:
         raise RecordError(err.reason, str(err)) from None
     return ids.tolist(), (None if labels is None else checked.tolist())
-

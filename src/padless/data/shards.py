@@ -106,8 +106,10 @@ def cut_records(total: int, rows: int, numbers: Sequence[int] | None = None) -> 
     0), its first named ``numbers[i * rows]`` (default: its position from 1)."""
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
-    return [InputShard(i, b, min(b + rows, total), numbers[b] if numbers is not None else b + 1)
-            for i, b in enumerate(range(0, total, rows))]  # fmt: skip
+    return [
+        InputShard(i, b, min(b + rows, total), numbers[b] if numbers is not None else b + 1)
+        for i, b in enumerate(range(0, total, rows))
+    ]
 
 
 @functools.lru_cache(maxsize=4)
@@ -129,13 +131,17 @@ def encode_shard(source: PackInput, rows: Sequence[int], records: Sequence[Any])
     for row, record in zip(rows, records):
         field = record_field(record, source.where(row))
         if field != source.kind:
-            raise ValueError(f"{source.where(row)} has {field!r}, but the input's first record has {source.kind!r}: "
-                             "an input holds one kind of record (write each kind to its own file)")  # fmt: skip
+            raise ValueError(
+                f"{source.where(row)} has {field!r}, but the input's first record has {source.kind!r}: "
+                "an input holds one kind of record (write each kind to its own file)"
+            )
     added = 0
     if source.kind == "input_ids":
         vocab = source.vocab_size if source.vocab_size is not None else INT32_IDS
-        pairs = [check_tokens(r["input_ids"], r.get("labels"), vocab_size=vocab, where=source.where(row))
-                 for row, r in zip(rows, records)]  # fmt: skip
+        pairs = [
+            check_tokens(r["input_ids"], r.get("labels"), vocab_size=vocab, where=source.where(row))
+            for row, r in zip(rows, records)
+        ]
         ids: Sequence[Any] = [x for x, _ in pairs]
         labels: Sequence[Any] = [y for _, y in pairs]
     else:

@@ -69,8 +69,10 @@ def load_tokenizer(name: str = "gpt2") -> PreTrainedTokenizerBase:
     if name == "gpt2":
         tok = GPT2TokenizerFast.from_pretrained(str(gpt2_tokenizer_dir()))
         if tok.eos_token_id != GPT2_EOS_ID or len(tok) != GPT2_EOS_ID + 1:
-            raise ValueError(f"GPT-2 tokenizer in {gpt2_tokenizer_dir()} is broken: "
-                             f"eos {tok.eos_token_id}, {len(tok)} tokens (expected {GPT2_EOS_ID}, 50257)")
+            raise ValueError(
+                f"GPT-2 tokenizer in {gpt2_tokenizer_dir()} is broken: "
+                f"eos {tok.eos_token_id}, {len(tok)} tokens (expected {GPT2_EOS_ID}, 50257)"
+            )
     elif name in SMOLLM2_NAMES:
         tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()))
     else:

@@ -45,8 +45,9 @@ class LocalEngine:
     name = "local"
     workers = 1
 
-    def run(self, fn: Callable[..., Any], items: Sequence[Any], *shared: Any,
-            done: Callable[[Any, Any], None] | None = None) -> list[Any]:  # fmt: skip
+    def run(
+        self, fn: Callable[..., Any], items: Sequence[Any], *shared: Any, done: Callable[[Any, Any], None] | None = None
+    ) -> list[Any]:
         out = []
         for item in items:
             result = fn(*shared, item)
@@ -80,8 +81,9 @@ class RayEngine:
         self.workers = num_workers or int(ray.cluster_resources().get("CPU", 1))
         self._remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_guarded)
 
-    def run(self, fn: Callable[..., Any], items: Sequence[Any], *shared: Any,
-            done: Callable[[Any, Any], None] | None = None) -> list[Any]:  # fmt: skip
+    def run(
+        self, fn: Callable[..., Any], items: Sequence[Any], *shared: Any, done: Callable[[Any, Any], None] | None = None
+    ) -> list[Any]:
         ray = self.ray
         refs = [ray.put(x) for x in shared]  # sent once, not once per task
         pending: dict[Any, int] = {}

@@ -50,8 +50,17 @@ import numpy as np
 from padless.data.inputs import RecordsInput
 from padless.data.shards import PackInput
 from padless.export.engine import make_engine
-from padless.export.stages import (SHARD_PATTERN, checksum, histogram_of, map_shard, marker_ok, place_shard, prefix_histograms,
-                                   write_json, write_shard)  # fmt: skip
+from padless.export.stages import (
+    SHARD_PATTERN,
+    checksum,
+    histogram_of,
+    map_shard,
+    marker_ok,
+    place_shard,
+    prefix_histograms,
+    write_json,
+    write_shard,
+)
 from padless.export.state import STATE_FILE, SUMMARY_FILE, WORK, FolderLock, check_job, clear
 from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
 from padless.planning.plan import OVERLONG_POLICIES
@@ -66,8 +75,13 @@ COUNTS = ("sequences", "tokens_in", "truncated_sequences", "truncated_tokens", "
 def records_input(records: Sequence[Any], vocab_size: int | None = None, key: Any = None) -> PackInput:
     """A list of tokenized examples (``{"input_ids", "labels"?}``) as an input of :func:`pack_to_parquet`."""
     records = list(records)
-    return RecordsInput(name="records", key={"records": key if key is not None else len(records)}, kind="input_ids",
-                        vocab_size=vocab_size, records=records)  # fmt: skip
+    return RecordsInput(
+        name="records",
+        key={"records": key if key is not None else len(records)},
+        kind="input_ids",
+        vocab_size=vocab_size,
+        records=records,
+    )
 
 
 def pack_to_parquet(
@@ -105,8 +119,10 @@ def pack_to_parquet(
     check_int(shard_rows, "shard_rows")
     max_length = check_int(max_length, "max_length")
     if max_length > MAX_ROW_LENGTH:
-        raise ValueError(f"max_length={max_length} is above {MAX_ROW_LENGTH} tokens per row (the plan holds a count "
-                         "for every length up to max_length)")
+        raise ValueError(
+            f"max_length={max_length} is above {MAX_ROW_LENGTH} tokens per row (the plan holds a count "
+            "for every length up to max_length)"
+        )
     if max_shards is not None:
         check_int(max_shards, "max_shards")
     check_choice(overlong, OVERLONG_POLICIES, "overlong policy")
@@ -141,13 +157,25 @@ def pack_to_parquet(
 
 def _verified(out: Path, state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The finished shards of ``state`` whose file is there with its recorded checksum."""
-    return {name: rec for name, rec in state["shards"].items()
-            if (out / name).is_file() and checksum(out / name) == rec["blake2b"]}  # fmt: skip
+    return {
+        name: rec
+        for name, rec in state["shards"].items()
+        if (out / name).is_file() and checksum(out / name) == rec["blake2b"]
+    }
 
 
-def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any] | None, max_shards: int | None,
-         shard_rows: int, engine: str, num_workers: int | None, ray_address: str | None,
-         progress: bool) -> dict[str, Any]:  # fmt: skip
+def _run(
+    source: PackInput,
+    out: Path,
+    job: dict[str, Any],
+    state: dict[str, Any] | None,
+    max_shards: int | None,
+    shard_rows: int,
+    engine: str,
+    num_workers: int | None,
+    ray_address: str | None,
+    progress: bool,
+) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
@@ -182,7 +210,7 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         counts = dict.fromkeys(COUNTS, 0)
 
         def keep(index: int, marker: dict[str, Any]) -> None:
-            hists[index] = histogram_of(marker, M)
+            hists[index] = histogram_of(marker, M)  # noqa: F821  (the memmap above; deleted once every shard is kept)
             for k in COUNTS:
                 counts[k] += int(marker.get(k, 0))  # a marker of an older padless may lack a count
 
@@ -212,8 +240,11 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         state["plan"] = digest
         # 3. place: every token shard places its own sequences
         t = time.perf_counter()
-        todo_place = [s.index for s in shards
-                      if (m := marker_ok(work / "place" / f"{s.index:05d}.json")) is None or m["plan"] != digest]
+        todo_place = [
+            s.index
+            for s in shards
+            if (m := marker_ok(work / "place" / f"{s.index:05d}.json")) is None or m["plan"] != digest
+        ]
         eng.run(place_shard, todo_place, work, plan)
         seconds["place"] = time.perf_counter() - t
         # 4. write every output shard not finished yet
@@ -227,8 +258,13 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         if max_shards is not None:
             todo_write = todo_write[:max_shards]
 
-        bar = tqdm(total=len(names), initial=len(names) - len(todo_write), unit="shard", desc=f"writing {out}",
-                   disable=not progress)  # fmt: skip
+        bar = tqdm(
+            total=len(names),
+            initial=len(names) - len(todo_write),
+            unit="shard",
+            desc=f"writing {out}",
+            disable=not progress,
+        )
 
         def done(o: int, rec: dict[str, Any]) -> None:
             state["shards"][rec["file"]] = rec
@@ -244,9 +280,14 @@ def _run(source: PackInput, out: Path, job: dict[str, Any], state: dict[str, Any
         eng.close()
     complete = len(state["shards"]) == len(names)
     state["wall_s"] = earlier + time.perf_counter() - started
-    stats = plan.stats(num_sequences=counts["sequences"], truncated_sequences=counts["truncated_sequences"],
-                       truncated_tokens=counts["truncated_tokens"], split_sequences=counts["split_sequences"],
-                       dropped_sequences=counts["dropped_sequences"], dropped_tokens=counts["dropped_tokens"])
+    stats = plan.stats(
+        num_sequences=counts["sequences"],
+        truncated_sequences=counts["truncated_sequences"],
+        truncated_tokens=counts["truncated_tokens"],
+        split_sequences=counts["split_sequences"],
+        dropped_sequences=counts["dropped_sequences"],
+        dropped_tokens=counts["dropped_tokens"],
+    )
     summary = {
         "complete": complete,
         "job": job,

@@ -90,8 +90,9 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
     starts = toks.offsets[:-1]
     empty = np.flatnonzero(lengths == 0)
     if empty.size:
-        raise ValueError(f"{source.where(int(toks.rows[empty[0]]))} is an empty sequence; every sequence "
-                         "needs at least one token")  # fmt: skip
+        raise ValueError(
+            f"{source.where(int(toks.rows[empty[0]]))} is an empty sequence; every sequence needs at least one token"
+        )
     long = lengths > max_length
     counts = {"sequences": int(lengths.size), "tokens_in": int(lengths.sum()), "truncated_sequences": 0,
               "truncated_tokens": 0, "split_sequences": 0, "dropped_sequences": 0, "dropped_tokens": 0,
@@ -99,8 +100,13 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
     if long.any():
         first = int(np.flatnonzero(long)[0])
         if overlong == "error":
-            raise overlong_error(int(toks.rows[first]), int(lengths[first]), max_length, more=int(long.sum()) - 1,
-                                 what=f"{source.name}, {source.unit}")  # rows name records as where() does
+            raise overlong_error(
+                int(toks.rows[first]),
+                int(lengths[first]),
+                max_length,
+                more=int(long.sum()) - 1,
+                what=f"{source.name}, {source.unit}",
+            )  # rows name records as where() does
         if overlong == "truncate":
             counts.update(truncated_sequences=int(long.sum()), truncated_tokens=int((lengths[long] - max_length).sum()))
             lengths = np.minimum(lengths, max_length)
@@ -221,16 +227,26 @@ def write_shard(work: Path, out: Path, plan: SlotPlan, rows_per_shard: int, num_
     tiled = np.array_equal(off_all, ends - docs - before_in_row)
     filled = np.array_equal(np.bincount(r_all, weights=docs, minlength=b - a).astype(np.int64), fills)
     if not (tiled and filled):
-        raise AssertionError(f"output shard {o}: the placed documents do not tile its rows; the placement files "
-                             "do not match the plan")  # fmt: skip
+        raise AssertionError(
+            f"output shard {o}: the placed documents do not tile its rows; the placement files do not match the plan"
+        )
     tok = pa.array(row_base.astype(np.int32))
-    table = pa.table({
-        "input_ids": pa.ListArray.from_arrays(tok, pa.array(ids_out)),
-        "labels": pa.ListArray.from_arrays(tok, pa.array(labels_out)),
-        "seq_lengths": pa.ListArray.from_arrays(pa.array(doc_offsets.astype(np.int32)), pa.array(docs.astype(np.int32))),
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(tok, pa.array(ids_out)),
+            "labels": pa.ListArray.from_arrays(tok, pa.array(labels_out)),
+            "seq_lengths": pa.ListArray.from_arrays(
+                pa.array(doc_offsets.astype(np.int32)), pa.array(docs.astype(np.int32))
+            ),
+        }
+    )
     path = out / SHARD_PATTERN.format(o)
     # No dictionary encoding: token ids rarely fit a dictionary page, and trying costs memory.
     atomic_write(path, lambda f: pq.write_table(table, f, row_group_size=ROW_GROUP, use_dictionary=False))
-    return {"file": path.name, "rows": b - a, "tokens": int(ids_out.size), "documents": int(docs.size),
-            "blake2b": checksum(path)}  # fmt: skip
+    return {
+        "file": path.name,
+        "rows": b - a,
+        "tokens": int(ids_out.size),
+        "documents": int(docs.size),
+        "blake2b": checksum(path),
+    }

@@ -55,7 +55,11 @@ class FolderLock:
                     holder = json.loads(self.path.read_text())
                 except (OSError, ValueError):
                     holder = {}
-                if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not _alive(holder["pid"]):
+                if (
+                    holder.get("host") == me["host"]
+                    and isinstance(holder.get("pid"), int)
+                    and not _alive(holder["pid"])
+                ):
                     self.path.unlink(missing_ok=True)  # its process is gone: a stale lock
                     continue
                 raise ValueError(
@@ -82,8 +86,10 @@ class JobMismatch(ValueError):
     def __init__(self, out: Path, changes: list[tuple[str, Any, Any]]) -> None:
         self.out, self.changes = out, changes
         said = "; ".join(f"{name} was {was!r}, now {now!r}" for name, was, now in changes)
-        super().__init__(f"out={out} holds a packing made with other options ({said}); rerun with the same "
-                         "options, choose another out, or overwrite=True to start over")  # fmt: skip
+        super().__init__(
+            f"out={out} holds a packing made with other options ({said}); rerun with the same "
+            "options, choose another out, or overwrite=True to start over"
+        )
 
 
 def job_changes(saved: dict[str, Any], job: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -114,9 +120,11 @@ def check_job(out: Path, job: dict[str, Any], overwrite: bool) -> dict[str, Any]
         held = [p.name for p in sorted(out.iterdir()) if p.name != LOCK_FILE]
         if held and not overwrite:
             shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
-            raise ValueError(f"out={out} is not empty and has no {STATE_FILE}, so padless pack did not write it (it "
-                             f"holds {shown}); choose a new or empty folder, or overwrite=True to pack into it "
-                             "(files named like padless' own are replaced, other files are kept)")  # fmt: skip
+            raise ValueError(
+                f"out={out} is not empty and has no {STATE_FILE}, so padless pack did not write it (it "
+                f"holds {shown}); choose a new or empty folder, or overwrite=True to pack into it "
+                "(files named like padless' own are replaced, other files are kept)"
+            )
         clear(out)
         return None
     try:
@@ -126,8 +134,9 @@ def check_job(out: Path, job: dict[str, Any], overwrite: bool) -> dict[str, Any]
         if overwrite:
             clear(out)
             return None
-        raise ValueError(f"out={out}: {STATE_FILE} is not a padless packing state; use an empty folder "
-                         "(or overwrite=True)") from None  # fmt: skip
+        raise ValueError(
+            f"out={out}: {STATE_FILE} is not a padless packing state; use an empty folder (or overwrite=True)"
+        ) from None
     changes = job_changes(saved, job)
     if changes:
         if overwrite:

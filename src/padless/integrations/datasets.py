@@ -82,8 +82,10 @@ def resolve_strategy(strategy: str, overlong: str | None) -> tuple[str, str]:
     if overlong is not None and overlong not in OVERLONG_POLICIES:
         raise ValueError(f"unknown overlong policy {overlong!r}; choose one of {', '.join(OVERLONG_POLICIES)}")
     if implied is not None and overlong not in (None, implied):
-        raise ValueError(f"strategy={strategy!r} splits overlong sequences; it cannot be combined with "
-                         f"overlong={overlong!r} (use strategy='bfd' for that)")
+        raise ValueError(
+            f"strategy={strategy!r} splits overlong sequences; it cannot be combined with "
+            f"overlong={overlong!r} (use strategy='bfd' for that)"
+        )
     return planner, overlong or implied or OVERLONG_DEFAULT
 
 
@@ -122,18 +124,21 @@ def _overlong_message(lengths: np.ndarray, seq_length: int) -> str:
     long = lengths > seq_length
     first = int(np.flatnonzero(long)[0])
     lost = int((lengths[long] - seq_length).sum())
-    return (f"sequences longer than seq_length={seq_length}: {int(long.sum())} (the first is row {first}, "
-            f"{int(lengths[first])} tokens); trl.pack_dataset's 'bfd' would silently cut {lost} of their tokens. "
-            "Choose overlong='truncate' (the same cut, counted), 'split' (keep every token, as separate "
-            "documents) or 'drop'")
+    return (
+        f"sequences longer than seq_length={seq_length}: {int(long.sum())} (the first is row {first}, "
+        f"{int(lengths[first])} tokens); trl.pack_dataset's 'bfd' would silently cut {lost} of their tokens. "
+        "Choose overlong='truncate' (the same cut, counted), 'split' (keep every token, as separate "
+        "documents) or 'drop'"
+    )
 
 
 def _concatenate(plans: list[tuple[np.ndarray, PackPlan]], seq_length: int, num_sequences: int) -> PackPlan:
     """One plan over the whole dataset from plans of subsets (``rows[i]`` of a subset plan is dataset
     row ``rows[i]``), rows in subset order."""
     if not plans:
-        return PackPlan(max_length=seq_length, num_sequences=num_sequences, index=[], start=[], length=[],
-                        row_offsets=[0])  # fmt: skip
+        return PackPlan(
+            max_length=seq_length, num_sequences=num_sequences, index=[], start=[], length=[], row_offsets=[0]
+        )
     offsets, pieces = [np.zeros(1, dtype=np.int64)], 0
     for _, plan in plans:
         offsets.append(plan.row_offsets[1:] + pieces)
@@ -175,11 +180,15 @@ def _check_map_kwargs(map_kwargs: Mapping[str, Any] | None) -> int | None:
     map_kwargs = dict(map_kwargs or {})
     unknown = sorted(set(map_kwargs) - set(MAP_KWARGS))
     if unknown:
-        raise ValueError(f"map_kwargs {unknown} are not supported (padless packs without datasets.map); "
-                         f"accepted: {', '.join(MAP_KWARGS)}")
+        raise ValueError(
+            f"map_kwargs {unknown} are not supported (padless packs without datasets.map); "
+            f"accepted: {', '.join(MAP_KWARGS)}"
+        )
     if map_kwargs.get("num_proc") not in (None, 1):
-        raise ValueError(f"map_kwargs['num_proc']={map_kwargs['num_proc']!r}: padless plans the whole dataset in "
-                         "one process (a million sequences in well under a second); leave num_proc unset")
+        raise ValueError(
+            f"map_kwargs['num_proc']={map_kwargs['num_proc']!r}: padless plans the whole dataset in "
+            "one process (a million sequences in well under a second); leave num_proc unset"
+        )
     return map_kwargs.get("batch_size")
 
 
@@ -190,8 +199,10 @@ def _list_columns(table: Any) -> tuple[list[Any], np.ndarray]:
     for name, column in zip(table.column_names, table.columns):
         array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
-            raise ValueError(f"column {name!r} is {array.type}, not a list per row; pack_dataset packs token columns "
-                             "only (select them first: dataset.select_columns([...]))")
+            raise ValueError(
+                f"column {name!r} is {array.type}, not a list per row; pack_dataset packs token columns "
+                "only (select them first: dataset.select_columns([...]))"
+            )
         if array.null_count:
             raise ValueError(f"column {name!r} has {array.null_count} missing rows")
         own = np.diff(np.asarray(array.offsets, dtype=np.int64))
@@ -199,8 +210,10 @@ def _list_columns(table: Any) -> tuple[list[Any], np.ndarray]:
             lengths = own
         elif not np.array_equal(own, lengths):
             row = int(np.flatnonzero(own != lengths)[0])
-            raise ValueError(f"column {name!r} has {int(own[row])} values in row {row} but {table.column_names[0]!r} "
-                             f"has {int(lengths[row])}; every column must match the first, row by row")
+            raise ValueError(
+                f"column {name!r} has {int(own[row])} values in row {row} but {table.column_names[0]!r} "
+                f"has {int(lengths[row])}; every column must match the first, row by row"
+            )
         columns.append(array)
     return columns, (np.zeros(0, dtype=np.int64) if lengths is None else lengths)
 
@@ -210,9 +223,11 @@ def _refuse_empty(lengths: np.ndarray, column: str) -> None:
     if lengths.size and int(lengths.min()) == 0:
         empty = np.flatnonzero(lengths == 0)
         more = f" (and {empty.size - 1} more)" if empty.size > 1 else ""
-        raise ValueError(f"row {int(empty[0])} of the dataset is an empty sequence ({column!r} has no tokens){more}; "
-                         "every sequence needs at least one token: filter them out first, e.g. "
-                         f"dataset.filter(lambda r: len(r[{column!r}]) > 0)")
+        raise ValueError(
+            f"row {int(empty[0])} of the dataset is an empty sequence ({column!r} has no tokens){more}; "
+            "every sequence needs at least one token: filter them out first, e.g. "
+            f"dataset.filter(lambda r: len(r[{column!r}]) > 0)"
+        )
 
 
 def _pack_column(array: Any, plan: PackPlan, row_offsets: np.ndarray) -> Any:
@@ -224,14 +239,16 @@ def _pack_column(array: Any, plan: PackPlan, row_offsets: np.ndarray) -> Any:
     offset_type = np.int64 if large else np.int32
     starts = np.asarray(array.offsets, dtype=np.int64)[:-1][plan.index] + plan.start
     view_cls = pa.LargeListViewArray if large else pa.ListViewArray
-    pieces = view_cls.from_arrays(pa.array(starts.astype(offset_type)), pa.array(plan.length.astype(offset_type)),
-                                  array.values)
+    pieces = view_cls.from_arrays(
+        pa.array(starts.astype(offset_type)), pa.array(plan.length.astype(offset_type)), array.values
+    )
     list_cls = pa.LargeListArray if large else pa.ListArray
     return list_cls.from_arrays(pa.array(row_offsets.astype(offset_type)), pieces.flatten(), type=array.type)
 
 
-def _pack_split(dataset: Any, seq_length: int, strategy: str, overlong: str | None,
-                batch_size: int | None) -> tuple[Any, PackPlan]:
+def _pack_split(
+    dataset: Any, seq_length: int, strategy: str, overlong: str | None, batch_size: int | None
+) -> tuple[Any, PackPlan]:
     import pyarrow as pa
 
     datasets = _datasets()
@@ -246,21 +263,23 @@ def _pack_split(dataset: Any, seq_length: int, strategy: str, overlong: str | No
     cum = np.concatenate(([0], np.cumsum(plan.length)))
     row_offsets = cum[plan.row_offsets]  # token offset of every row
     if row_offsets[-1] >= 2**31 and any(pa.types.is_list(c.type) for c in columns):
-        raise ValueError(f"{int(row_offsets[-1])} tokens do not fit list<> offsets (int32); cast the columns to "
-                         "large_list first")
+        raise ValueError(
+            f"{int(row_offsets[-1])} tokens do not fit list<> offsets (int32); cast the columns to large_list first"
+        )
     packed = [_pack_column(c, plan, row_offsets) for c in columns]
-    docs = pa.ListArray.from_arrays(pa.array(plan.row_offsets.astype(np.int32)),
-                                    pa.array(plan.length.astype(np.int32)))
+    docs = pa.ListArray.from_arrays(pa.array(plan.row_offsets.astype(np.int32)), pa.array(plan.length.astype(np.int32)))
     out = pa.Table.from_arrays([*packed, docs], names=[*table.column_names, "seq_lengths"])
     features = datasets.Features({**dataset.features, "seq_lengths": datasets.List(datasets.Value("int32"))})
     info = datasets.DatasetInfo(features=features)
     # A fingerprint from the input's and the arguments: left to datasets, it would pickle every token to hash it.
     from padless import __version__
 
-    fingerprint = datasets.fingerprint.Hasher.hash(("padless.pack_dataset", __version__, dataset._fingerprint,
-                                                    seq_length, strategy, overlong, batch_size))  # fmt: skip
-    result = datasets.Dataset(datasets.table.InMemoryTable(out), info=info, split=dataset.split,
-                              fingerprint=fingerprint)  # fmt: skip
+    fingerprint = datasets.fingerprint.Hasher.hash(
+        ("padless.pack_dataset", __version__, dataset._fingerprint, seq_length, strategy, overlong, batch_size)
+    )
+    result = datasets.Dataset(
+        datasets.table.InMemoryTable(out), info=info, split=dataset.split, fingerprint=fingerprint
+    )
     _log(plan)
     return _restore_format(result, dataset.format), plan
 
@@ -278,12 +297,24 @@ def _log(plan: PackPlan) -> None:
 
 
 def _log_stats(s: Any, max_length: int, what: str = "pack_dataset") -> None:
-    logger.info("%s: %d sequences -> %d rows (lower bound %d), efficiency %.4f",
-                what, s.num_sequences, s.num_rows, s.lower_bound, s.efficiency)
+    logger.info(
+        "%s: %d sequences -> %d rows (lower bound %d), efficiency %.4f",
+        what,
+        s.num_sequences,
+        s.num_rows,
+        s.lower_bound,
+        s.efficiency,
+    )
     if s.truncated_tokens or s.dropped_tokens:
-        logger.warning("%s: sequences longer than seq_length=%d: truncated %d (%d tokens lost), "
-                       "dropped %d (%d tokens)", what, max_length, s.truncated_sequences, s.truncated_tokens,
-                       s.dropped_sequences, s.dropped_tokens)
+        logger.warning(
+            "%s: sequences longer than seq_length=%d: truncated %d (%d tokens lost), dropped %d (%d tokens)",
+            what,
+            max_length,
+            s.truncated_sequences,
+            s.truncated_tokens,
+            s.dropped_sequences,
+            s.dropped_tokens,
+        )
 
 
 def _datasets() -> Any:
@@ -299,8 +330,10 @@ def _each_split(dataset: Any, fn: Any, stream: Any = None) -> Any:
     datasets = _datasets()
     if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
         if stream is None:
-            raise ValueError("plan_dataset needs every length up front and cannot take an IterableDataset; "
-                             "pack_dataset packs one as it streams (and logs what it truncated or dropped)")
+            raise ValueError(
+                "plan_dataset needs every length up front and cannot take an IterableDataset; "
+                "pack_dataset packs one as it streams (and logs what it truncated or dropped)"
+            )
         if isinstance(dataset, datasets.IterableDatasetDict):
             return datasets.IterableDatasetDict({name: stream(split) for name, split in dataset.items()})
         return stream(dataset)
@@ -357,10 +390,11 @@ def pack_dataset(
     if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
         raise ValueError(f"seq_length must be a positive integer, got {seq_length!r}")
     resolve_strategy(strategy, overlong)  # a bad name fails before any work
-    result = _each_split(dataset, lambda split: _pack_split(split, int(seq_length), strategy, overlong,
-                                                            batch_size)[0],
-                         lambda split: _pack_stream(split, int(seq_length), strategy, overlong, batch_size,
-                                                    buffer_size))  # fmt: skip
+    result = _each_split(
+        dataset,
+        lambda split: _pack_split(split, int(seq_length), strategy, overlong, batch_size)[0],
+        lambda split: _pack_stream(split, int(seq_length), strategy, overlong, batch_size, buffer_size),
+    )
     if isinstance(result, dict) and not isinstance(result, _datasets().IterableDatasetDict):
         return _datasets().DatasetDict(result)
     return result
@@ -373,8 +407,9 @@ STREAM_PLANNERS: dict[str, str] = {"best_fit_decreasing": "buffered", "histogram
 the offline rows exactly). Other planners need a ``batch_size``."""
 
 
-def _pack_stream(dataset: Any, seq_length: int, strategy: str, overlong: str | None, batch_size: int | None,
-                 buffer_size: int) -> Any:  # fmt: skip
+def _pack_stream(
+    dataset: Any, seq_length: int, strategy: str, overlong: str | None, batch_size: int | None, buffer_size: int
+) -> Any:
     """An ``IterableDataset`` of the packed rows of a streaming one (see the module docstring)."""
     from datasets.iterable_dataset import ExamplesIterable
 
@@ -384,9 +419,11 @@ def _pack_stream(dataset: Any, seq_length: int, strategy: str, overlong: str | N
     planner, policy = resolve_strategy(strategy, overlong)
     if batch_size is None:
         if planner not in STREAM_PLANNERS:
-            raise ValueError(f"strategy={strategy!r} plans a whole dataset; on an IterableDataset pass "
-                             "map_kwargs={'batch_size': N} (each N sequences planned on their own), or choose "
-                             f"one of {', '.join(['bfd', 'bfd_split', *STREAM_PLANNERS])}")  # fmt: skip
+            raise ValueError(
+                f"strategy={strategy!r} plans a whole dataset; on an IterableDataset pass "
+                "map_kwargs={'batch_size': N} (each N sequences planned on their own), or choose "
+                f"one of {', '.join(['bfd', 'bfd_split', *STREAM_PLANNERS])}"
+            )
         if STREAM_PLANNERS[planner] == "buffered":
             StreamOptions(max_length=seq_length, buffer_size=buffer_size, overlong=policy)  # type: ignore[arg-type]
     features = dataset.features
@@ -395,10 +432,22 @@ def _pack_stream(dataset: Any, seq_length: int, strategy: str, overlong: str | N
         if "seq_lengths" in features:
             raise ValueError("the dataset already has a 'seq_lengths' column: it is packed already")
         out_features = datasets.Features({**features, "seq_lengths": datasets.List(datasets.Value("int32"))})
-    job = _StreamJob(dataset.with_format(None), seq_length, strategy, planner, overlong, policy, batch_size,
-                     buffer_size, None if features is None else list(features))  # fmt: skip
-    packed = datasets.IterableDataset(ExamplesIterable(_stream_examples, {"job": job}),
-                                      info=datasets.DatasetInfo(features=out_features), split=dataset.split)  # fmt: skip
+    job = _StreamJob(
+        dataset.with_format(None),
+        seq_length,
+        strategy,
+        planner,
+        overlong,
+        policy,
+        batch_size,
+        buffer_size,
+        None if features is None else list(features),
+    )
+    packed = datasets.IterableDataset(
+        ExamplesIterable(_stream_examples, {"job": job}),
+        info=datasets.DatasetInfo(features=out_features),
+        split=dataset.split,
+    )
     fmt = dataset._formatting.format_type if dataset._formatting is not None else None
     return packed.with_format(fmt) if fmt else packed
 
@@ -410,8 +459,18 @@ def _stream_examples(job: _StreamJob) -> Any:
 class _StreamJob:
     """One streaming pack: reads the source once per pass, holds only the buffered examples' columns."""
 
-    def __init__(self, source: Any, seq_length: int, strategy: str, planner: str, overlong: str | None, policy: str,
-                 batch_size: int | None, buffer_size: int, names: list[str] | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        source: Any,
+        seq_length: int,
+        strategy: str,
+        planner: str,
+        overlong: str | None,
+        policy: str,
+        batch_size: int | None,
+        buffer_size: int,
+        names: list[str] | None,
+    ) -> None:
         self.source, self.seq_length, self.strategy, self.planner = source, seq_length, strategy, planner
         self.overlong, self.policy, self.batch_size, self.buffer_size = overlong, policy, batch_size, buffer_size
         self.names = names
@@ -434,10 +493,12 @@ class _StreamJob:
                 counts.sequences += 1
                 counts.tokens_in += n
                 if n > self.seq_length and self.policy == "error":
-                    raise ValueError(f"example {pos} has {n} tokens, longer than seq_length={self.seq_length}; "
-                                     f"trl.pack_dataset's 'bfd' would silently cut {n - self.seq_length} of them. "
-                                     "Choose overlong='truncate' (the same cut, counted), 'split' (keep every "
-                                     "token, as separate documents) or 'drop'")  # fmt: skip
+                    raise ValueError(
+                        f"example {pos} has {n} tokens, longer than seq_length={self.seq_length}; "
+                        f"trl.pack_dataset's 'bfd' would silently cut {n - self.seq_length} of them. "
+                        "Choose overlong='truncate' (the same cut, counted), 'split' (keep every "
+                        "token, as separate documents) or 'drop'"
+                    )
                 yield pos, columns, n
 
         if self.batch_size is not None:
@@ -457,8 +518,9 @@ class _StreamJob:
     def _buffered(self, examples: Any, store: dict[int, list[Any]], counts: Any) -> Any:
         from padless.planning.buffered import StreamOptions, StreamPlanner
 
-        planner = StreamPlanner(StreamOptions(max_length=self.seq_length, buffer_size=self.buffer_size,
-                                              overlong=self.policy))  # type: ignore[arg-type]  # fmt: skip
+        planner = StreamPlanner(
+            StreamOptions(max_length=self.seq_length, buffer_size=self.buffer_size, overlong=self.policy)
+        )  # type: ignore[arg-type]  #
         for pos, columns, n in examples:
             _, made = planner.add(n)
             if made:
@@ -533,20 +595,26 @@ def _stream_columns(pos: int, example: Any, names: list[str]) -> tuple[dict[str,
     for name in names:
         value = example[name]
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or getattr(value, "ndim", 1) != 1:
-            raise ValueError(f"column {name!r} of example {pos} is a {type(value).__name__}, not a list per row; "
-                             "pack_dataset packs token columns only (select them first: "
-                             "dataset.select_columns([...]))")  # fmt: skip
+            raise ValueError(
+                f"column {name!r} of example {pos} is a {type(value).__name__}, not a list per row; "
+                "pack_dataset packs token columns only (select them first: "
+                "dataset.select_columns([...]))"
+            )
         values = value.tolist() if hasattr(value, "tolist") else list(value)
         if n is None:
             n = len(values)
         elif len(values) != n:
-            raise ValueError(f"column {name!r} has {len(values)} values in example {pos} but {names[0]!r} has {n}; "
-                             "every column must match the first, row by row")  # fmt: skip
+            raise ValueError(
+                f"column {name!r} has {len(values)} values in example {pos} but {names[0]!r} has {n}; "
+                "every column must match the first, row by row"
+            )
         columns[name] = values
     if not n:
-        raise ValueError(f"example {pos} of the stream is an empty sequence ({names[0]!r} has no tokens); every "
-                         "sequence needs at least one token: filter them out first, e.g. "
-                         f"dataset.filter(lambda r: len(r[{names[0]!r}]) > 0)")  # fmt: skip
+        raise ValueError(
+            f"example {pos} of the stream is an empty sequence ({names[0]!r} has no tokens); every "
+            "sequence needs at least one token: filter them out first, e.g. "
+            f"dataset.filter(lambda r: len(r[{names[0]!r}]) > 0)"
+        )
     return columns, n
 
 

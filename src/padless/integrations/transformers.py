@@ -61,13 +61,13 @@ from torch.utils.data import DataLoader  # noqa: E402
 from transformers import Trainer  # noqa: E402
 
 from padless.batching.collate import PackingCollator
-from padless.batching.samplers import DistributedPackedBatchSampler
 from padless.batching.rows import PackedRowView
+from padless.batching.samplers import DistributedPackedBatchSampler
+from padless.layout import IGNORE_INDEX  # noqa: E402
+from padless.models.fsdp import compute_dtype, is_sharded
 from padless.planning.balance import BALANCES, check_balance, cost_a_from_config
 from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
 from padless.planning.schedule import RowKey, check_choices
-from padless.layout import IGNORE_INDEX  # noqa: E402
-from padless.models.fsdp import compute_dtype, is_sharded
 
 logger = logging.getLogger(__name__)
 """The trainers' start line (:func:`announce`) goes here, at INFO (shown by default: :func:`shown`)."""
@@ -100,7 +100,8 @@ def shifts_labels(model: Any) -> bool:
     from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 
     return LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss and not getattr(
-        model.config, "is_encoder_decoder", False)  # fmt: skip
+        model.config, "is_encoder_decoder", False
+    )
 
 
 class PrepackedRows:
@@ -116,15 +117,21 @@ class PrepackedRows:
 
     def __getitem__(self, key: RowKey) -> dict[str, np.ndarray]:
         if not key:
-            return {"input_ids": np.array([self.pad_token_id]), "labels": np.array([IGNORE_INDEX]),
-                    "seq_lengths": np.array([1])}  # fmt: skip
+            return {
+                "input_ids": np.array([self.pad_token_id]),
+                "labels": np.array([IGNORE_INDEX]),
+                "seq_lengths": np.array([1]),
+            }
         if len(key) != 1 or key[0][1] != 0:
             raise ValueError(f"a pre-packed row is read whole, got the pieces {key}")
         row = self.dataset[int(key[0][0])]
         ids = np.asarray(row["input_ids"], dtype=np.int64)
         labels = row.get("labels")
-        return {"input_ids": ids, "labels": ids if labels is None else np.asarray(labels, dtype=np.int64),
-                "seq_lengths": np.asarray(row["seq_lengths"], dtype=np.int64)}  # fmt: skip
+        return {
+            "input_ids": ids,
+            "labels": ids if labels is None else np.asarray(labels, dtype=np.int64),
+            "seq_lengths": np.asarray(row["seq_lengths"], dtype=np.int64),
+        }
 
 
 def is_prepacked(dataset: Any) -> bool:
@@ -160,17 +167,20 @@ def packed_batches(
     common = dict(num_replicas=world_size, rank=rank, seed=seed, remainder=remainder, balance=balance, cost_a=cost_a)
     if is_prepacked(dataset):
         if balance == "cost":  # the schedule sees one length per row: it would price a row as one document
-            raise ValueError("balance='cost' prices a row by its documents, and rows packed beforehand (seq_lengths) "
-                             "are dealt as one length each; pass the sequences unpacked (the trainer plans the "
-                             "rows), or balance='tokens'")  # fmt: skip
+            raise ValueError(
+                "balance='cost' prices a row by its documents, and rows packed beforehand (seq_lengths) "
+                "are dealt as one length each; pass the sequences unpacked (the trainer plans the "
+                "rows), or balance='tokens'"
+            )
         if lengths.size and int(lengths.max()) > max_length:
             row = int(np.argmax(lengths))
             raise ValueError(f"packed row {row} holds {int(lengths[row])} tokens, more than max_length={max_length}")
         sampler = DistributedPackedBatchSampler(lengths, max_length, rows_per_batch, max_per_row=1, **common)
         view: Any = PrepackedRows(dataset, pad_token_id=pad_token_id)
     else:
-        sampler = DistributedPackedBatchSampler(lengths, max_length, rows_per_batch, strategy=strategy,
-                                                overlong=overlong, **common)  # fmt: skip
+        sampler = DistributedPackedBatchSampler(
+            lengths, max_length, rows_per_batch, strategy=strategy, overlong=overlong, **common
+        )
         view = PackedRowView(dataset, pad_token_id=pad_token_id)
     sampler.schedule()  # plan now: an overlong sequence fails here, not at the first step
     return sampler, view
@@ -207,10 +217,10 @@ def exact_collator(
     on the CPU in fp32: what counts is where the step runs."""
     from padless.attention.select import resolve_backend
 
-    resolve_backend(model.config._attn_implementation, device=device, dtype=dtype, config=model,
-                    max_length=max_length)  # fmt: skip
-    return PackingCollator.for_model(model, device=device, dtype=dtype, max_length=max_length,
-                                     pad_token_id=pad_token_id, **kwargs)  # fmt: skip
+    resolve_backend(model.config._attn_implementation, device=device, dtype=dtype, config=model, max_length=max_length)
+    return PackingCollator.for_model(
+        model, device=device, dtype=dtype, max_length=max_length, pad_token_id=pad_token_id, **kwargs
+    )
 
 
 def training_dtype(args: Any) -> Any:
@@ -229,8 +239,11 @@ def pad_token_id_for(model: Any, processing_class: Any = None) -> int:
     """An id to fill row ends with (never attended to, never trained): the tokenizer's or the model's
     pad token, else its EOS, else 0."""
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
-    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(model.config, "pad_token_id", None),
-                      getattr(model.config, "eos_token_id", None)):
+    for candidate in (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(model.config, "pad_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+    ):
         if isinstance(candidate, list):
             candidate = candidate[0] if candidate else None
         if isinstance(candidate, int):
@@ -243,9 +256,13 @@ def loader_for(trainer: Trainer, view: Any, sampler: DistributedPackedBatchSampl
     args = trainer.args
     workers = args.dataloader_num_workers
     return EpochDataLoader(
-        view, batch_sampler=sampler, collate_fn=trainer.data_collator, num_workers=workers,
-        pin_memory=args.dataloader_pin_memory, persistent_workers=args.dataloader_persistent_workers and workers > 0,
-    )  # fmt: skip
+        view,
+        batch_sampler=sampler,
+        collate_fn=trainer.data_collator,
+        num_workers=workers,
+        pin_memory=args.dataloader_pin_memory,
+        persistent_workers=args.dataloader_persistent_workers and workers > 0,
+    )
 
 
 LAYOUT_NAMES: dict[str, str] = {"mask4d": "4d-mask", "varlen": "varlen", "position_ids": "position-ids"}
@@ -378,9 +395,12 @@ def check_token_records(dataset: Any, argument: str = "train_dataset", trainer: 
     at = where(number)
     with naming_argument(argument):
         kind = record_kind(record_fields(dataset, number), at)  # raises: none of the fields padless knows
-        raise RecordError("not_tokens", f"{at}: a {kind!r} record without 'input_ids': {trainer} trains token ids; "
-                                        "tokenize it first (padless.load_corpus), or train text and chats with "
-                                        "padless.integrations.trl.SFTTrainer")  # fmt: skip
+        raise RecordError(
+            "not_tokens",
+            f"{at}: a {kind!r} record without 'input_ids': {trainer} trains token ids; "
+            "tokenize it first (padless.load_corpus), or train text and chats with "
+            "padless.integrations.trl.SFTTrainer",
+        )
 
 
 @contextmanager
@@ -469,13 +489,17 @@ def owns_its_sharding(model: Any) -> None:
     if not hasattr(type(model), "is_distributed_loading_by_transformers"):
         import transformers
 
-        raise ValueError(f"transformers {transformers.__version__} has no path for a model sharded before Trainer "
-                         "gets it (is_distributed_loading_by_transformers); pass the unsharded model and "
-                         "TrainingArguments(fsdp=True, fsdp_config={'version': 2}) instead")  # fmt: skip
+        raise ValueError(
+            f"transformers {transformers.__version__} has no path for a model sharded before Trainer "
+            "gets it (is_distributed_loading_by_transformers); pass the unsharded model and "
+            "TrainingArguments(fsdp=True, fsdp_config={'version': 2}) instead"
+        )
     model._is_distributed_loading_by_transformers = True
     if not model.is_distributed_loading_by_transformers:
-        raise ValueError(f"{type(model).__name__}.is_distributed_loading_by_transformers does not follow its flag: "
-                         "pass the unsharded model and TrainingArguments(fsdp=True) instead")  # fmt: skip
+        raise ValueError(
+            f"{type(model).__name__}.is_distributed_loading_by_transformers does not follow its flag: "
+            "pass the unsharded model and TrainingArguments(fsdp=True) instead"
+        )
 
 
 class PackedTrainer(Trainer):
@@ -525,15 +549,25 @@ class PackedTrainer(Trainer):
             check_choices(strategy, overlong, remainder)
             balanced = balance_options(model, balance, cost_a)
             if data_collator is not None and not isinstance(data_collator, PackingCollator):
-                raise ValueError(f"PackedTrainer(data_collator=...) must be a padless PackingCollator (or None), got "
-                                 f"{type(data_collator).__name__}: another collator cannot place planned rows exactly")
+                raise ValueError(
+                    f"PackedTrainer(data_collator=...) must be a padless PackingCollator (or None), got "
+                    f"{type(data_collator).__name__}: another collator cannot place planned rows exactly"
+                )
             for argument, dataset in _named(eval_dataset):  # train_dataset: in _packed_rows
                 check_token_records(dataset, argument)
             count_shifted_labels(model)  # before Trainer reads loss_type
             if is_sharded(model):
                 owns_its_sharding(model)
-            super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class,
-                             *trainer_args, **trainer_kwargs)  # fmt: skip
+            super().__init__(
+                model,
+                args,
+                data_collator,
+                train_dataset,
+                eval_dataset,
+                processing_class,
+                *trainer_args,
+                **trainer_kwargs,
+            )
             self.max_length = max_length
             self.rows_per_batch = rows_per_batch or self.args.per_device_train_batch_size
             self.plan_options = dict(strategy=strategy, overlong=overlong, remainder=remainder, **balanced)
@@ -541,13 +575,18 @@ class PackedTrainer(Trainer):
             if data_collator is not None:  # the user's collator may not know the model: its batches must fit it
                 from padless.batching.rowformat import check_collator
 
-                data_collator = check_collator(model, data_collator, device=self.args.device,
-                                               dtype=training_dtype(self.args))  # fmt: skip
+                data_collator = check_collator(
+                    model, data_collator, device=self.args.device, dtype=training_dtype(self.args)
+                )
             self.data_collator = data_collator or exact_collator(
-                model, max_length, device=self.args.device, dtype=training_dtype(self.args) or compute_dtype(model),
+                model,
+                max_length,
+                device=self.args.device,
+                dtype=training_dtype(self.args) or compute_dtype(model),
                 pad_token_id=self.pad_token_id,
-                strategy=strategy, overlong=overlong,
-            )  # fmt: skip
+                strategy=strategy,
+                overlong=overlong,
+            )
             self.batch_sampler: DistributedPackedBatchSampler | None = None
             self._rows: tuple[Any, DistributedPackedBatchSampler, Any] | None = None
             if train_dataset is not None:
@@ -560,9 +599,15 @@ class PackedTrainer(Trainer):
             seed = args.data_seed if args.data_seed is not None else args.seed
             check_token_records(self.train_dataset, "train_dataset")
             sampler, view = packed_batches(
-                self.train_dataset, self.max_length, self.rows_per_batch, world_size=args.world_size,
-                rank=args.process_index, seed=seed, pad_token_id=self.pad_token_id, **self.plan_options,
-            )  # fmt: skip
+                self.train_dataset,
+                self.max_length,
+                self.rows_per_batch,
+                world_size=args.world_size,
+                rank=args.process_index,
+                seed=seed,
+                pad_token_id=self.pad_token_id,
+                **self.plan_options,
+            )
             self._rows = (self.train_dataset, sampler, view)
             self.batch_sampler = sampler
         return self._rows[1], self._rows[2]
@@ -573,8 +618,9 @@ class PackedTrainer(Trainer):
             sampler, _ = self._packed_rows()
         per_row = planned_documents_per_row(self.train_dataset, sampler)
         rows = f"{self.max_length}-token rows{balance_said(self.plan_options)}"
-        return start_line(self.model, self.data_collator, rows=rows,
-                          documents=f"{per_row:.1f} documents per row (planned rows)")  # fmt: skip
+        return start_line(
+            self.model, self.data_collator, rows=rows, documents=f"{per_row:.1f} documents per row (planned rows)"
+        )
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """Trainer's ``train``, after logging :meth:`start_line` (:func:`announce`)."""

@@ -142,8 +142,11 @@ def _sft_kind(record: Any, at: str, text_field: str) -> str:
     except RecordError as err:
         err.args = (f"{err}; SFTTrainer also reads 'prompt' with 'completion', or a formatting_func",)
         raise
-    raise RecordError("missing_field", f"{at}: no {text_field!r} field, which SFTConfig(dataset_text_field="
-                                       f"{text_field!r}) reads ({fields_hint(record, [text_field])})")  # fmt: skip
+    raise RecordError(
+        "missing_field",
+        f"{at}: no {text_field!r} field, which SFTConfig(dataset_text_field="
+        f"{text_field!r}) reads ({fields_hint(record, [text_field])})",
+    )
 
 
 def _field_names(dataset: Any) -> set[str]:
@@ -176,8 +179,11 @@ def check_sft_records(dataset: Any, argument: str = "train_dataset", *, text_fie
             number = first_without(dataset, "input_ids")
             if number is not None:
                 record = record_fields(dataset, number)
-                raise RecordError("missing_field", f"{where(number)}: no 'input_ids', which the other records have "
-                                                   f"({fields_hint(record, ['input_ids'])})")  # fmt: skip
+                raise RecordError(
+                    "missing_field",
+                    f"{where(number)}: no 'input_ids', which the other records have "
+                    f"({fields_hint(record, ['input_ids'])})",
+                )
             return dataset
         first = None
         fields = None if columns is None else [text_field, *CHAT_FIELDS]
@@ -188,8 +194,11 @@ def check_sft_records(dataset: Any, argument: str = "train_dataset", *, text_fie
             if first is None:
                 first = kind
             elif kind != first:
-                raise RecordError("mixed_kinds", f"{where(number)}: a {kind!r} record, and record 1 is a {first!r} "
-                                                 "one; SFTTrainer trains one kind per dataset")  # fmt: skip
+                raise RecordError(
+                    "mixed_kinds",
+                    f"{where(number)}: a {kind!r} record, and record 1 is a {first!r} "
+                    "one; SFTTrainer trains one kind per dataset",
+                )
     if columns is None:  # every field of every record (from_list would keep the first record's only)
         names = list(dict.fromkeys(k for r in dataset for k in r))
         dataset = datasets.Dataset.from_dict({k: [r.get(k) for r in dataset] for k in names})
@@ -239,15 +248,18 @@ class PackedSFTTrainer(trl.SFTTrainer):
             self._padless_checked: list[Any] = []
             train_dataset = self._checked(train_dataset, "train_dataset", args, trl_kwargs)
             if isinstance(eval_dataset, Mapping):
-                eval_dataset = {k: self._checked(d, f"eval_dataset[{k!r}]", args, trl_kwargs)
-                                for k, d in eval_dataset.items()}  # fmt: skip
+                eval_dataset = {
+                    k: self._checked(d, f"eval_dataset[{k!r}]", args, trl_kwargs) for k, d in eval_dataset.items()
+                }
             else:
                 eval_dataset = self._checked(eval_dataset, "eval_dataset", args, trl_kwargs)
             if args is not None and getattr(args, "packing", False):
                 planner, policy = resolve_strategy(args.packing_strategy, overlong)
                 if policy == "truncate" and args.truncation_mode != "keep_start":
-                    raise ValueError(f"SFTTrainer(overlong='truncate') keeps the start of a sequence; SFTConfig("
-                                     f"truncation_mode={args.truncation_mode!r}) asks for its end")  # fmt: skip
+                    raise ValueError(
+                        f"SFTTrainer(overlong='truncate') keeps the start of a sequence; SFTConfig("
+                        f"truncation_mode={args.truncation_mode!r}) asks for its end"
+                    )
                 self._padless_mode: str | None = "packed"
                 self._padless_plan = {"strategy": planner, "overlong": policy}
             else:
@@ -255,12 +267,15 @@ class PackedSFTTrainer(trl.SFTTrainer):
                 self._padless_mode = "padding_free" if padding_free else None
                 self._padless_plan = {}
                 if balance != "tokens":
-                    raise ValueError(f"balance={balance!r} deals packed rows to the ranks; it needs SFTConfig("
-                                     "packing=True) (padding-free and padded batches follow TRL's own sampler)")
+                    raise ValueError(
+                        f"balance={balance!r} deals packed rows to the ranks; it needs SFTConfig("
+                        "packing=True) (padding-free and padded batches follow TRL's own sampler)"
+                    )
             if not isinstance(model, str):
                 count_shifted_labels(model)  # before Trainer reads loss_type
-            super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, *trl_args,
-                             **trl_kwargs)  # fmt: skip
+            super().__init__(
+                model, args, data_collator, train_dataset, eval_dataset, processing_class, *trl_args, **trl_kwargs
+            )
             from padless.attention.adapters import base_model_of
 
             inner = base_model_of(self.model)  # peft_config=...: TRL wrapped the model in a PeftModel
@@ -273,9 +288,13 @@ class PackedSFTTrainer(trl.SFTTrainer):
                 return
             packed = self._padless_mode == "packed"
             self.data_collator = exact_collator(
-                inner, self.args.max_length if packed else None, device=self.args.device,
-                dtype=training_dtype(self.args), pad_token_id=self._tokenizer.pad_token_id, **self._padless_plan,
-            )  # fmt: skip
+                inner,
+                self.args.max_length if packed else None,
+                device=self.args.device,
+                dtype=training_dtype(self.args),
+                pad_token_id=self._tokenizer.pad_token_id,
+                **self._padless_plan,
+            )
             if packed and self.train_dataset is not None:
                 self._packed_rows()
 
@@ -294,41 +313,54 @@ class PackedSFTTrainer(trl.SFTTrainer):
         self._padless_checked.append(dataset)
         return dataset
 
-    def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, packing: bool, formatting_func: Any,
-                         dataset_name: str) -> Any:  # fmt: skip
+    def _prepare_dataset(
+        self, dataset: Any, processing_class: Any, args: Any, packing: bool, formatting_func: Any, dataset_name: str
+    ) -> Any:
         """TRL's preparation without TRL's truncation and packing; then, for evaluation, padless'
         ``pack_dataset`` (training rows are planned per epoch by the sampler). A dataset not checked yet
         (given to ``evaluate``) is checked first (:func:`check_sft_records`)."""
         with trainer_words(SFT_WORDS):
-            argument = "train_dataset" if dataset_name == "train" else (
-                "eval_dataset" if dataset_name == "eval" else f"eval_dataset[{dataset_name!r}]")  # fmt: skip
+            argument = (
+                "train_dataset"
+                if dataset_name == "train"
+                else ("eval_dataset" if dataset_name == "eval" else f"eval_dataset[{dataset_name!r}]")
+            )
             dataset = self._checked(dataset, argument, args, {"formatting_func": formatting_func})
             if not packing or self._padless_mode != "packed":
-                return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func,
-                                                dataset_name)  # fmt: skip
+                return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
             datasets = require("datasets")
             if not isinstance(dataset, datasets.Dataset):
-                raise ValueError(f"padless packing plans over a whole dataset and cannot take a "
-                                 f"{type(dataset).__name__} ({dataset_name}); pack a stream with padless.PackedStream, "
-                                 "or set SFTConfig(packing=False)")  # fmt: skip
+                raise ValueError(
+                    f"padless packing plans over a whole dataset and cannot take a "
+                    f"{type(dataset).__name__} ({dataset_name}); pack a stream with padless.PackedStream, "
+                    "or set SFTConfig(packing=False)"
+                )
             with _no_max_length(args):
-                dataset = super()._prepare_dataset(dataset, processing_class, args, False, formatting_func,
-                                                   dataset_name)  # fmt: skip
+                dataset = super()._prepare_dataset(
+                    dataset, processing_class, args, False, formatting_func, dataset_name
+                )
             prepacked = "seq_lengths" in dataset.column_names  # rows packed beforehand stay as they are
             dataset = dataset.select_columns(["input_ids", "labels", *(["seq_lengths"] if prepacked else [])])
             if dataset_name == "train" or prepacked:
                 return dataset
-            return pack_dataset(dataset, args.max_length, args.packing_strategy,
-                                overlong=self._padless_plan["overlong"])  # fmt: skip
+            return pack_dataset(
+                dataset, args.max_length, args.packing_strategy, overlong=self._padless_plan["overlong"]
+            )
 
     def _packed_rows(self) -> tuple[Any, Any]:
         if self._rows is None or self._rows[0] is not self.train_dataset:
             args = self.args
             sampler, view = packed_batches(
-                self.train_dataset, args.max_length, args.per_device_train_batch_size, world_size=args.world_size,
-                rank=args.process_index, seed=args.data_seed if args.data_seed is not None else args.seed,
-                pad_token_id=self._tokenizer.pad_token_id, **self._padless_plan, **self._padless_balance,
-            )  # fmt: skip
+                self.train_dataset,
+                args.max_length,
+                args.per_device_train_batch_size,
+                world_size=args.world_size,
+                rank=args.process_index,
+                seed=args.data_seed if args.data_seed is not None else args.seed,
+                pad_token_id=self._tokenizer.pad_token_id,
+                **self._padless_plan,
+                **self._padless_balance,
+            )
             self._rows = (self.train_dataset, sampler, view)
         return self._rows[1], self._rows[2]
 
@@ -353,12 +385,16 @@ class PackedSFTTrainer(trl.SFTTrainer):
                 sampler, _ = self._packed_rows()
             per_row = planned_documents_per_row(self.train_dataset, sampler)
             rows = f"{self.args.max_length}-token rows{balance_said(self._padless_balance)}"
-            return start_line(self.model, self.data_collator, rows=rows,
-                              documents=f"{per_row:.1f} documents per row (planned rows)")  # fmt: skip
+            return start_line(
+                self.model, self.data_collator, rows=rows, documents=f"{per_row:.1f} documents per row (planned rows)"
+            )
         if self._padless_mode == "padding_free":
-            return start_line(self.model, self.data_collator, rows="one row per micro-batch",
-                              documents=f"{self.args.per_device_train_batch_size} documents per row "
-                                        "(per_device_train_batch_size)")  # fmt: skip
+            return start_line(
+                self.model,
+                self.data_collator,
+                rows="one row per micro-batch",
+                documents=f"{self.args.per_device_train_batch_size} documents per row (per_device_train_batch_size)",
+            )
         return start_line(self.model, None, rows="TRL's padded batches", documents="1 document per row")
 
     def train(self, *args: Any, **kwargs: Any) -> Any:

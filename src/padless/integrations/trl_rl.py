@@ -80,8 +80,10 @@ def _span(mask: np.ndarray, side: str, where: str) -> int:
     n = int(mask.sum())
     want = np.arange(mask.size) >= mask.size - n if side == "left" else np.arange(mask.size) < n
     if not np.array_equal(mask.astype(bool), want):
-        raise ValueError(f"{where} is not {side}-padded (a 0 between its tokens); padless packs each sequence as the "
-                         "contiguous tokens its mask keeps")  # fmt: skip
+        raise ValueError(
+            f"{where} is not {side}-padded (a 0 between its tokens); padless packs each sequence as the "
+            "contiguous tokens its mask keeps"
+        )
     return n
 
 
@@ -107,14 +109,22 @@ def _rollout_groups(
         if p == 0:
             raise ValueError(f"rollout {b} has an empty prompt: nothing predicts its first completion token")
         groups.setdefault(tuple(pid[b, pid.shape[1] - p :].tolist()), []).append(b)
-    features = [{"prompt_ids": list(prompt), "completion_ids": [cid[b, : int(cm[b].sum())].tolist() for b in rows]}
-                for prompt, rows in groups.items()]  # fmt: skip
+    features = [
+        {"prompt_ids": list(prompt), "completion_ids": [cid[b, : int(cm[b].sum())].tolist() for b in rows]}
+        for prompt, rows in groups.items()
+    ]
     rows = np.array([b for members in groups.values() for b in members], dtype=np.int64)
     return features, rows
 
 
-def _forward_chunks(features: list[dict[str, Any]], size: int, *, balance: str = "tokens", share_prompt: bool = False,
-                    cost_a: float | None = None) -> list[list[int]]:  # fmt: skip
+def _forward_chunks(
+    features: list[dict[str, Any]],
+    size: int,
+    *,
+    balance: str = "tokens",
+    share_prompt: bool = False,
+    cost_a: float | None = None,
+) -> list[list[int]]:
     """Indices of the rollout ``features`` of each forward chunk, whole groups only.
 
     * ``balance="tokens"``: in order, runs of at most ``size`` completions (a group of more than ``size``
@@ -139,13 +149,20 @@ def _forward_chunks(features: list[dict[str, Any]], size: int, *, balance: str =
         return runs
     from padless.planning.balance import balance_groups
 
-    got = balance_groups([len(f["prompt_ids"]) for f in features],
-                         [[len(c) for c in f["completion_ids"]] for f in features], (1, len(runs)),
-                         share_prompt=share_prompt, balance="cost", cost_a=cost_a)  # fmt: skip
+    got = balance_groups(
+        [len(f["prompt_ids"]) for f in features],
+        [[len(c) for c in f["completion_ids"]] for f in features],
+        (1, len(runs)),
+        share_prompt=share_prompt,
+        balance="cost",
+        cost_a=cost_a,
+    )
     return [got.items(0, m).tolist() for m in range(len(runs))]
 
 
-def _check_group_sizes(features: list[dict[str, Any]], max_length: int | None, share_prompt: bool, trainer: str) -> None:
+def _check_group_sizes(
+    features: list[dict[str, Any]], max_length: int | None, share_prompt: bool, trainer: str
+) -> None:
     """Raise naming ``max_length`` when a group cannot fit one row (a group never splits)."""
     if max_length is None:
         return
@@ -155,10 +172,12 @@ def _check_group_sizes(features: list[dict[str, Any]], max_length: int | None, s
         need = copies * len(f["prompt_ids"]) + sum(len(c) for c in comps)
         if need > max_length:
             k = len(comps)
-            raise ValueError(f"a group (a prompt and {k} completion{'s' * (k != 1)}) needs {need} tokens in one row "
-                             f"(share_prompt={share_prompt}), more than {trainer}(max_length={max_length}); a group "
-                             "never splits across rows: raise max_length, or set it to None (one row per forward "
-                             "chunk)")  # fmt: skip
+            raise ValueError(
+                f"a group (a prompt and {k} completion{'s' * (k != 1)}) needs {need} tokens in one row "
+                f"(share_prompt={share_prompt}), more than {trainer}(max_length={max_length}); a group "
+                "never splits across rows: raise max_length, or set it to None (one row per forward "
+                "chunk)"
+            )
 
 
 class _PackedLogprobs:
@@ -176,8 +195,9 @@ class _PackedLogprobs:
         if max_length is not None:
             check_int(max_length, "max_length")
         if share_prompt not in (None, True, False):
-            raise ValueError("share_prompt must be True, False or None (shared where the backend can), got "
-                             f"{share_prompt!r}")
+            raise ValueError(
+                f"share_prompt must be True, False or None (shared where the backend can), got {share_prompt!r}"
+            )
 
     def _padless_setup(self, share_prompt: bool | None, max_length: int | None) -> None:
         """Fit the collator to the policy now: a backend the rule refuses fails at construction."""
@@ -195,8 +215,12 @@ class _PackedLogprobs:
         key = id(base_model_of(inner))
         if key in self._padless_collators:
             return self._padless_collators[key]
-        options = dict(max_length=self._padless_max_length, pad_token_id=self._tokenizer.pad_token_id,
-                       device=self.args.device, dtype=training_dtype(self.args))  # fmt: skip
+        options = dict(
+            max_length=self._padless_max_length,
+            pad_token_id=self._tokenizer.pad_token_id,
+            device=self.args.device,
+            dtype=training_dtype(self.args),
+        )
         cls = self._padless_collator_type
         if self._padless_share is None:  # shared where the rule accepts the tree for this backend
             try:
@@ -213,15 +237,23 @@ class _PackedLogprobs:
     def start_line(self) -> str:
         """What :meth:`train` logs first: model, backend, layout, the rule's verdict, rows and layout."""
         collator = self._padless_collator_for(self.model)
-        rows = "one row per forward chunk" if self._padless_max_length is None else f"{self._padless_max_length}-token rows"
+        rows = (
+            "one row per forward chunk"
+            if self._padless_max_length is None
+            else f"{self._padless_max_length}-token rows"
+        )
         if collator.share_prompt:
             layout = "one prompt per group (share_prompt=True)"
         else:
             layout = "one document per completion (share_prompt=False)"
             if self._padless_refusal is not None:
                 layout += f"; shared prompt refused: {self._padless_refusal}"
-        return start_line(self.model, collator, rows=f"{self._padless_trainer_name} log-probs on packed rows, {rows}",
-                          documents=layout)  # fmt: skip
+        return start_line(
+            self.model,
+            collator,
+            rows=f"{self._padless_trainer_name} log-probs on packed rows, {rows}",
+            documents=layout,
+        )
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """TRL's ``train``, after logging :meth:`start_line` (:func:`padless.integrations.transformers.announce`)."""
@@ -238,9 +270,11 @@ def _refuse_multimodal(trainer: str, processing_class: Any) -> None:
     from transformers import ProcessorMixin
 
     if isinstance(processing_class, ProcessorMixin):
-        raise ValueError(f"{trainer}: multimodal inputs (pixel_values, image tokens) are not packed yet; "
-                         f"{trainer}(processing_class={type(processing_class).__name__}) is a processor: "
-                         f"train vision-language models with trl.{trainer}")  # fmt: skip
+        raise ValueError(
+            f"{trainer}: multimodal inputs (pixel_values, image tokens) are not packed yet; "
+            f"{trainer}(processing_class={type(processing_class).__name__}) is a processor: "
+            f"train vision-language models with trl.{trainer}"
+        )
 
 
 # ------------------------------------------------------------------------------------------ GRPO
@@ -256,9 +290,18 @@ class PackedGRPOTrainer(_PackedLogprobs, trl.GRPOTrainer):
     _padless_trainer_name = "GRPO"
     _padless_words = GRPO_WORDS
 
-    def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, *trl_args: Any,
-                 share_prompt: bool | None = None, max_length: int | None = None, balance: str = "tokens",
-                 cost_a: float | None = None, **trl_kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: Any = None,
+        *trl_args: Any,
+        share_prompt: bool | None = None,
+        max_length: int | None = None,
+        balance: str = "tokens",
+        cost_a: float | None = None,
+        **trl_kwargs: Any,
+    ) -> None:
         from padless.batching.preference import RolloutCollator
         from padless.integrations.transformers import balance_options
         from padless.planning.balance import BALANCES, check_balance
@@ -273,9 +316,13 @@ class PackedGRPOTrainer(_PackedLogprobs, trl.GRPOTrainer):
             _refuse_multimodal("GRPOTrainer", trl_kwargs.get("processing_class"))
             super().__init__(model, reward_funcs, args, *trl_args, **trl_kwargs)
             if self.aux_loss_enabled:
-                raise ValueError("GRPOTrainer: the MoE load-balancing loss (output_router_logits) is not computed on "
-                                 "packed rows yet; set GRPOConfig(router_aux_loss_coef=0.0) or train with trl.GRPOTrainer")  # fmt: skip
-            self._padless_balance = balance_options(self.model, balance, cost_a)  # a model named by a string: loaded now
+                raise ValueError(
+                    "GRPOTrainer: the MoE load-balancing loss (output_router_logits) is not computed on "
+                    "packed rows yet; set GRPOConfig(router_aux_loss_coef=0.0) or train with trl.GRPOTrainer"
+                )
+            self._padless_balance = balance_options(
+                self.model, balance, cost_a
+            )  # a model named by a string: loaded now
             self._padless_setup(share_prompt, max_length)
 
     def start_line(self) -> str:
@@ -285,9 +332,17 @@ class PackedGRPOTrainer(_PackedLogprobs, trl.GRPOTrainer):
             line += f", forward chunks balanced by cost a*l + l**2 (a={self._padless_balance['cost_a']:g})"
         return line
 
-    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,
-                                           batch_size: int | None = None, compute_entropy: bool = False,
-                                           compute_aux_loss: bool = False, **multimodal: Any) -> tuple[Any, Any, Any]:  # fmt: skip
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: Any,
+        attention_mask: Any,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **multimodal: Any,
+    ) -> tuple[Any, Any, Any]:
         """TRL's ``(logps, entropies, aux_loss)`` of the last ``logits_to_keep`` positions of
         ``input_ids`` ``[B, P + T]`` (``[prompt | completion]``, ``attention_mask`` the two masks side by
         side), computed on packed rows: ``(B, T)`` float32, 0 where the completion mask is 0; entropies
@@ -301,24 +356,29 @@ class PackedGRPOTrainer(_PackedLogprobs, trl.GRPOTrainer):
 
         given = sorted(k for k, v in multimodal.items() if v is not None)
         if given:
-            raise ValueError(f"GRPOTrainer: multimodal inputs ({', '.join(given)}) are not packed yet; train "
-                             "vision-language models with trl.GRPOTrainer")  # fmt: skip
+            raise ValueError(
+                f"GRPOTrainer: multimodal inputs ({', '.join(given)}) are not packed yet; train "
+                "vision-language models with trl.GRPOTrainer"
+            )
         if compute_aux_loss:
             raise ValueError("GRPOTrainer: the MoE load-balancing loss is not computed on packed rows yet")
         t = logits_to_keep
-        features, rows = _rollout_groups(input_ids[:, :-t], attention_mask[:, :-t], input_ids[:, -t:],
-                                         attention_mask[:, -t:])  # fmt: skip
+        features, rows = _rollout_groups(
+            input_ids[:, :-t], attention_mask[:, :-t], input_ids[:, -t:], attention_mask[:, -t:]
+        )
         if not features:  # every completion masked: nothing is scored, TRL's own pass returns its zeros
-            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                              batch_size, compute_entropy, compute_aux_loss)  # fmt: skip
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss
+            )
         with trainer_words(GRPO_WORDS):
             collator = self._padless_collator_for(model)
             _check_group_sizes(features, self._padless_max_length, collator.share_prompt, "GRPOTrainer")
         outputs = ("log_probs", "entropy") if compute_entropy else ("log_probs",)
         pieces: dict[str, list[Any]] = {name: [] for name in outputs}
         first = np.cumsum([0] + [len(f["completion_ids"]) for f in features])  # feature i: rows[first[i]:first[i + 1]]
-        chunks = _forward_chunks(features, batch_size or input_ids.size(0), share_prompt=collator.share_prompt,
-                                 **self._padless_balance)  # fmt: skip
+        chunks = _forward_chunks(
+            features, batch_size or input_ids.size(0), share_prompt=collator.share_prompt, **self._padless_balance
+        )
         order = []  # the TRL row of each completion, in the order the chunks return them
         for chunk in chunks:
             batch = batch_to(collator([features[i] for i in chunk]), input_ids.device)
@@ -328,8 +388,10 @@ class PackedGRPOTrainer(_PackedLogprobs, trl.GRPOTrainer):
                 pieces[name].append(stats[name])
             order.extend(rows[first[i] : first[i + 1]] for i in chunk)
         index = torch.from_numpy(np.concatenate(order)).to(input_ids.device)
-        full = {name: torch.cat(p).new_zeros(input_ids.size(0), t).index_copy(0, index, torch.cat(p))
-                for name, p in pieces.items()}  # fmt: skip
+        full = {
+            name: torch.cat(p).new_zeros(input_ids.size(0), t).index_copy(0, index, torch.cat(p))
+            for name, p in pieces.items()
+        }
         return full["log_probs"], full.get("entropy"), None
 
 
@@ -354,20 +416,26 @@ def _preference_pairs(
             trained = lab[r, :n] != -100
             c = int(trained.sum())
             if c and not trained[n - c :].all():
-                raise ValueError(f"DPO row {r}: its completion is not the end of its tokens; padless packs a "
-                                 "prompt followed by its completion")  # fmt: skip
+                raise ValueError(
+                    f"DPO row {r}: its completion is not the end of its tokens; padless packs a "
+                    "prompt followed by its completion"
+                )
             parts.append((ids[r, : n - c].tolist(), ids[r, n - c : n].tolist()))
         (prompt, chosen), (other, rejected) = parts
         if not chosen or not rejected:
             continue
         if not prompt:
-            raise ValueError(f"pair {i} has an empty prompt (its tokens all belong to the completions), so nothing "
-                             "predicts their first tokens; give every pair a prompt of at least one token")  # fmt: skip
+            raise ValueError(
+                f"pair {i} has an empty prompt (its tokens all belong to the completions), so nothing "
+                "predicts their first tokens; give every pair a prompt of at least one token"
+            )
         if prompt != other:
-            raise ValueError(f"pair {i}: the chosen and rejected rows hold different prompts ({len(prompt)} and "
-                             f"{len(other)} tokens), as DPOConfig(truncation_mode='keep_end') cuts them; padless packs "
-                             "one prompt per pair: use truncation_mode='keep_start' or a DPOConfig(max_length) that "
-                             "holds the pair")  # fmt: skip
+            raise ValueError(
+                f"pair {i}: the chosen and rejected rows hold different prompts ({len(prompt)} and "
+                f"{len(other)} tokens), as DPOConfig(truncation_mode='keep_end') cuts them; padless packs "
+                "one prompt per pair: use truncation_mode='keep_start' or a DPOConfig(max_length) that "
+                "holds the pair"
+            )
         features.append({"prompt_ids": prompt, "chosen_ids": chosen, "rejected_ids": rejected})
         pairs.append(i)
         prompt_lengths.append(len(prompt))
@@ -381,8 +449,16 @@ class PackedDPOTrainer(_PackedLogprobs, trl.DPOTrainer):
     _padless_trainer_name = "DPO"
     _padless_words = DPO_WORDS
 
-    def __init__(self, model: Any, ref_model: Any = None, args: Any = None, *trl_args: Any,
-                 share_prompt: bool | None = None, max_length: int | None = None, **trl_kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        ref_model: Any = None,
+        args: Any = None,
+        *trl_args: Any,
+        share_prompt: bool | None = None,
+        max_length: int | None = None,
+        **trl_kwargs: Any,
+    ) -> None:
         from padless.batching.preference import PreferenceCollator
 
         self._padless_collator_type = PreferenceCollator
@@ -396,8 +472,10 @@ class PackedDPOTrainer(_PackedLogprobs, trl.DPOTrainer):
             if self._is_vision_dataset:
                 raise ValueError("DPOTrainer: image datasets are not packed yet; train them with trl.DPOTrainer")
             if self.aux_loss_enabled:
-                raise ValueError("DPOTrainer: the MoE load-balancing loss is not computed on packed rows yet; set "
-                                 "DPOConfig(router_aux_loss_coef=0.0) or train with trl.DPOTrainer")  # fmt: skip
+                raise ValueError(
+                    "DPOTrainer: the MoE load-balancing loss is not computed on packed rows yet; set "
+                    "DPOConfig(router_aux_loss_coef=0.0) or train with trl.DPOTrainer"
+                )
             self._padless_ensure()
 
     def _padless_ensure(self) -> None:
@@ -417,7 +495,9 @@ class PackedDPOTrainer(_PackedLogprobs, trl.DPOTrainer):
             fields += ("log_sum_sq_probs",)
         modules = [(policy, fields)]
         if self.ref_model is not None:
-            ref = self.ref_model.module if type(self.ref_model).__name__ == "DistributedDataParallel" else self.ref_model
+            ref = (
+                self.ref_model.module if type(self.ref_model).__name__ == "DistributedDataParallel" else self.ref_model
+            )
             modules.append((ref, ("log_probs",)))
         return modules
 
@@ -456,8 +536,15 @@ class PackedDPOTrainer(_PackedLogprobs, trl.DPOTrainer):
 
         return forward
 
-    def _fused_from_packed(self, module: Any, previous: Any, args: tuple[Any, ...], labels: Any,
-                           kwargs: dict[str, Any], fields: tuple[str, ...]) -> Any:  # fmt: skip
+    def _fused_from_packed(
+        self,
+        module: Any,
+        previous: Any,
+        args: tuple[Any, ...],
+        labels: Any,
+        kwargs: dict[str, Any],
+        fields: tuple[str, ...],
+    ) -> Any:
         import torch
         from trl.trainer.utils import FusedCausalLMOutput
 
@@ -469,8 +556,10 @@ class PackedDPOTrainer(_PackedLogprobs, trl.DPOTrainer):
         extra = sorted(k for k, v in kwargs.items() if k not in plain and v is not None)
         if args or extra:
             what = ", ".join(extra) or "positional inputs"
-            raise ValueError(f"DPOTrainer: {what} cannot be packed yet (images, MoE router logits, TRL's shift_labels "
-                             "for context parallelism); train this set-up with trl.DPOTrainer")  # fmt: skip
+            raise ValueError(
+                f"DPOTrainer: {what} cannot be packed yet (images, MoE router logits, TRL's shift_labels "
+                "for context parallelism); train this set-up with trl.DPOTrainer"
+            )
         input_ids, attention_mask = kwargs["input_ids"], kwargs["attention_mask"]
         with trainer_words(DPO_WORDS):
             features, pairs, prompt_lengths = _preference_pairs(input_ids, attention_mask, labels)
@@ -487,15 +576,19 @@ class PackedDPOTrainer(_PackedLogprobs, trl.DPOTrainer):
         col = torch.from_numpy(prompt_lengths - 1).to(f.device)[f // 2] + t  # shifted: position p - 1 predicts p
         out = {name: stats[name].new_zeros(2 * half, width).index_put((row, col), stats[name][f, t]) for name in fields}
         mask = torch.zeros(2 * half, width, dtype=torch.bool, device=f.device).index_put(
-            (row, col), torch.ones_like(f, dtype=torch.bool))  # fmt: skip
+            (row, col), torch.ones_like(f, dtype=torch.bool)
+        )
         count = mask.sum().clamp(min=1) if num_items is None else num_items
         return FusedCausalLMOutput(loss=-out["log_probs"].sum() / count, label_mask=mask, **out)
 
-    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
+    def compute_loss(
+        self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
         """TRL's DPO loss and metrics, on log-probs read from packed pairs."""
         with self._packed_forwards(), trainer_words(DPO_WORDS):
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)  # fmt: skip
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
 
     def compute_ref_log_probs(self, model: Any, inputs: Any) -> Any:
         """TRL's reference log-probs of one batch (``precompute_ref_log_probs``), from packed pairs."""

@@ -52,9 +52,12 @@ class BatchAudit:
 
     def merge(self, other: BatchAudit) -> BatchAudit:
         """The audit of both batches together."""
-        return BatchAudit(self.documents + other.documents, max(self.max_logit_diff, other.max_logit_diff),
-                          min(self.logit_tolerance, other.logit_tolerance),
-                          self.cross_document_targets + other.cross_document_targets)  # fmt: skip
+        return BatchAudit(
+            self.documents + other.documents,
+            max(self.max_logit_diff, other.max_logit_diff),
+            min(self.logit_tolerance, other.logit_tolerance),
+            self.cross_document_targets + other.cross_document_targets,
+        )
 
 
 def audit_batch(
@@ -77,8 +80,10 @@ def audit_batch(
     inputs = forward_inputs({k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()})
     inputs.update(forward_kwargs or {})
     ids = inputs["input_ids"]
-    docs = [Document(k, tuple(ids[row, offset : offset + length].tolist()), row, tuple(range(offset, offset + length)))
-            for k, (row, offset, length) in enumerate(spans)]  # fmt: skip
+    docs = [
+        Document(k, tuple(ids[row, offset : offset + length].tolist()), row, tuple(range(offset, offset + length)))
+        for k, (row, offset, length) in enumerate(spans)
+    ]
     was_training = model.training
     model.eval()
     try:

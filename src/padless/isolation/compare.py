@@ -73,7 +73,9 @@ def tolerance_for(dtype: Any, tolerance: Tolerance | None = None) -> Tolerance:
         return tolerance
     name = dtype_name(dtype)
     if name not in TOLERANCES:
-        raise ValueError(f"no tolerance for dtype {name} (known: {', '.join(TOLERANCES)}); pass tolerance=Tolerance(...)")
+        raise ValueError(
+            f"no tolerance for dtype {name} (known: {', '.join(TOLERANCES)}); pass tolerance=Tolerance(...)"
+        )
     return TOLERANCES[name]
 
 
@@ -164,8 +166,10 @@ class Evidence:
 
     def describe(self) -> str:
         """One line: document, positions, packed vs padded differences side by side."""
-        cells = [f"{p}: {a:.3g}" + ("" if self.padded is None else f" vs {b:.3g}")
-                 for p, a, b in zip(self.positions, self.packed, self.padded or self.packed)][:8]  # fmt: skip
+        cells = [
+            f"{p}: {a:.3g}" + ("" if self.padded is None else f" vs {b:.3g}")
+            for p, a, b in zip(self.positions, self.packed, self.padded or self.packed)
+        ][:8]
         more = f" (+{len(self.positions) - 8} more)" if len(self.positions) > 8 else ""
         side = "packed vs padded" if self.padded is not None else "checked"
         return f"document {self.document} (row {self.row}), tokens {side}: {', '.join(cells)}{more}"
@@ -267,8 +271,12 @@ def compare_documents(
         if noise:
             if padded is None:
                 padded = padded_logits(model, docs, logits.shape[1] if logits.dim() == 3 else None)
-            noisy = tuple(document_diff(Document(d.index, d.input_ids, k, tuple(range(len(d.input_ids)))), a.detach(),
-                                        padded.detach()) for k, (d, a) in enumerate(zip(docs, alone)))  # fmt: skip
+            noisy = tuple(
+                document_diff(
+                    Document(d.index, d.input_ids, k, tuple(range(len(d.input_ids)))), a.detach(), padded.detach()
+                )
+                for k, (d, a) in enumerate(zip(docs, alone))
+            )
     scale = max(d.scale for d in checked)
     worst_noise = None if noisy is None else max(d.max_diff for d in noisy)
     verdict = judge(max(d.max_diff for d in checked), worst_noise, tol.logit_floor(scale), factor)

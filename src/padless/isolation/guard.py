@@ -117,11 +117,13 @@ class IsolationGuard:
         check = self.check(model, batch, logits)
         self.last = check
         if not check.passed:
-            message = (f"step {check.step}: packed documents {check.pieces} differ from the same documents run "
-                       f"alone by {check.max_logit_diff:.3g} (limit {check.tolerance:.3g}; padding's own noise "
-                       f"{check.noise or 0:.3g}, {check.dtype}): documents of a packed row are not isolated; run "
-                       "padless.verify_isolation(model) on this backend"
-                       + "".join(f"\n  {e.describe()}" for e in check.evidence))  # fmt: skip
+            message = (
+                f"step {check.step}: packed documents {check.pieces} differ from the same documents run "
+                f"alone by {check.max_logit_diff:.3g} (limit {check.tolerance:.3g}; padding's own noise "
+                f"{check.noise or 0:.3g}, {check.dtype}): documents of a packed row are not isolated; run "
+                "padless.verify_isolation(model) on this backend"
+                + "".join(f"\n  {e.describe()}" for e in check.evidence)
+            )
             if self.on_failure == "raise":
                 raise IsolationError(message)
             warnings.warn(message, IsolationWarning, stacklevel=2)
@@ -130,8 +132,10 @@ class IsolationGuard:
     def _pick(self, batch: Mapping[str, Any]) -> list[int]:
         placements = getattr(batch, "placements", None)
         if placements is None:
-            raise ValueError("IsolationGuard needs the PackedBatch the collator returned (its placements); "
-                             "padless.batching.batch.batch_to keeps them when moving it to a device")  # fmt: skip
+            raise ValueError(
+                "IsolationGuard needs the PackedBatch the collator returned (its placements); "
+                "padless.batching.batch.batch_to keeps them when moving it to a device"
+            )
         prev = placements.prev_offsets()
         starts = np.flatnonzero(prev < 0)  # pieces that start a document
         rng = np.random.default_rng([self.seed, self.calls])
@@ -150,16 +154,22 @@ class IsolationGuard:
         chosen = self._pick(batch)
         was_training = model.training
         if logits is not None and was_training and _dropout_active(model):
-            raise ValueError("dropout is active, so the step's logits differ from any re-run; call the guard "
-                             "without logits (it re-runs the batch in eval mode) or turn dropout off")  # fmt: skip
+            raise ValueError(
+                "dropout is active, so the step's logits differ from any re-run; call the guard "
+                "without logits (it re-runs the batch in eval mode) or turn dropout off"
+            )
         placements, ids = batch.placements, batch["input_ids"]
         if logits is not None and logits.shape[:2] != ids.shape:
-            raise ValueError(f"logits {tuple(logits.shape)} do not cover input_ids {tuple(ids.shape)} (logits kept "
-                             "only at trained positions?); call the guard without logits to re-run the batch")  # fmt: skip
+            raise ValueError(
+                f"logits {tuple(logits.shape)} do not cover input_ids {tuple(ids.shape)} (logits kept "
+                "only at trained positions?); call the guard without logits to re-run the batch"
+            )
         docs = []
         for j in chosen:
             r, o, n = int(placements.row[j]), int(placements.offset[j]), int(placements.length[j])
-            docs.append(Document(int(placements.feature[j]), tuple(ids[r, o : o + n].tolist()), r, tuple(range(o, o + n))))
+            docs.append(
+                Document(int(placements.feature[j]), tuple(ids[r, o : o + n].tolist()), r, tuple(range(o, o + n)))
+            )
         model.eval()
         try:
             with torch.no_grad():
@@ -167,14 +177,26 @@ class IsolationGuard:
                     logits = model(**forward_inputs(batch)).logits
                 dtype = compute_dtype(model, logits)
                 with computing_in(model, dtype):  # the documents alone in the dtype the logits were computed in
-                    result = compare_documents(model, logits, docs, tolerance=self.tolerance,
-                                               factor=NOISE_FACTOR if self.factor is None else self.factor)  # fmt: skip
+                    result = compare_documents(
+                        model,
+                        logits,
+                        docs,
+                        tolerance=self.tolerance,
+                        factor=NOISE_FACTOR if self.factor is None else self.factor,
+                    )
         finally:
             model.train(was_training)
         verdict = result.judgment
         pieces = [(d.index, d.row, d.columns[0], len(d.columns)) for d in docs]
-        return GuardCheck(self.calls, pieces, verdict.measured, verdict.limit, verdict.noise, dtype_name(dtype),
-                          tuple(result.evidence))  # fmt: skip
+        return GuardCheck(
+            self.calls,
+            pieces,
+            verdict.measured,
+            verdict.limit,
+            verdict.noise,
+            dtype_name(dtype),
+            tuple(result.evidence),
+        )
 
 
 def _dropout_active(model: Any) -> bool:

@@ -93,7 +93,9 @@ Progress = Callable[[str], None]
 """Receives one line per stage as :func:`verify_isolation` goes (``print``, a logger, ...)."""
 
 
-def default_lengths(model: Any, max_length: int | None = None, check: Check = "sampled", seed: int = 0) -> tuple[int, ...]:
+def default_lengths(
+    model: Any, max_length: int | None = None, check: Check = "sampled", seed: int = 0
+) -> tuple[int, ...]:
     """The lengths of the default documents: for rows of ``max_length`` tokens,
     :func:`sample_lengths` (``ROWS[check]`` rows); for one row of everything (``None``),
     :data:`DEFAULT_LENGTHS`. Either way one document is longer than the model's shortest sliding
@@ -143,7 +145,11 @@ def sample_lengths(max_length: int, rows: int = 1, *, seed: int = 0, window: int
         lead = [1] if rows == 1 and window + 1 < max_length else []  # keep the 1-token document when it fits
         n = min(window + 4, max_length - len(lead))
         fill = max(fills[-1], len(lead) + n)
-        out[-1] = [*lead, n, *(cut(fill - len(lead) - n, DOCUMENTS_PER_ROW - 1 - len(lead)) if fill > len(lead) + n else [])]
+        out[-1] = [
+            *lead,
+            n,
+            *(cut(fill - len(lead) - n, DOCUMENTS_PER_ROW - 1 - len(lead)) if fill > len(lead) + n else []),
+        ]
     return tuple(n for row in out for n in row)
 
 
@@ -191,8 +197,10 @@ class ModelFacts:
         windows = f", sliding windows {self.windows}" if self.windows else ""
         context = f"{self.context:,} positions" if self.context else "no position limit"
         name = self.name if self.name == self.model_class else f"{self.name}: {self.model_class}"
-        return (f"model {name}, {_count(self.parameters)} parameters "
-                f"({_count(self.trainable)} trainable), {context}{windows}, attention {self.attention!r}")  # fmt: skip
+        return (
+            f"model {name}, {_count(self.parameters)} parameters "
+            f"({_count(self.trainable)} trainable), {context}{windows}, attention {self.attention!r}"
+        )
 
 
 def model_facts(model: Any) -> ModelFacts:
@@ -203,9 +211,15 @@ def model_facts(model: Any) -> ModelFacts:
     read = read_facts(model)  # the rule's facts, read once per model
     cls = read.model_class or type(model)
     windows = sorted({w for w in read.rules.windows.values() if w is not None})
-    return ModelFacts(getattr(model.config, "_name_or_path", "") or type(model).__name__, cls.__name__,
-                      sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad),
-                      str(model.config._attn_implementation), context_length(model), windows)  # fmt: skip
+    return ModelFacts(
+        getattr(model.config, "_name_or_path", "") or type(model).__name__,
+        cls.__name__,
+        sum(p.numel() for p in params),
+        sum(p.numel() for p in params if p.requires_grad),
+        str(model.config._attn_implementation),
+        context_length(model),
+        windows,
+    )
 
 
 @dataclass(frozen=True)
@@ -237,19 +251,29 @@ class Coverage:
         """Two lines: the documents and rows; what was sampled (or that nothing was)."""
         rows = f"{self.rows} row{'s' if self.rows != 1 else ''} of {self.row_length}" if self.row_length else "one row"
         capped = ""
-        if self.requested_length is not None and self.row_length is not None and self.row_length < self.requested_length:
+        if (
+            self.requested_length is not None
+            and self.row_length is not None
+            and self.row_length < self.requested_length
+        ):
             capped = f" (max_length {self.requested_length} capped at the model's positions)"
         shown = ", ".join(map(str, self.lengths[:12])) + (", ..." if len(self.lengths) > 12 else "")
-        first = f"{self.check} check: {len(self.lengths)} documents (lengths {shown}; seed {self.seed}) in {rows}{capped}"
+        first = (
+            f"{self.check} check: {len(self.lengths)} documents (lengths {shown}; seed {self.seed}) in {rows}{capped}"
+        )
         if self.check == "thorough":
-            second = (f"every document alone on each backend and right-padded; gradients of {self.grad_scope} "
-                      f"({_count(self.grad_parameters)})")  # fmt: skip
+            second = (
+                f"every document alone on each backend and right-padded; gradients of {self.grad_scope} "
+                f"({_count(self.grad_parameters)})"
+            )
         else:
             longest = ", ".join(f"document {i} ({self.lengths[i]} tokens)" for i in self.padded)
-            second = (f"sampled: logits of every document; padding's noise from {longest} padded to the row; each "
-                      f"document alone once, on {self.alone_on or 'the first backend that runs'}, for every backend; "
-                      f"gradients of {_count(self.grad_parameters)} parameters ({self.grad_scope}), shared-prompt rows too; "
-                      "thorough: two rows, every document padded, every parameter")  # fmt: skip
+            second = (
+                f"sampled: logits of every document; padding's noise from {longest} padded to the row; each "
+                f"document alone once, on {self.alone_on or 'the first backend that runs'}, for every backend; "
+                f"gradients of {_count(self.grad_parameters)} parameters ({self.grad_scope}), shared-prompt rows too; "
+                "thorough: two rows, every document padded, every parameter"
+            )
         return [first, second]
 
 
@@ -330,10 +354,12 @@ def legend(factor: float, tolerance: Tolerance | None) -> str:
     if tolerance is not None:
         t = tolerance
         floor = f": logits {t.logits_atol:g} + {t.logits_rtol:g} x max|logit alone|, gradients {t.grad_rtol:g}"
-    return ("columns: alone = each document run by itself (the reference); packed = the documents packed into rows; "
-            "padded = the same documents right-padded, one per row, as wide as the packed rows (padding's own float "
-            "noise, same run); logit = largest |logit - alone|, grad = ||grad - grad alone|| / ||grad alone||; "
-            f"limit = max({factor:g} x padded, dtype floor{floor})")
+    return (
+        "columns: alone = each document run by itself (the reference); packed = the documents packed into rows; "
+        "padded = the same documents right-padded, one per row, as wide as the packed rows (padding's own float "
+        "noise, same run); logit = largest |logit - alone|, grad = ||grad - grad alone|| / ||grad alone||; "
+        f"limit = max({factor:g} x padded, dtype floor{floor})"
+    )
 
 
 def _count(n: int) -> str:
@@ -365,8 +391,11 @@ def sampled_parameters(model: Any) -> tuple[list[Any], str]:
         return trainable, "every trainable parameter"
     name, blocks = max(lists, key=lambda nm: len(nm[1]))
     last = f"{name}.{len(blocks) - 1}"
-    embeddings = {id(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings())
-                  if m is not None and getattr(m, "weight", None) is not None}  # fmt: skip
+    embeddings = {
+        id(m.weight)
+        for m in (model.get_input_embeddings(), model.get_output_embeddings())
+        if m is not None and getattr(m, "weight", None) is not None
+    }
     chosen, modules, after = [], [last], False
     ids = {id(p) for p in trainable}
     for pname, p in model.named_parameters():
@@ -528,12 +557,22 @@ def _result(name: str, logits: LogitCheck, grads: Judgment) -> BackendResult:
     """The report row of one layout from its two judgments, with the evidence of a failure."""
     evidence = [e.describe() for e in logits.evidence]
     if not grads.passed:
-        evidence.append(f"gradients: packed {grads.measured:.3g} vs padded {grads.noise:.3g} "
-                        f"(relative to each document alone; limit {grads.limit:.3g})")  # fmt: skip
+        evidence.append(
+            f"gradients: packed {grads.measured:.3g} vs padded {grads.noise:.3g} "
+            f"(relative to each document alone; limit {grads.limit:.3g})"
+        )
     lj = logits.judgment
-    return BackendResult(name, "pass" if lj.passed and grads.passed else "fail", lj.measured, lj.limit,
-                         grads.measured, grads.limit, logit_noise=lj.noise, grad_noise=grads.noise,
-                         evidence=evidence)  # fmt: skip
+    return BackendResult(
+        name,
+        "pass" if lj.passed and grads.passed else "fail",
+        lj.measured,
+        lj.limit,
+        grads.measured,
+        grads.limit,
+        logit_noise=lj.noise,
+        grad_noise=grads.noise,
+        evidence=evidence,
+    )
 
 
 def _check_backend(model: Any, backend: str, features: list[dict[str, list[int]]], run: _Run) -> BackendResult:
@@ -546,8 +585,13 @@ def _check_backend(model: Any, backend: str, features: list[dict[str, list[int]]
     if skipped is not None:
         return skipped
     device = next(model.parameters()).device
-    collator = PackingCollator.for_model(model, dtype=run.dtype, max_length=run.max_length, strategy=run.strategy,
-                                         pad_to_max_length=run.max_length is not None)  # fmt: skip
+    collator = PackingCollator.for_model(
+        model,
+        dtype=run.dtype,
+        max_length=run.max_length,
+        strategy=run.strategy,
+        pad_to_max_length=run.max_length is not None,
+    )
     batch = batch_to(collator(features), device)
     docs = []
     for i, feature in enumerate(features):
@@ -565,8 +609,12 @@ def _check_backend(model: Any, backend: str, features: list[dict[str, list[int]]
         g_packed = _flat_grads(run.params)
         model.zero_grad(set_to_none=True)
     logits = _logit_check(docs, alone.logits, packed, padded, run)
-    grads = judge(relative_difference(g_packed, alone.grads), relative_difference(g_padded, alone.padded_grads),
-                  run.tol.grad_rtol, run.factor)  # fmt: skip
+    grads = judge(
+        relative_difference(g_packed, alone.grads),
+        relative_difference(g_padded, alone.padded_grads),
+        run.tol.grad_rtol,
+        run.factor,
+    )
     return _result(backend, logits, grads)
 
 
@@ -580,7 +628,9 @@ def _logit_check(docs: Sequence[Document], alone: Sequence[Any], packed: Any, pa
         noisy: list[DocumentDiff | None] = [None] * len(docs)
         for k, i in enumerate(run.padded):
             d = docs[i]
-            noisy[i] = document_diff(Document(d.index, d.input_ids, k, tuple(range(len(d.input_ids)))), alone[i], padded)
+            noisy[i] = document_diff(
+                Document(d.index, d.input_ids, k, tuple(range(len(d.input_ids)))), alone[i], padded
+            )
     scale = max(d.scale for d in checked)
     noise = max(n.max_diff for n in noisy if n is not None)
     verdict = judge(max(d.max_diff for d in checked), noise, run.tol.logit_floor(scale), run.factor)
@@ -645,9 +695,12 @@ def _check_shared_prompt(model: Any, backend: str, groups: list[dict[str, Any]],
                 sum(_logprob_sum(a[None], [(0, cols, t)]) for a, (_, cols, t) in zip(alone, alone_picks)))  # fmt: skip
         g_packed, g_padded, g_alone = (grads(total) for total in sums)
     with run.compute():
-        logits = compare_documents(model, packed, docs, tolerance=run.tol, factor=run.factor, alone=alone, padded=padded)
-    verdict = judge(relative_difference(g_packed, g_alone), relative_difference(g_padded, g_alone), run.tol.grad_rtol,
-                    run.factor)  # fmt: skip
+        logits = compare_documents(
+            model, packed, docs, tolerance=run.tol, factor=run.factor, alone=alone, padded=padded
+        )
+    verdict = judge(
+        relative_difference(g_packed, g_alone), relative_difference(g_padded, g_alone), run.tol.grad_rtol, run.factor
+    )
     return _result(name, logits, verdict)
 
 
@@ -706,8 +759,10 @@ def verify_isolation(
         max_length = max(max_length, max(lengths))
     row = max_length if max_length is not None else sum(lengths)
     if facts.context is not None and row > facts.context:
-        raise ValueError(f"packed rows of {row} tokens exceed the model's {facts.context} positions; "
-                         "use shorter sequences or a smaller max_length")  # fmt: skip
+        raise ValueError(
+            f"packed rows of {row} tokens exceed the model's {facts.context} positions; "
+            "use shorter sequences or a smaller max_length"
+        )
     device = next(model.parameters()).device
     if autocast is not None:
         dtype = f"autocast-{dtype_name(autocast)}"
@@ -724,12 +779,32 @@ def verify_isolation(
     # next-fit keeps the default documents' order, so each row holds what sample_lengths drew for it;
     # given sequences are planned as training plans them
     strategy = "next_fit" if sequences is None else "best_fit_decreasing"
-    coverage = Coverage(check, lengths, _rows(lengths, max_length, strategy), max_length, requested, list(padded), None,
-                        sum(p.numel() for p in params), scope, seed)  # fmt: skip
+    coverage = Coverage(
+        check,
+        lengths,
+        _rows(lengths, max_length, strategy),
+        max_length,
+        requested,
+        list(padded),
+        None,
+        sum(p.numel() for p in params),
+        scope,
+        seed,
+    )
 
     def report(results: list[BackendResult], alone_on: str | None = None) -> VerifyReport:
-        return VerifyReport(facts.name, dtype, str(device), lengths, max_length, results, factor, facts,
-                            replace(coverage, alone_on=alone_on), tol)  # fmt: skip
+        return VerifyReport(
+            facts.name,
+            dtype,
+            str(device),
+            lengths,
+            max_length,
+            results,
+            factor,
+            facts,
+            replace(coverage, alone_on=alone_on),
+            tol,
+        )
 
     say(f"{facts.describe()}; {dtype} on {device}")
     refusal = _model_refusal(model)
@@ -737,8 +812,18 @@ def verify_isolation(
         say(f"rule: refuses every backend: {refusal}")
         return report([BackendResult(b, "refused", detail=refusal) for b in backends])
     target = compute_dtype(model) if autocast is None else autocast
-    run = _Run(tol, factor, compute, target, check, params, padded, max_length, strategy,
-               _verdicts(model, backends, max_length, target))  # fmt: skip
+    run = _Run(
+        tol,
+        factor,
+        compute,
+        target,
+        check,
+        params,
+        padded,
+        max_length,
+        strategy,
+        _verdicts(model, backends, max_length, target),
+    )
     for line in (*_rule_lines(model, backends, run.verdicts, max_length), *coverage.describe(), legend(factor, tol)):
         say(line)
     groups = _shared_prompt_groups(model.config.vocab_size, seed)
@@ -750,15 +835,21 @@ def verify_isolation(
     try:
         for k, name in enumerate(names, 1):
             backend, _, layout = name.partition("+")
-            what = (f"{len(features)} documents in {_rows_text(coverage.rows, max_length)}" if not layout else
-                    f"{len(groups)} prompts, {sum(len(g['completion_ids']) for g in groups)} completions in one row")  # fmt: skip
+            what = (
+                f"{len(features)} documents in {_rows_text(coverage.rows, max_length)}"
+                if not layout
+                else f"{len(groups)} prompts, {sum(len(g['completion_ids']) for g in groups)} completions in one row"
+            )
             if run.verdicts[name] is not None:
                 say(f"[{k}/{len(names)}] {name}: refused by the rule (reason in the table)")
             else:
                 say(f"[{k}/{len(names)}] {name}: packed vs alone vs padded, {what} ...")
             start = time.perf_counter()
-            result = (_check_shared_prompt(model, backend, groups, run) if layout else
-                      _check_backend(model, backend, features, run))  # fmt: skip
+            result = (
+                _check_shared_prompt(model, backend, groups, run)
+                if layout
+                else _check_backend(model, backend, features, run)
+            )
             if result.status in ("pass", "fail"):
                 result = replace(result, seconds=round(time.perf_counter() - start, 2))
                 say(f"[{k}/{len(names)}] {name}: {result.status} in {result.seconds:.1f} s")
@@ -782,7 +873,9 @@ def _rows_text(rows: int, max_length: int | None) -> str:
     return f"{rows} row{'s' if rows != 1 else ''} of {max_length}" if max_length is not None else "one row"
 
 
-def _rule_lines(model: Any, backends: Sequence[str], verdicts: dict[str, str | None], max_length: int | None) -> list[str]:
+def _rule_lines(
+    model: Any, backends: Sequence[str], verdicts: dict[str, str | None], max_length: int | None
+) -> list[str]:
     """One line per layout: the backends the rule accepts (with what their rows carry) and refuses."""
     from padless.attention.select import BACKENDS, model_inputs
 
@@ -791,8 +884,10 @@ def _rule_lines(model: Any, backends: Sequence[str], verdicts: dict[str, str | N
         exact = [f"{b} ({model_inputs(model, b)})" for b in backends if b in BACKENDS and verdicts[b + suffix] is None]
         refused = [b for b in backends if verdicts[b + suffix] is not None]
         where = f"rows of {rows}" if rows is not None else "one row"
-        lines.append(f"rule (padless.check_exact), {layout} layout, {where}: exact on {', '.join(exact) or 'no backend'}"
-                     + (f"; refuses {', '.join(refused)}" if refused else ""))  # fmt: skip
+        lines.append(
+            f"rule (padless.check_exact), {layout} layout, {where}: exact on {', '.join(exact) or 'no backend'}"
+            + (f"; refuses {', '.join(refused)}" if refused else "")
+        )
     return lines
 
 
@@ -804,6 +899,8 @@ def _model_refusal(model: Any) -> str | None:
     if facts.attention_free:  # Mamba, RWKV, xLSTM with patched mixers: position_ids through **kwargs
         return None
     if facts.rules.takes_position_ids is False:
-        return (f"{facts.base_class}.forward takes no position_ids, so packed documents would be given "
-                "positions that run on across document boundaries; padless refuses to pack for it")
+        return (
+            f"{facts.base_class}.forward takes no position_ids, so packed documents would be given "
+            "positions that run on across document boundaries; padless refuses to pack for it"
+        )
     return None

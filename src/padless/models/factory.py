@@ -78,8 +78,10 @@ def builtin_models() -> list[str]:
 
 def _check_renamed(name: str) -> None:
     if name in RENAMED:
-        raise ValueError(f"model {name!r} is now called {RENAMED[name]!r} (2 layers, 64 wide, GPT-2's 50,257-token "
-                         "vocabulary); 'tiny-gpt2' is the 512-token test model")  # fmt: skip
+        raise ValueError(
+            f"model {name!r} is now called {RENAMED[name]!r} (2 layers, 64 wide, GPT-2's 50,257-token "
+            "vocabulary); 'tiny-gpt2' is the 512-token test model"
+        )
 
 
 def tiny_config(family: str, vocab_size: int = 512) -> PretrainedConfig:
@@ -147,10 +149,15 @@ def _write_smollm2(target: Path) -> None:
     import time
 
     start = time.perf_counter()
-    logger.warning("padless: first load of smollm2-135m: converting SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised "
-                   "to fp32) into the cache at %s (~30 s, ~520 MB, once)", target)  # fmt: skip
+    logger.warning(
+        "padless: first load of smollm2-135m: converting SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised "
+        "to fp32) into the cache at %s (~30 s, ~520 MB, once)",
+        target,
+    )
     _convert_smollm2(target)
-    logger.warning("padless: smollm2-135m converted in %.1f s; later loads read %s", time.perf_counter() - start, target)
+    logger.warning(
+        "padless: smollm2-135m converted in %.1f s; later loads read %s", time.perf_counter() - start, target
+    )
 
 
 def _convert_smollm2(target: Path) -> None:
@@ -191,7 +198,6 @@ def check_checkpoint(reference: Any, folder: Path, input_ids: list[int]) -> None
     """Raise unless the checkpoint in ``folder``, loaded in fp32, gives exactly ``reference``'s logits on
     ``input_ids``: the oracle of a converted model, run where the conversion writes it."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     saved = _load_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
     ids = torch.tensor([input_ids])
@@ -199,8 +205,10 @@ def check_checkpoint(reference: Any, folder: Path, input_ids: list[int]) -> None
         want = reference(input_ids=ids, use_cache=False).logits
         got = saved(input_ids=ids, use_cache=False).logits
     if not torch.equal(got, want):
-        raise RuntimeError(f"the checkpoint written to {folder} gives other logits than the model it was converted "
-                           f"from (max abs diff {(got - want).abs().max().item():.3g}); nothing was cached")  # fmt: skip
+        raise RuntimeError(
+            f"the checkpoint written to {folder} gives other logits than the model it was converted "
+            f"from (max abs diff {(got - want).abs().max().item():.3g}); nothing was cached"
+        )
 
 
 def _load_pretrained(name: str, **kwargs: Any) -> PreTrainedModel:
@@ -223,8 +231,10 @@ def tokenizer_name_for(model_name: str) -> str:
     if model_name in PRETRAINED:
         return PRETRAINED[model_name]
     if model_name.startswith("tiny-"):
-        raise ValueError(f"{model_name!r} has a {512}-token test vocabulary and no tokenizer; build it with "
-                         f"vocab_size={GPT2_VOCAB_SIZE} to use the 'gpt2' tokenizer")
+        raise ValueError(
+            f"{model_name!r} has a {512}-token test vocabulary and no tokenizer; build it with "
+            f"vocab_size={GPT2_VOCAB_SIZE} to use the 'gpt2' tokenizer"
+        )
     return model_name
 
 
@@ -303,7 +313,8 @@ def build_model(
         config.use_cache = False
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
     else:
-        model = from_pretrained(_load_pretrained, name, "model", builtin_models(),
-                                attn_implementation=attn_implementation, dtype=dtype)
+        model = from_pretrained(
+            _load_pretrained, name, "model", builtin_models(), attn_implementation=attn_implementation, dtype=dtype
+        )
     model.config.use_cache = False
     return model

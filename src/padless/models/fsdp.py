@@ -101,24 +101,33 @@ def shard_model(
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if mesh is None and not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("shard_model needs torch.distributed: launch with torchrun and call "
-                         "padless.models.fsdp.init_distributed() (or torch.distributed.init_process_group) first")  # fmt: skip
+        raise ValueError(
+            "shard_model needs torch.distributed: launch with torchrun and call "
+            "padless.models.fsdp.init_distributed() (or torch.distributed.init_process_group) first"
+        )
     if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules()):
         raise ValueError(f"{type(model).__name__} is sharded already (fully_shard was applied to it or to a submodule)")
     try:
         layers = decoder_layers(model)
     except ValueError:
-        raise ValueError(f"shard_model found no decoder layers in {type(model).__name__} (no nn.ModuleList of "
-                         "config.num_hidden_layers blocks of one class); apply torch.distributed.fsdp.fully_shard "
-                         "to its blocks and then to the model yourself") from None  # fmt: skip
+        raise ValueError(
+            f"shard_model found no decoder layers in {type(model).__name__} (no nn.ModuleList of "
+            "config.num_hidden_layers blocks of one class); apply torch.distributed.fsdp.fully_shard "
+            "to its blocks and then to the model yourself"
+        ) from None
     if mesh is None:
         mesh = _mesh_on(model)
-    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
-                               "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
+    options: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": reshard_after_forward,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+    }
     if cpu_offload:
         if mesh.device_type == "cpu":
-            raise ValueError("cpu_offload=True keeps a GPU model's shards on the CPU; this model is on the CPU "
-                             "already: leave cpu_offload off")  # fmt: skip
+            raise ValueError(
+                "cpu_offload=True keeps a GPU model's shards on the CPU; this model is on the CPU "
+                "already: leave cpu_offload off"
+            )
         options["offload_policy"] = CPUOffloadPolicy()
     for layer in layers:
         fully_shard(layer, **options)
@@ -139,9 +148,11 @@ def _mesh_on(model: Any) -> Any:
         raise ValueError(f"shard_model needs every parameter on one device, found {sorted(map(str, devices))}")
     device = devices.pop()
     if device.type == "cuda" and device.index != torch.cuda.current_device():
-        raise ValueError(f"the model is on {device} but this rank's current CUDA device is "
-                         f"cuda:{torch.cuda.current_device()}: call padless.models.fsdp.init_distributed() (it sets "
-                         "cuda:LOCAL_RANK) and move the model to the device it returns")  # fmt: skip
+        raise ValueError(
+            f"the model is on {device} but this rank's current CUDA device is "
+            f"cuda:{torch.cuda.current_device()}: call padless.models.fsdp.init_distributed() (it sets "
+            "cuda:LOCAL_RANK) and move the model to the device it returns"
+        )
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
 

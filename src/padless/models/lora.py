@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def with_lora(model: Any, rank: int, *, alpha: int | None = None, dropout: float = 0.0,
-              target_modules: Any = None) -> Any:  # fmt: skip
+def with_lora(
+    model: Any, rank: int, *, alpha: int | None = None, dropout: float = 0.0, target_modules: Any = None
+) -> Any:
     """``model`` wrapped in a LoRA adapter of ``rank`` (``alpha`` defaults to ``2 * rank``) on peft's
     default modules for its architecture (``target_modules`` to choose); only the adapter trains.
     GPT-2's ``Conv1D`` layers get ``fan_in_fan_out=True``, as peft requires."""
@@ -23,6 +24,12 @@ def with_lora(model: Any, rank: int, *, alpha: int | None = None, dropout: float
     from transformers.pytorch_utils import Conv1D
 
     conv1d = any(isinstance(m, Conv1D) for m in model.modules())
-    config = peft.LoraConfig(task_type="CAUSAL_LM", r=rank, lora_alpha=alpha if alpha is not None else 2 * rank,
-                             lora_dropout=dropout, target_modules=target_modules, fan_in_fan_out=conv1d)  # fmt: skip
+    config = peft.LoraConfig(
+        task_type="CAUSAL_LM",
+        r=rank,
+        lora_alpha=alpha if alpha is not None else 2 * rank,
+        lora_dropout=dropout,
+        target_modules=target_modules,
+        fan_in_fan_out=conv1d,
+    )
     return peft.get_peft_model(model, config)

@@ -49,7 +49,9 @@ def dpo_loss(
         (policy_chosen, policy_rejected), (ref_chosen, ref_rejected) = (
             _split(policy_chosen, "policy"), _split(policy_rejected, "reference"))  # fmt: skip
     elif ref_chosen is None or ref_rejected is None:
-        raise ValueError("give ref_chosen and ref_rejected together, or call dpo_loss(policy, reference) with [N, 2] tensors")
+        raise ValueError(
+            "give ref_chosen and ref_rejected together, or call dpo_loss(policy, reference) with [N, 2] tensors"
+        )
     shapes = {tuple(t.shape) for t in (policy_chosen, policy_rejected, ref_chosen, ref_rejected)}
     if len(shapes) != 1 or len(next(iter(shapes))) != 1:
         raise ValueError(f"policy and reference log-probs must be four [N] tensors of one shape, got {sorted(shapes)}")

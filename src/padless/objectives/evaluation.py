@@ -44,8 +44,8 @@ def packed_eval_loss(
     """
     import torch
 
-    from padless.batching.collate import PackingCollator
     from padless.batching.batch import batch_to
+    from padless.batching.collate import PackingCollator
     from padless.objectives.logprobs import sequence_logprobs
 
     if len(features) == 0:
@@ -54,8 +54,10 @@ def packed_eval_loss(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     longest = max(len(f["input_ids"]) for f in features)
     if max_length is not None and max_length < longest:
-        raise ValueError(f"max_length={max_length} is shorter than the longest example ({longest} tokens); "
-                         "evaluation never cuts an example")  # fmt: skip
+        raise ValueError(
+            f"max_length={max_length} is shorter than the longest example ({longest} tokens); "
+            "evaluation never cuts an example"
+        )
     collate = PackingCollator.for_model(model, max_length=max_length or longest, pad_token_id=pad_token_id)
     device = next(model.parameters()).device
     sums, counts = [], []

@@ -97,20 +97,28 @@ class GRPOLossConfig:
 
     def __post_init__(self) -> None:
         if self.loss_type not in _LOSSES:
-            raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {', '.join(_LOSSES)} "
-                             "(TRL 1.16's GRPOConfig.loss_type)")  # fmt: skip
+            raise ValueError(
+                f"unknown loss_type {self.loss_type!r}; choose one of {', '.join(_LOSSES)} "
+                "(TRL 1.16's GRPOConfig.loss_type)"
+            )
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            raise ValueError(f"unknown importance_sampling_level {self.importance_sampling_level!r}; choose token or sequence")
+            raise ValueError(
+                f"unknown importance_sampling_level {self.importance_sampling_level!r}; choose token or sequence"
+            )
         for name in ("num_processes", "gradient_accumulation_steps", "steps_per_generation", "max_completion_length"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.loss_type == "dr_grpo" and self.max_completion_length is None:
-            raise ValueError("loss_type='dr_grpo' divides by B * max_completion_length; pass max_completion_length= "
-                             "(GRPOConfig.max_completion_length, 512 by default) or config=")  # fmt: skip
+            raise ValueError(
+                "loss_type='dr_grpo' divides by B * max_completion_length; pass max_completion_length= "
+                "(GRPOConfig.max_completion_length, 512 by default) or config="
+            )
         if self.loss_type == "sapo" and not (self.sapo_temperature_pos > 0 and self.sapo_temperature_neg > 0):
-            raise ValueError(f"sapo temperatures must be > 0, got sapo_temperature_pos={self.sapo_temperature_pos}, "
-                             f"sapo_temperature_neg={self.sapo_temperature_neg}")  # fmt: skip
+            raise ValueError(
+                f"sapo temperatures must be > 0, got sapo_temperature_pos={self.sapo_temperature_pos}, "
+                f"sapo_temperature_neg={self.sapo_temperature_neg}"
+            )
 
     @property
     def epsilon_upper(self) -> float:
@@ -130,8 +138,10 @@ class GRPOLossConfig:
             value = getattr(args, name, off)
             vllm_off = name == "vllm_importance_sampling_correction" and not getattr(args, "use_vllm", False)
             if value != off and not vllm_off:  # the correction only applies to vLLM generation
-                raise ValueError(f"config.{name}={value!r}: grpo_loss does not compute TRL's {what}, so its loss "
-                                 f"would differ from GRPOTrainer's; set {name}={off!r} or train with GRPOTrainer")  # fmt: skip
+                raise ValueError(
+                    f"config.{name}={value!r}: grpo_loss does not compute TRL's {what}, so its loss "
+                    f"would differ from GRPOTrainer's; set {name}={off!r} or train with GRPOTrainer"
+                )
         read = {}
         for f in dataclasses.fields(cls):
             for attr in (f.name, _TRL_NAMES.get(f.name)):
@@ -159,10 +169,14 @@ def _trl_warnings(loss_type: str, level: str) -> list[str]:
     if loss_type == "luspo" and level != "sequence":
         out.append("loss_type='luspo' is meant for importance_sampling_level='sequence' (the LUSPO paper's setup)")
     if loss_type == "vespo" and level != "token":
-        out.append("loss_type='vespo' computes sequence-level weights itself; importance_sampling_level should be 'token'")
+        out.append(
+            "loss_type='vespo' computes sequence-level weights itself; importance_sampling_level should be 'token'"
+        )
     if level == "sequence" and loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
-        out.append(f"importance_sampling_level='sequence' with loss_type={loss_type!r} sums per-token terms, weighting "
-                   "each rollout by its length; GSPO's per-sequence objective is loss_type='grpo'")  # fmt: skip
+        out.append(
+            f"importance_sampling_level='sequence' with loss_type={loss_type!r} sums per-token terms, weighting "
+            "each rollout by its length; GSPO's per-sequence objective is loss_type='grpo'"
+        )
     return out
 
 
@@ -266,8 +280,16 @@ def grpo_loss(
         settings = GRPOLossConfig.from_trl(config, **explicit)
     for message in _trl_warnings(settings.loss_type, settings.importance_sampling_level):
         warnings.warn(message, UserWarning, stacklevel=2)
-    return _compute(settings, per_token_logps, advantages, completion_mask, old_per_token_logps,
-                    ref_per_token_logps, tool_mask, num_items_in_batch)  # fmt: skip
+    return _compute(
+        settings,
+        per_token_logps,
+        advantages,
+        completion_mask,
+        old_per_token_logps,
+        ref_per_token_logps,
+        tool_mask,
+        num_items_in_batch,
+    )
 
 
 def _check_like(name: str, t: torch.Tensor | None, logps: torch.Tensor, why: str = "") -> None:
@@ -275,28 +297,43 @@ def _check_like(name: str, t: torch.Tensor | None, logps: torch.Tensor, why: str
         raise ValueError(f"{name} has shape {tuple(t.shape)} but per_token_logps has {tuple(logps.shape)}{why}")
 
 
-def _compute(s: GRPOLossConfig, per_token_logps: torch.Tensor, advantages: torch.Tensor, completion_mask: torch.Tensor,
-             old: torch.Tensor | None, ref: torch.Tensor | None, tool_mask: torch.Tensor | None,
-             num_items: int | torch.Tensor | None) -> GRPOLossResult:  # fmt: skip
+def _compute(
+    s: GRPOLossConfig,
+    per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    old: torch.Tensor | None,
+    ref: torch.Tensor | None,
+    tool_mask: torch.Tensor | None,
+    num_items: int | torch.Tensor | None,
+) -> GRPOLossResult:
     if per_token_logps.dim() != 2 or not per_token_logps.is_floating_point():
-        raise ValueError(f"per_token_logps must be a float [B, T] tensor (rollouts x completion tokens), got "
-                         f"{per_token_logps.dtype} of shape {tuple(per_token_logps.shape)}")  # fmt: skip
+        raise ValueError(
+            f"per_token_logps must be a float [B, T] tensor (rollouts x completion tokens), got "
+            f"{per_token_logps.dtype} of shape {tuple(per_token_logps.shape)}"
+        )
     B, T = per_token_logps.shape
     _check_like("completion_mask", completion_mask, per_token_logps)
     _check_like("tool_mask", tool_mask, per_token_logps)
     _check_like("old_per_token_logps", old, per_token_logps, ": log-probs from another batch?")
     _check_like("ref_per_token_logps", ref, per_token_logps, ": log-probs from another batch?")
     if tuple(advantages.shape) not in ((B,), (B, 1), (B, T)):
-        raise ValueError(f"advantages has shape {tuple(advantages.shape)} but per_token_logps has {(B, T)}: expected "
-                         f"{(B,)} (one per rollout) or {(B, T)} (one per token)")  # fmt: skip
+        raise ValueError(
+            f"advantages has shape {tuple(advantages.shape)} but per_token_logps has {(B, T)}: expected "
+            f"{(B,)} (one per rollout) or {(B, T)} (one per token)"
+        )
     if s.beta != 0.0 and ref is None:
-        raise ValueError(f"beta={s.beta} needs ref_per_token_logps (the reference model's per-token log-probs, "
-                         "[B, T]); pass them or set beta=0.0")  # fmt: skip
+        raise ValueError(
+            f"beta={s.beta} needs ref_per_token_logps (the reference model's per-token log-probs, "
+            "[B, T]); pass them or set beta=0.0"
+        )
     one_window = (s.num_processes, s.gradient_accumulation_steps, s.generation_steps) == (1, 1, 1)
     if _LOSSES[s.loss_type][1] is _generation_tokens and num_items is None and not one_window:
-        raise ValueError(f"loss_type={s.loss_type!r} divides by num_items_in_batch, the trained tokens of the whole "
-                         "generation batch on every rank (TRL: accelerator.gather(loss_mask.sum()).sum()); pass it "
-                         "when num_processes, gradient_accumulation_steps or steps_per_generation is above 1")  # fmt: skip
+        raise ValueError(
+            f"loss_type={s.loss_type!r} divides by num_items_in_batch, the trained tokens of the whole "
+            "generation batch on every rank (TRL: accelerator.gather(loss_mask.sum()).sum()); pass it "
+            "when num_processes, gradient_accumulation_steps or steps_per_generation is above 1"
+        )
 
     device, work = per_token_logps.device, torch.promote_types(per_token_logps.dtype, torch.float32)
     mask = completion_mask.to(device, work)  # [B, T]
@@ -331,10 +368,17 @@ def _compute(s: GRPOLossConfig, per_token_logps: torch.Tensor, advantages: torch
     with torch.no_grad():
         means = {k: _masked_mean(v, mask) for k, v in flags.items()}
         kl = None if per_token_kl is None else _masked_mean(per_token_kl, mask)
-    return GRPOLossResult(loss=loss, policy_loss=policy_loss, kl=kl, clip_ratio_low=means.get("low"),
-                          clip_ratio_high=means.get("high"), clip_ratio_region=means.get("region"),
-                          phi_mean=means.get("phi"), trained_tokens=trained.sum(),
-                          empty_rollouts=(~trained.any(-1)).sum())  # fmt: skip
+    return GRPOLossResult(
+        loss=loss,
+        policy_loss=policy_loss,
+        kl=kl,
+        clip_ratio_low=means.get("low"),
+        clip_ratio_high=means.get("high"),
+        clip_ratio_region=means.get("region"),
+        phi_mean=means.get("phi"),
+        trained_tokens=trained.sum(),
+        empty_rollouts=(~trained.any(-1)).sum(),
+    )
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -351,8 +395,14 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 Flags = dict[str, torch.Tensor]
 
 
-def _clipped(s: GRPOLossConfig, ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, log_ratio: torch.Tensor,
-             mask: torch.Tensor) -> tuple[torch.Tensor, Flags]:  # fmt: skip
+def _clipped(
+    s: GRPOLossConfig,
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    logps: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, Flags]:
     clipped = torch.clamp(ratio, 1 - s.epsilon, 1 + s.epsilon_upper)
     if s.delta is not None:
         ratio = torch.clamp(ratio, max=s.delta)
@@ -362,21 +412,39 @@ def _clipped(s: GRPOLossConfig, ratio: torch.Tensor, adv: torch.Tensor, logps: t
     return loss, {"low": low, "high": high, "region": low | high}
 
 
-def _cispo(s: GRPOLossConfig, ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, log_ratio: torch.Tensor,
-           mask: torch.Tensor) -> tuple[torch.Tensor, Flags]:  # fmt: skip
+def _cispo(
+    s: GRPOLossConfig,
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    logps: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, Flags]:
     capped = torch.clamp(ratio, max=s.epsilon_upper).detach()
     return -capped * adv * logps, {"high": (ratio > s.epsilon_upper) & (adv > 0)}
 
 
-def _sapo(s: GRPOLossConfig, ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, log_ratio: torch.Tensor,
-          mask: torch.Tensor) -> tuple[torch.Tensor, Flags]:  # fmt: skip
+def _sapo(
+    s: GRPOLossConfig,
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    logps: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, Flags]:
     tau = torch.where(adv > 0, s.sapo_temperature_pos, s.sapo_temperature_neg)
     gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
     return -gate * adv, {}
 
 
-def _vespo(s: GRPOLossConfig, ratio: torch.Tensor, adv: torch.Tensor, logps: torch.Tensor, log_ratio: torch.Tensor,
-           mask: torch.Tensor) -> tuple[torch.Tensor, Flags]:  # fmt: skip
+def _vespo(
+    s: GRPOLossConfig,
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    logps: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, Flags]:
     phi = _gamma_weights(s, adv, log_ratio, mask)  # [B, 1], no gradient
     return -phi * adv * logps, {"phi": phi}
 
@@ -397,7 +465,9 @@ def _gamma_weights(s: GRPOLossConfig, adv: torch.Tensor, log_ratio: torch.Tensor
 # --- reductions: (settings, per-token loss, mask, num_items) -> (loss, TRL's policy_loss) ---
 
 
-def _sequence_mean(s: GRPOLossConfig, ptl: torch.Tensor, mask: torch.Tensor, n: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _sequence_mean(
+    s: GRPOLossConfig, ptl: torch.Tensor, mask: torch.Tensor, n: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     loss = ((ptl * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     return loss / s.gradient_accumulation_steps, loss.detach()
 
@@ -412,7 +482,9 @@ def _constant(s: GRPOLossConfig, ptl: torch.Tensor, mask: torch.Tensor, n: Any) 
     return loss / s.gradient_accumulation_steps, loss.detach()
 
 
-def _generation_tokens(s: GRPOLossConfig, ptl: torch.Tensor, mask: torch.Tensor, n: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _generation_tokens(
+    s: GRPOLossConfig, ptl: torch.Tensor, mask: torch.Tensor, n: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``num_items_in_batch`` spans the generation batch on every rank: rescaled to this rank's share of
     one accumulation window (``N / P * G / S``)."""
     count = mask.sum() if n is None else torch.as_tensor(n, device=mask.device)
@@ -422,7 +494,9 @@ def _generation_tokens(s: GRPOLossConfig, ptl: torch.Tensor, mask: torch.Tensor,
     return loss, loss.detach()
 
 
-def _sequence_sum(s: GRPOLossConfig, ptl: torch.Tensor, mask: torch.Tensor, n: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _sequence_sum(
+    s: GRPOLossConfig, ptl: torch.Tensor, mask: torch.Tensor, n: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     loss = (ptl * mask).sum(-1).mean()
     return loss / s.gradient_accumulation_steps, loss.detach()
 

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from padless.batching.batch import forward_inputs
-
 from padless.layout import IGNORE_INDEX
 
 if TYPE_CHECKING:
     import torch
+
 
 def _packed_positions(labels: np.ndarray, placements: Any) -> tuple[np.ndarray, ...]:
     """``(row, target position, predicting position, feature)`` of every trained token, grouped by
@@ -65,8 +65,9 @@ def _packed_positions(labels: np.ndarray, placements: Any) -> tuple[np.ndarray, 
         targets.append(t[keep])
         preds.append(before[keep])
         feats.append(np.full(int(keep.sum()), int(placements.feature[j])))
-    return tuple(np.concatenate(a).astype(np.int64) if a else np.zeros(0, np.int64)
-                 for a in (rows, targets, preds, feats))  # fmt: skip
+    return tuple(
+        np.concatenate(a).astype(np.int64) if a else np.zeros(0, np.int64) for a in (rows, targets, preds, feats)
+    )
 
 
 def _padded_positions(labels: np.ndarray) -> tuple[np.ndarray, ...]:

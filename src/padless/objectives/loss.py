@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from padless.layout import IGNORE_INDEX
 from padless.batching.batch import forward_inputs
+from padless.layout import IGNORE_INDEX
 
 if TYPE_CHECKING:
     import numpy as np
@@ -170,8 +170,10 @@ def target_weights(batch: Mapping[str, Any], weighting: LossWeighting) -> torch.
     carried = "loss_weights" in batch
     if weighting == "weights":
         if not carried:
-            raise ValueError("weighting='weights' needs 'loss_weights' in the batch: build the collator with "
-                             "FeatureSpec(loss_weights=KEY)")  # fmt: skip
+            raise ValueError(
+                "weighting='weights' needs 'loss_weights' in the batch: build the collator with "
+                "FeatureSpec(loss_weights=KEY)"
+            )
         return batch["loss_weights"]
     if carried:
         raise ValueError(f"the batch carries 'loss_weights' but weighting={weighting!r}; pass weighting='weights'")
@@ -193,9 +195,11 @@ def _refuse_shared_prompt(batch: Mapping[str, Any]) -> None:
         return
     prev = placements.prev_offset
     if ((prev >= 0) & (prev != placements.offset - 1)).any():
-        raise ValueError("the batch shares prompts (a completion's first token is predicted from its prompt's last "
-                         "token, not the position before it); the causal-LM loss cannot read it: use "
-                         "padless.sequence_logprobs")  # fmt: skip
+        raise ValueError(
+            "the batch shares prompts (a completion's first token is predicted from its prompt's last "
+            "token, not the position before it); the causal-LM loss cannot read it: use "
+            "padless.sequence_logprobs"
+        )
 
 
 def _items(batch: Mapping[str, Any], weighting: LossWeighting) -> torch.Tensor:
@@ -247,8 +251,10 @@ def trained_logits(model: Any, inputs: Mapping[str, Any], trained: torch.Tensor)
     finally:
         handle.remove()
     if seen and (len(seen) != 1 or logits.dim() != 2 or logits.shape[0] != int(picked.sum())):
-        raise RuntimeError(f"the LM head of {type(inner).__name__} ran {len(seen)} times on gathered hidden states "
-                           f"and returned logits {tuple(logits.shape)}; compute the loss with trained_logits_only=False")
+        raise RuntimeError(
+            f"the LM head of {type(inner).__name__} ran {len(seen)} times on gathered hidden states "
+            f"and returned logits {tuple(logits.shape)}; compute the loss with trained_logits_only=False"
+        )
     return logits
 
 

@@ -85,8 +85,10 @@ def completion_token_stats(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     placements = getattr(batch, "placements", None)
     if placements is None:
-        raise ValueError("batch has no placements; pass the batch RolloutCollator or PreferenceCollator returned "
-                         "(padless.batching.collate.batch_to keeps them when moving it to a device)")  # fmt: skip
+        raise ValueError(
+            "batch has no placements; pass the batch RolloutCollator or PreferenceCollator returned "
+            "(padless.batching.collate.batch_to keeps them when moving it to a device)"
+        )
     if not _shares_prompts(placements):  # documents only: their mask must keep them apart
         check_attention_mask(batch)
     check_batch_for_model(_unwrapped(model), batch)  # exact on this backend (the tree's form included), or refused
@@ -132,7 +134,8 @@ def completion_token_stats(
     f, c = torch.from_numpy(feats).to(device), torch.from_numpy(cols).to(device)
     out = {name: v.new_zeros(num_features, width).index_put((f, c), v) for name, v in per_token.items()}
     out["mask"] = torch.zeros(num_features, width, dtype=torch.bool, device=device).index_put(
-        (f, c), torch.ones_like(f, dtype=torch.bool))  # fmt: skip
+        (f, c), torch.ones_like(f, dtype=torch.bool)
+    )
     return out
 
 
@@ -150,6 +153,11 @@ def rollout_token_logprobs(
     the bool ``(B, T)`` mask of trained tokens and the per-token entropies of the next-token
     distribution. The logits are divided by ``temperature`` before the log-softmax, as TRL's GRPO does.
     The batch is checked against ``model`` first (exact or refused): :func:`completion_token_stats`."""
-    stats = completion_token_stats(model, batch, width=width, temperature=temperature,
-                                   outputs=("log_probs", "entropy") if entropies else ("log_probs",))  # fmt: skip
+    stats = completion_token_stats(
+        model,
+        batch,
+        width=width,
+        temperature=temperature,
+        outputs=("log_probs", "entropy") if entropies else ("log_probs",),
+    )
     return (stats["log_probs"], stats["mask"], stats["entropy"]) if entropies else (stats["log_probs"], stats["mask"])

@@ -190,8 +190,12 @@ def histogram_groups(
             for rows, copies in ((full, q), (int(rest > 0), rest)):
                 if rows:
                     serial += 1
-                    moved.append((capacity - copies * size,
-                                  [num_rows if row_order else serial, rows, per_row - copies, grow(0, size, copies)]))
+                    moved.append(
+                        (
+                            capacity - copies * size,
+                            [num_rows if row_order else serial, rows, per_row - copies, grow(0, size, copies)],
+                        )
+                    )
                     num_rows += rows
         # Re-bucket after the run: every moved row now has less room than `size` (or no slot), so
         # none of them could have taken another item of this run.

@@ -81,8 +81,10 @@ def cost_a_from_config(config: Any) -> float:
         width = getattr(text, name, None)
         if isinstance(width, (int, np.integer)) and not isinstance(width, bool) and width >= 1:
             return float(LINEAR_PER_WIDTH * int(width))
-    raise ValueError(f"cost_a: {type(config).__name__} has no hidden_size, n_embd or d_model; pass cost_a as a "
-                     "number (the linear work per token relative to the l**2 attention term, e.g. 12 * width)")
+    raise ValueError(
+        f"cost_a: {type(config).__name__} has no hidden_size, n_embd or d_model; pass cost_a as a "
+        "number (the linear work per token relative to the l**2 attention term, e.g. 12 * width)"
+    )
 
 
 def resolve_cost_a(cost_a: Any) -> float:
@@ -106,8 +108,10 @@ def check_balance(balance: object, cost_a: Any) -> float | None:
             raise ValueError("cost_a is used only with balance='cost'; pass balance='cost' or leave cost_a out")
         return None
     if cost_a is None:
-        raise ValueError("balance='cost' needs cost_a: the model's config, or a number such as 12 * hidden_size "
-                         "(padless.planning.balance.LINEAR_PER_WIDTH)")
+        raise ValueError(
+            "balance='cost' needs cost_a: the model's config, or a number such as 12 * hidden_size "
+            "(padless.planning.balance.LINEAR_PER_WIDTH)"
+        )
     return resolve_cost_a(cost_a)
 
 
@@ -134,8 +138,10 @@ def row_costs(plan: PackPlan, cost_a: Any) -> np.ndarray:
 def _groups(prompt_lengths: Any, completion_lengths: Any) -> tuple[np.ndarray, list[np.ndarray]]:
     prompts = validate_lengths(prompt_lengths)
     if len(completion_lengths) != prompts.size:
-        raise ValueError(f"completion_lengths has {len(completion_lengths)} groups, prompt_lengths {prompts.size}; "
-                         "give one list of completion lengths per prompt")
+        raise ValueError(
+            f"completion_lengths has {len(completion_lengths)} groups, prompt_lengths {prompts.size}; "
+            "give one list of completion lengths per prompt"
+        )
     comps = []
     for g, c in enumerate(completion_lengths):
         try:
@@ -345,7 +351,9 @@ class Assignment:
     def items(self, rank: int, micro: int) -> np.ndarray:
         """Indices of the items of ``rank``'s micro-batch ``micro``, ascending."""
         if not (0 <= rank < self.ranks and 0 <= micro < self.micro_batches):
-            raise ValueError(f"(rank, micro)=({rank}, {micro}) out of range for parts=({self.ranks}, {self.micro_batches})")
+            raise ValueError(
+                f"(rank, micro)=({rank}, {micro}) out of range for parts=({self.ranks}, {self.micro_batches})"
+            )
         return np.flatnonzero(self.part == rank * self.micro_batches + micro)
 
     def batches(self) -> list[list[np.ndarray]]:
@@ -367,8 +375,11 @@ class Assignment:
 
 
 def _check_parts(parts: object) -> tuple[int, int]:
-    if (not isinstance(parts, tuple) or len(parts) != 2
-            or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 1 for x in parts)):
+    if (
+        not isinstance(parts, tuple)
+        or len(parts) != 2
+        or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 1 for x in parts)
+    ):
         raise ValueError(f"parts must be (ranks, micro_batches), two integers >= 1 such as (8, 4), got {parts!r}")
     return int(parts[0]), int(parts[1])
 
@@ -387,8 +398,9 @@ def balance_costs(
     ranks, micro = _check_parts(parts)
     arr = _check_costs(costs, 1)
     if arr.size < ranks * micro:
-        raise ValueError(f"parts={parts} needs at least {ranks * micro} items, got {arr.size}; "
-                         "lower ranks or micro_batches")
+        raise ValueError(
+            f"parts={parts} needs at least {ranks * micro} items, got {arr.size}; lower ranks or micro_batches"
+        )
     flat = partition(arr, ranks * micro, equal_size=equal_size)  # part number = rank by descending cost
     sums = np.bincount(flat, weights=arr, minlength=ranks * micro)
     slot = np.empty(ranks * micro, dtype=np.int64)  # part number -> rank * micro + micro-batch
@@ -426,6 +438,8 @@ def balance_groups(
     ranks, micro = _check_parts(parts)
     tokens, costs = group_loads(prompt_lengths, completion_lengths, share_prompt=share_prompt, cost_a=a)
     if tokens.size < ranks * micro:
-        raise ValueError(f"parts={parts} needs at least {ranks * micro} groups (one per micro-batch of every "
-                         f"rank), got {tokens.size}; lower ranks or micro_batches")
+        raise ValueError(
+            f"parts={parts} needs at least {ranks * micro} groups (one per micro-batch of every "
+            f"rank), got {tokens.size}; lower ranks or micro_batches"
+        )
     return balance_costs(costs if balance == "cost" else tokens, parts, equal_size=equal_size)

@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from padless.layout import Piece  # here: (position in the stream, start in the sequence, tokens)
 from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, overlong_error
 from padless.planning.plan import OVERLONG_POLICIES, OverlongPolicy, PackPlan, PlanStats, plan_packs, validate_lengths
-
-from padless.layout import Piece  # here: (position in the stream, start in the sequence, tokens)
 
 
 @dataclass(frozen=True)
@@ -101,11 +100,18 @@ class StreamCounts:
     def plan_stats(self, max_length: int) -> PlanStats:
         """The offline planner's statistics of the rows yielded so far."""
         return PlanStats.of_rows(
-            max_length=max_length, num_sequences=self.sequences, num_rows=self.rows, real_tokens=self.tokens_out,
-            pieces=self.pieces, max_per_row=self.max_per_row, truncated_sequences=self.truncated_sequences,
-            truncated_tokens=self.truncated_tokens, split_sequences=self.split_sequences,
-            dropped_sequences=self.dropped_sequences, dropped_tokens=self.dropped_tokens,
-        )  # fmt: skip
+            max_length=max_length,
+            num_sequences=self.sequences,
+            num_rows=self.rows,
+            real_tokens=self.tokens_out,
+            pieces=self.pieces,
+            max_per_row=self.max_per_row,
+            truncated_sequences=self.truncated_sequences,
+            truncated_tokens=self.truncated_tokens,
+            split_sequences=self.split_sequences,
+            dropped_sequences=self.dropped_sequences,
+            dropped_tokens=self.dropped_tokens,
+        )
 
 
 class StreamPlanner:
@@ -303,12 +309,17 @@ def stream_plan(lengths: Sequence[int] | np.ndarray, max_length: int, **options:
     long = np.flatnonzero(lengths > opts.max_length)
     c = planner.counts
     return PackPlan(
-        max_length=opts.max_length, num_sequences=lengths.size, index=pieces[:, 0], start=pieces[:, 1],
-        length=pieces[:, 2], row_offsets=np.concatenate(([0], np.cumsum([len(r) for r in rows], dtype=np.int64))),
+        max_length=opts.max_length,
+        num_sequences=lengths.size,
+        index=pieces[:, 0],
+        start=pieces[:, 1],
+        length=pieces[:, 2],
+        row_offsets=np.concatenate(([0], np.cumsum([len(r) for r in rows], dtype=np.int64))),
         dropped=long if opts.overlong == "drop" else long[:0],
         truncated=long if opts.overlong == "truncate" else long[:0],
-        truncated_tokens=c.truncated_tokens, dropped_tokens=c.dropped_tokens,
-    )  # fmt: skip
+        truncated_tokens=c.truncated_tokens,
+        dropped_tokens=c.dropped_tokens,
+    )
 
 
 @dataclass(frozen=True)

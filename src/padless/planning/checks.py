@@ -43,5 +43,7 @@ def overlong_error(index: int, length: int, max_length: int, *, more: int = 0, w
     """The error for ``what`` number ``index`` of ``length`` tokens over ``max_length`` (``more``: how
     many other ones are too long as well); the caller raises it."""
     also = f" (and {more} more)" if more else ""
-    return ValueError(f"{what} {index} has length {length}, longer than max_length {max_length}{also}; "
-                      "choose overlong='truncate', 'split' or 'drop'")
+    return ValueError(
+        f"{what} {index} has length {length}, longer than max_length {max_length}{also}; "
+        "choose overlong='truncate', 'split' or 'drop'"
+    )

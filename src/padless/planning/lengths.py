@@ -24,7 +24,6 @@ import numpy as np
 from padless.planning.checks import check_choice, check_int
 from padless.planning.plan import PackPlan, validate_lengths
 
-
 LENGTH_PARAMETERS: dict[str, dict[str, float]] = {
     "lognormal": {"median": 60.0, "sigma": 1.0, "cap": 2048.0},
     "uniform": {"low": 10.0, "high": 500.0},
@@ -44,8 +43,9 @@ def draw_lengths(name: str, num: int, rng: np.random.Generator, params: Sequence
     check_choice(name, LENGTH_PARAMETERS, "distribution")
     defaults = tuple(LENGTH_PARAMETERS[name].values())
     if len(params) > len(defaults):
-        raise ValueError(f"{name} takes at most {len(defaults)} parameters ({', '.join(LENGTH_PARAMETERS[name])}), "
-                         f"got {len(params)}")
+        raise ValueError(
+            f"{name} takes at most {len(defaults)} parameters ({', '.join(LENGTH_PARAMETERS[name])}), got {len(params)}"
+        )
     p = (*params, *defaults[len(params) :])
     if name == "lognormal":
         median, sigma, cap = p
@@ -104,9 +104,15 @@ def summarize_lengths(lengths: Sequence[int] | np.ndarray) -> LengthSummary:
         raise ValueError("no lengths to summarize")
     median, p90, p99 = np.percentile(arr, [50, 90, 99]).tolist()
     return LengthSummary(
-        count=int(arr.size), total=int(arr.sum()), min=int(arr.min()), median=median,
-        mean=float(arr.mean()), p90=p90, p99=p99, max=int(arr.max()),
-    )  # fmt: skip
+        count=int(arr.size),
+        total=int(arr.sum()),
+        min=int(arr.min()),
+        median=median,
+        mean=float(arr.mean()),
+        p90=p90,
+        p99=p99,
+        max=int(arr.max()),
+    )
 
 
 def _check_batch(batch_size: int, pad_to_multiple_of: int | None) -> None:
@@ -148,7 +154,9 @@ def group_by_length(lengths: np.ndarray, order: np.ndarray, chunk: int) -> np.nd
     return order[np.lexsort((-lengths[order], chunk_id))]
 
 
-def bucketed_order(lengths: np.ndarray, batch_size: int, seed: int = 0, mega_batch_mult: int | None = None) -> np.ndarray:
+def bucketed_order(
+    lengths: np.ndarray, batch_size: int, seed: int = 0, mega_batch_mult: int | None = None
+) -> np.ndarray:
     """A length-grouped sampling order: shuffle, then sort by length (longest first) inside chunks of
     ``mega_batch_mult * batch_size``; by default ``min(n // (4 * batch_size), 50)`` batches per chunk,
     at least 1, as in Hugging Face's ``LengthGroupedSampler``."""
@@ -168,7 +176,9 @@ def padding_fraction_bucketed(
     """Share of computed tokens that are padding under :func:`bucketed_order` with pad to longest."""
     arr = validate_lengths(lengths)
     _check_batch(batch_size, pad_to_multiple_of)
-    computed = padded_tokens(arr[bucketed_order(arr, batch_size, seed, mega_batch_mult)], batch_size, pad_to_multiple_of)
+    computed = padded_tokens(
+        arr[bucketed_order(arr, batch_size, seed, mega_batch_mult)], batch_size, pad_to_multiple_of
+    )
     return 1.0 - int(arr.sum()) / computed if computed else 0.0
 
 

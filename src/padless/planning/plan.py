@@ -124,9 +124,19 @@ class PlanStats:
 
     @classmethod
     def of_rows(
-        cls, *, max_length: int, num_sequences: int, num_rows: int, real_tokens: int, pieces: int, max_per_row: int,
-        truncated_sequences: int = 0, truncated_tokens: int = 0, split_sequences: int = 0,
-        dropped_sequences: int = 0, dropped_tokens: int = 0,
+        cls,
+        *,
+        max_length: int,
+        num_sequences: int,
+        num_rows: int,
+        real_tokens: int,
+        pieces: int,
+        max_per_row: int,
+        truncated_sequences: int = 0,
+        truncated_tokens: int = 0,
+        split_sequences: int = 0,
+        dropped_sequences: int = 0,
+        dropped_tokens: int = 0,
     ) -> PlanStats:
         """The one place the derived figures (capacity, efficiency, lower bound, gaps, documents per
         row) are computed from the counts of a plan's rows; :attr:`PackPlan.stats` and the streaming
@@ -135,13 +145,23 @@ class PlanStats:
         efficiency = real_tokens / capacity if capacity else 1.0
         bound = -(-real_tokens // max_length)
         return cls(
-            num_sequences=num_sequences, num_rows=num_rows, real_tokens=real_tokens, capacity_tokens=capacity,
-            efficiency=efficiency, padding_fraction=1.0 - efficiency, lower_bound=bound,
-            gap_to_lower_bound=num_rows - bound, relative_gap=(num_rows - bound) / bound if bound else 0.0,
-            mean_per_row=pieces / num_rows if num_rows else 0.0, max_per_row=max_per_row,
-            truncated_sequences=truncated_sequences, truncated_tokens=truncated_tokens,
-            split_sequences=split_sequences, dropped_sequences=dropped_sequences, dropped_tokens=dropped_tokens,
-        )  # fmt: skip
+            num_sequences=num_sequences,
+            num_rows=num_rows,
+            real_tokens=real_tokens,
+            capacity_tokens=capacity,
+            efficiency=efficiency,
+            padding_fraction=1.0 - efficiency,
+            lower_bound=bound,
+            gap_to_lower_bound=num_rows - bound,
+            relative_gap=(num_rows - bound) / bound if bound else 0.0,
+            mean_per_row=pieces / num_rows if num_rows else 0.0,
+            max_per_row=max_per_row,
+            truncated_sequences=truncated_sequences,
+            truncated_tokens=truncated_tokens,
+            split_sequences=split_sequences,
+            dropped_sequences=dropped_sequences,
+            dropped_tokens=dropped_tokens,
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -212,13 +232,18 @@ class PackPlan:
         rows = self.num_rows
         pieces = np.bincount(self.index, minlength=self.num_sequences) if self.index.size else self.index
         return PlanStats.of_rows(
-            max_length=self.max_length, num_sequences=self.num_sequences, num_rows=rows,
-            real_tokens=int(self.length.sum()), pieces=int(self.index.size),
+            max_length=self.max_length,
+            num_sequences=self.num_sequences,
+            num_rows=rows,
+            real_tokens=int(self.length.sum()),
+            pieces=int(self.index.size),
             max_per_row=int(np.diff(self.row_offsets).max()) if rows else 0,
-            truncated_sequences=int(self.truncated.size), truncated_tokens=self.truncated_tokens,
-            split_sequences=int((pieces > 1).sum()), dropped_sequences=int(self.dropped.size),
+            truncated_sequences=int(self.truncated.size),
+            truncated_tokens=self.truncated_tokens,
+            split_sequences=int((pieces > 1).sum()),
+            dropped_sequences=int(self.dropped.size),
             dropped_tokens=self.dropped_tokens,
-        )  # fmt: skip
+        )
 
     def check(self, lengths: Sequence[int] | np.ndarray) -> None:
         """Raise ``ValueError`` unless this plan accounts for every token of ``lengths`` exactly once.
@@ -239,9 +264,10 @@ class PackPlan:
         placed = lengths.copy()
         placed[self.truncated] = np.minimum(placed[self.truncated], self.max_length)
         placed[self.dropped] = 0
-        if int(lengths[self.dropped].sum()) != self.dropped_tokens or int(
-            (lengths - np.minimum(lengths, self.max_length))[self.truncated].sum()
-        ) != self.truncated_tokens:
+        if (
+            int(lengths[self.dropped].sum()) != self.dropped_tokens
+            or int((lengths - np.minimum(lengths, self.max_length))[self.truncated].sum()) != self.truncated_tokens
+        ):
             raise ValueError("dropped_tokens / truncated_tokens do not match the lengths")
         # Sort pieces by (sequence, start): each sequence's pieces must tile [0, placed) in order.
         order = np.lexsort((self.start, self.index))
@@ -263,10 +289,17 @@ class PackPlan:
         from padless.atomic import atomic_write
 
         arrays = dict(
-            max_length=self.max_length, num_sequences=self.num_sequences, index=self.index,
-            start=self.start, length=self.length, row_offsets=self.row_offsets, dropped=self.dropped,
-            truncated=self.truncated, truncated_tokens=self.truncated_tokens, dropped_tokens=self.dropped_tokens,
-        )  # fmt: skip
+            max_length=self.max_length,
+            num_sequences=self.num_sequences,
+            index=self.index,
+            start=self.start,
+            length=self.length,
+            row_offsets=self.row_offsets,
+            dropped=self.dropped,
+            truncated=self.truncated,
+            truncated_tokens=self.truncated_tokens,
+            dropped_tokens=self.dropped_tokens,
+        )
         atomic_write(path if str(path).endswith(".npz") else f"{path}.npz", lambda f: np.savez(f, **arrays))
 
     @classmethod

@@ -166,11 +166,17 @@ def _deal_by_cost(steps: list[np.ndarray], costs: np.ndarray, world_size: int) -
 def _renumber(plan: PackPlan, perm: np.ndarray) -> PackPlan:
     """``plan`` made over ``lengths[perm]``, with its sequence indices mapped back to ``lengths``'."""
     return PackPlan(
-        max_length=plan.max_length, num_sequences=plan.num_sequences, index=perm[plan.index], start=plan.start,
-        length=plan.length, row_offsets=plan.row_offsets, dropped=np.sort(perm[plan.dropped]),
-        truncated=np.sort(perm[plan.truncated]), truncated_tokens=plan.truncated_tokens,
+        max_length=plan.max_length,
+        num_sequences=plan.num_sequences,
+        index=perm[plan.index],
+        start=plan.start,
+        length=plan.length,
+        row_offsets=plan.row_offsets,
+        dropped=np.sort(perm[plan.dropped]),
+        truncated=np.sort(perm[plan.truncated]),
+        truncated_tokens=plan.truncated_tokens,
         dropped_tokens=plan.dropped_tokens,
-    )  # fmt: skip
+    )
 
 
 def check_choices(strategy: str, overlong: str, remainder: str) -> None:
@@ -219,8 +225,14 @@ def schedule_epoch(
     rng = np.random.default_rng((check_int(seed, "seed", 0), epoch))
     perm = rng.permutation(lengths.size) if shuffle else np.arange(lengths.size)
     plan_seed = int(rng.integers(2**31))  # only histogram_best_fit draws from it
-    plan = plan_packs(lengths[perm], max_length, strategy=strategy, overlong=overlong,  # type: ignore[arg-type]
-                      max_per_row=max_per_row, seed=plan_seed)
+    plan = plan_packs(
+        lengths[perm],
+        max_length,
+        strategy=strategy,
+        overlong=overlong,  # type: ignore[arg-type]
+        max_per_row=max_per_row,
+        seed=plan_seed,
+    )
     plan = _renumber(plan, perm)
     num_rows = plan.num_rows
     if num_rows == 0:
@@ -232,8 +244,10 @@ def schedule_epoch(
     counts: dict[str, int] = {}
     if left and remainder == "drop":
         if full == 0:
-            raise ValueError(f"remainder='drop' leaves nothing: {num_rows} rows fill no step of {world_size} ranks x "
-                             f"{rows_per_batch} rows; use remainder='empty' or 'repeat'")
+            raise ValueError(
+                f"remainder='drop' leaves nothing: {num_rows} rows fill no step of {world_size} ranks x "
+                f"{rows_per_batch} rows; use remainder='empty' or 'repeat'"
+            )
         counts = {"dropped_rows": left, "dropped_tokens": int(tokens[order[full * per_step :]].sum())}
         order = order[: full * per_step]
     elif left and remainder == "repeat":
@@ -256,9 +270,16 @@ def schedule_epoch(
     if remainder == "empty":
         counts["empty_rows"] = sum(step[r] == [EMPTY_ROW] for step in batches for r in range(world_size))
     padded = np.concatenate([tokens, [0]])  # EMPTY_ROW (-1) reads the trailing 0
-    per_rank = np.array([sum(int(padded[step[r]].sum()) for step in batches) for r in range(world_size)],
-                        dtype=np.int64)
-    return EpochSchedule(plan=plan, batches=batches, world_size=world_size, remainder=remainder,
-                         tokens_per_rank=per_rank, balance=balance, cost_a=a, **counts)
-
-
+    per_rank = np.array(
+        [sum(int(padded[step[r]].sum()) for step in batches) for r in range(world_size)], dtype=np.int64
+    )
+    return EpochSchedule(
+        plan=plan,
+        batches=batches,
+        world_size=world_size,
+        remainder=remainder,
+        tokens_per_rank=per_rank,
+        balance=balance,
+        cost_a=a,
+        **counts,
+    )

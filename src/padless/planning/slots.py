@@ -88,17 +88,28 @@ class SlotPlan:
         overlong policy did before planning (``num_sequences`` counts input sequences then)."""
         num_sequences = overlong.pop("num_sequences", self.num_sequences)
         return PlanStats.of_rows(
-            max_length=self.max_length, num_sequences=num_sequences, num_rows=self.num_rows, real_tokens=self.tokens,
-            pieces=self.num_sequences, max_per_row=int(self.group_pieces.max()) if self.group_pieces.size else 0,
+            max_length=self.max_length,
+            num_sequences=num_sequences,
+            num_rows=self.num_rows,
+            real_tokens=self.tokens,
+            pieces=self.num_sequences,
+            max_per_row=int(self.group_pieces.max()) if self.group_pieces.size else 0,
             **overlong,
-        )  # fmt: skip
+        )
 
     def digest(self) -> str:
         """A hash of the plan (what a rerun compares before it trusts finished shards)."""
         h = hashlib.blake2b(digest_size=16)
         h.update(str(self.max_length).encode())
-        for a in (self.counts, self.group_rows, self.group_fill, self.band_size, self.band_copies, self.band_row0,
-                  self.band_start):  # fmt: skip
+        for a in (
+            self.counts,
+            self.group_rows,
+            self.group_fill,
+            self.band_size,
+            self.band_copies,
+            self.band_row0,
+            self.band_start,
+        ):
             h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
         return h.hexdigest()
 
@@ -117,8 +128,10 @@ class SlotPlan:
         own = np.bincount(lengths, minlength=self.max_length + 1)
         if ((before + own) > self.counts).any():
             size = int(np.flatnonzero((before + own) > self.counts)[0])
-            raise ValueError(f"the shard's sequences of length {size} are not in the plan's histogram "
-                             "(the plan was made from other shards)")  # fmt: skip
+            raise ValueError(
+                f"the shard's sequences of length {size} are not in the plan's histogram "
+                "(the plan was made from other shards)"
+            )
         first = np.concatenate(([0], np.cumsum(own)))  # where each length starts in `order`
         sorted_len = lengths[order]
         rank = np.arange(lengths.size, dtype=np.int64) - first[sorted_len]
@@ -147,8 +160,9 @@ def plan_histogram(counts: np.ndarray, max_length: int) -> SlotPlan:
         raise ValueError("counts[0] must be 0 and no count negative (empty sequences have no slot)")
     values = np.flatnonzero(counts)
     groups, patterns = _binpack.histogram_groups(values, counts[values], max_length, None, row_order=False)
-    parent, size, copies, _ = (np.array(patterns, dtype=np.int64).reshape(-1, 4).T if patterns else
-                               np.zeros((4, 0), dtype=np.int64))  # fmt: skip
+    parent, size, copies, _ = (
+        np.array(patterns, dtype=np.int64).reshape(-1, 4).T if patterns else np.zeros((4, 0), dtype=np.int64)
+    )
     # token offset where each pattern's last run ends (a pattern is its parent plus one run)
     tok_end = np.zeros(len(patterns), dtype=np.int64)
     pieces = np.zeros(len(patterns), dtype=np.int64)
@@ -161,7 +175,9 @@ def plan_histogram(counts: np.ndarray, max_length: int) -> SlotPlan:
     bands = []  # (size, rows, copies, row0, start) for every run on every group's pattern path
     for rows, node, row0 in zip(g_rows.tolist(), g_pattern.tolist(), g_row0.tolist()):
         while node > 0:
-            bands.append((int(size[node]), rows, int(copies[node]), row0, int(tok_end[node] - size[node] * copies[node])))
+            bands.append(
+                (int(size[node]), rows, int(copies[node]), row0, int(tok_end[node] - size[node] * copies[node]))
+            )
             node = int(parent[node])
     b = np.array(bands, dtype=np.int64).reshape(-1, 5)
     b = b[np.lexsort((b[:, 3], b[:, 0]))]
@@ -169,10 +185,19 @@ def plan_histogram(counts: np.ndarray, max_length: int) -> SlotPlan:
     slot0 = np.concatenate(([0], np.cumsum(items)))
     size_slot0 = np.concatenate(([0], np.cumsum(counts)))  # [max_length + 2]
     plan = SlotPlan(
-        max_length=max_length, counts=counts, group_rows=g_rows, group_fill=tok_end[g_pattern],
-        group_pieces=pieces[g_pattern], band_size=b[:, 0], band_rows=b[:, 1], band_copies=b[:, 2], band_row0=b[:, 3],
-        band_start=b[:, 4], band_slot0=slot0, size_slot0=size_slot0,
-    )  # fmt: skip
+        max_length=max_length,
+        counts=counts,
+        group_rows=g_rows,
+        group_fill=tok_end[g_pattern],
+        group_pieces=pieces[g_pattern],
+        band_size=b[:, 0],
+        band_rows=b[:, 1],
+        band_copies=b[:, 2],
+        band_row0=b[:, 3],
+        band_start=b[:, 4],
+        band_slot0=slot0,
+        size_slot0=size_slot0,
+    )
     per_size = np.bincount(b[:, 0], weights=items, minlength=max_length + 1).astype(np.int64)
     if not np.array_equal(per_size, counts):  # the engine's promise: one slot per sequence
         raise AssertionError("the histogram plan's slots do not match the histogram")
@@ -195,9 +220,13 @@ def reference_placement(lengths: np.ndarray, plan: SlotPlan) -> tuple[np.ndarray
     explicitly, then hand the slots of each length out in order to that length's sequences in input
     order. O(slots) Python steps: for tests."""
     slots: dict[int, list[tuple[int, int]]] = {}
-    for s, rows, copies, row0, start in zip(plan.band_size.tolist(), plan.band_rows.tolist(),
-                                             plan.band_copies.tolist(), plan.band_row0.tolist(),
-                                             plan.band_start.tolist()):  # fmt: skip
+    for s, rows, copies, row0, start in zip(
+        plan.band_size.tolist(),
+        plan.band_rows.tolist(),
+        plan.band_copies.tolist(),
+        plan.band_row0.tolist(),
+        plan.band_start.tolist(),
+    ):
         for r in range(rows):
             for c in range(copies):
                 slots.setdefault(s, []).append((row0 + r, start + c * s))
