@@ -14,8 +14,8 @@ import padless
 from padless._lazy import lazy_exports
 
 _OLD_BY_MODULE = {
-    # the top level before it shrank (_EXPORTS of src/padless/__init__.py at commit 89f1172, __version__
-    # 0.1.0), frozen here: module -> the names it gave ``padless``
+    # the 0.1.0 names (the top level of padless 0.1.0, before it shrank), frozen here: module -> the names
+    # it gave ``padless``
     "padless.planning.buffered": "compare_stream_to_offline StreamOptions",
     "padless.planning.lengths": (
         "LengthSummary padding_fraction_bucketed padding_fraction_pad_to_longest summarize_lengths "

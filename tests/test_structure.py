@@ -18,7 +18,7 @@ SRC = Path(padless.__file__).resolve().parent
 PACKAGE = "padless"
 
 PUBLIC_API_0_1_0 = (
-    # the keys of _EXPORTS in src/padless/__init__.py at commit d2d151b (padless 0.1.0), frozen here
+    # the 0.1.0 names (the keys of padless 0.1.0's top-level exports), frozen here
     "plan_packs", "PackPlan", "PlanStats", "STRATEGIES", "OVERLONG_POLICIES", "validate_lengths",
     "summarize_lengths", "LengthSummary", "padding_fraction_pad_to_longest", "padding_fraction_bucketed",
     "synthetic_lengths", "IGNORE_INDEX", "position_ids_from_lengths", "cu_seqlens_from_lengths",
@@ -267,6 +267,7 @@ TEST_HOMES: dict[str, str] = {
     "padless._lazy": "test_api.py",
     "padless.hub": "cli/test_bad_input.py",
     "padless.attention.backend": "attention/test_varlen.py",
+    "padless.attention.backend_table": "attention/test_windows.py",
     "padless.attention.rules": "attention/test_windows.py",
     "padless.attention.select": "attention/test_windows.py",
     "padless.attention.tree": "batching/test_preference.py",

@@ -3,8 +3,8 @@
 Dtype names (``float32``, ``bfloat16``) as padless writes them in reports and tolerance tables,
 whether a dtype is half precision, and a device or dtype from its name (``auto`` included).
 
-The one device of a model and the one compute dtype live here too: :func:`device_of` (the device of a
-model's parameters), :func:`compute_target` (where a training step's attention runs and in which dtype:
+A model's device and its compute dtype are read here too, for every caller: :func:`device_of` (the
+device of a model's parameters), :func:`compute_target` (where a training step's attention runs and in which dtype:
 an explicit device / dtype, else the model's; autocast for that device, and FSDP2's mixed-precision
 ``param_dtype``, count) and :func:`compute_dtype` (the dtype a forward computed in). The exactness
 rule's model facts (:mod:`padless.attention.facts`), the collators, the isolation checks and the
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where used: the CLI checks a --device name before torch loads
     import torch
 
 HALF_PRECISION: tuple[str, ...] = ("float16", "bfloat16")

@@ -8,9 +8,10 @@ without an owner (``org/name``) on a machine with no hub cache (:func:`hub_cache
 an unknown one, not a first download. Anything that fails raises a ``ValueError`` that lists the
 built-in names and says how to pass a local folder.
 
-A model loader must honour ``local_files_only`` itself: ``AutoModelForCausalLM.from_pretrained`` in
-transformers 5.24 looks up ``adapter_config.json`` on the hub even then, unless it also gets
-``adapter_kwargs={"local_files_only": True}`` (:func:`padless.models.factory.build_model` passes it).
+A model loader must honour ``local_files_only`` itself: ``AutoModelForCausalLM.from_pretrained`` (in the
+transformers version :mod:`padless.attention.transformers_compat` names) looks up ``adapter_config.json``
+on the hub even then, unless it also gets ``adapter_kwargs={"local_files_only": True}``
+(:func:`padless.models.factory.build_model` passes it).
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ def test_a_collator_built_without_the_model_refuses_to_collate_until_fitted():
             dataclasses.replace(fitted, windows=None)(features)
     llama = _model("llama")
     fitted = check_collator(llama, plain)
-    assert fitted.fitted_to.model == "LlamaForCausalLM (sdpa)" and plain.fitted_to is None
+    assert fitted.verdict.model == "LlamaForCausalLM (sdpa)" and plain.verdict is None
     assert fitted.totals is plain.totals  # a copy that keeps counting into the same totals
     before = plain.totals["sequences"]
     batch = fitted(feats)
@@ -167,9 +167,9 @@ def test_a_collator_built_without_the_model_refuses_to_collate_until_fitted():
     with pytest.raises(ValueError, match="built without a model"):
         plain(feats)  # the original stays unfitted
     for kept in (dataclasses.replace(fitted, pad_to_multiple_of=8), pickle.loads(pickle.dumps(fitted))):
-        assert kept.fitted_to == fitted.fitted_to
+        assert kept.verdict == fitted.verdict
         kept(feats)
-    assert PackingCollator.for_model(llama, max_length=ROW).fitted_to.model == "LlamaForCausalLM (sdpa)"
+    assert PackingCollator.for_model(llama, max_length=ROW).verdict.model == "LlamaForCausalLM (sdpa)"
 
 
 def test_a_fitted_collator_whose_settings_changed_must_be_fitted_again():
@@ -220,7 +220,7 @@ def test_packed_trainer_fits_a_model_free_collator_or_refuses_it(tmp_path):
         PackedTrainer(_model("mistral"), args, data_collator=PackingCollator(max_length=ROW), max_length=ROW)
     llama = _model("llama")
     trainer = PackedTrainer(llama, args, data_collator=PackingCollator(max_length=ROW), max_length=ROW)
-    assert trainer.data_collator.fitted_to.model == "LlamaForCausalLM (sdpa)"  # the fitted copy collates
+    assert trainer.data_collator.verdict.model == "LlamaForCausalLM (sdpa)"  # the fitted copy collates
     assert max_diff_to_alone(llama, _feats(), trainer.data_collator(_feats())) < 1e-5
 
 

@@ -24,7 +24,7 @@ from padless.objectives.loss import model_loss, step_num_items
 
 peft = pytest.importorskip("peft")
 
-# peft 0.21 reads the deprecated `is_gradient_checkpointing` of transformers 5.24 when it wraps a model
+# peft 0.21 reads the deprecated `is_gradient_checkpointing` of the pinned transformers when it wraps a model
 pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 
 LENGTHS = (5, 1, 17, 9, 3, 12, 2, 8)
@@ -64,7 +64,7 @@ def _adapted(family, backend, adapter):
 def test_packed_logits_equal_each_sequence_alone(family, backend, adapter):
     model = _adapted(family, backend, adapter)
     feats = make_features(LENGTHS, seed=1)
-    batch = PackingCollator.for_model(model, max_length=ROW)(feats)  # refused before this change
+    batch = PackingCollator.for_model(model, max_length=ROW)(feats)  # the rule sees through the adapter
     assert batch["input_ids"].shape[0] > 1
     assert max_diff_to_alone(model, feats, batch) < ATOL
     # the adapter is live: the same sequence differs with it off (a test that dropped it would fail)

@@ -59,7 +59,7 @@ def test_one_for_model_call_reads_the_rules_once_and_walks_the_modules_once(coun
     modules = len(list(model.named_modules()))  # 33 for a 2-layer Mistral
     collator = PackingCollator.for_model(model, max_length=ROW)
     assert counted == {"rules": 1, "kind_of": modules}
-    assert collator.windows == WINDOW and collator.fitted_to.model == "MistralForCausalLM (sdpa)"
+    assert collator.windows == WINDOW and collator.verdict.model == "MistralForCausalLM (sdpa)"
     # everything after asks the same facts: no second read
     check_collator(model, collator)
     check_batch(model, collator(make_features([20, 3, 13], vocab_size=VOCAB, seed=1)))
@@ -115,7 +115,7 @@ def test_for_model_refuses_options_that_do_not_fit_the_verdict():
     with pytest.raises(ValueError, match="4D mask is torch.bfloat16, the model's weights are torch.float32"):
         PackingCollator.for_model(model, max_length=ROW, mask_dtype=torch.bfloat16)
     fitted = PackingCollator.for_model(model, max_length=ROW)
-    assert fitted.verdict is fitted.fitted_to and fitted.verdict.windows == WINDOW
+    assert fitted.verdict is not None and fitted.verdict.windows == WINDOW
 
 
 def test_collator_fit_and_batch_check_share_one_comparison(monkeypatch):

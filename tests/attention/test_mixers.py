@@ -1,6 +1,6 @@
 """Token mixers without a mask (gated DeltaNet, Mamba, short convolutions, ...) run on each packed
 document alone: packed logits equal each document alone after ``enable_per_document_mixers`` and are
-contaminated without it, for every hybrid and state-space family of transformers 5.24 with a tiny
+contaminated without it, for every hybrid and state-space family of the pinned transformers with a tiny
 config that keeps the family's own layer pattern (a mixer and an attention layer where it has both)."""
 
 from __future__ import annotations
@@ -516,7 +516,7 @@ def test_a_deep_copy_runs_its_own_weights():
     assert max_diff(pickle.loads(pickle.dumps(model)), batch, "sdpa") <= EXACT
 
 
-# --- the exactness rule given a model: its mixers decide (issue 20) ------------------------------
+# --- the exactness rule given a model: its mixers decide -----------------------------------------
 
 WIRED = ["qwen3_5_text", "bamba", "lfm2"]
 

@@ -57,7 +57,7 @@ def test_position_scheme():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mpt_is_packed_exactly(dtype):
-    model = _mpt("eager", dtype)  # transformers 5.24's MPT supports no other attention implementation
+    model = _mpt("eager", dtype)  # MPT supports no other attention implementation
     feats = _features([5, 1, 17, 9, 3, 12, 2, 8])
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 5e-2}
     batch = PackingCollator.for_model(model, max_length=24)(feats)

@@ -1,6 +1,6 @@
 """Pure state-space / recurrent models (Mamba, Mamba2, Falcon-Mamba, RWKV, xLSTM: no attention, no
 position embeddings, ``position_ids`` only through ``**kwargs``) pack exactly through
-``PackingCollator.for_model`` (issue 20): the restarted ``position_ids`` the batch carries as a keyword
+``PackingCollator.for_model``: the restarted ``position_ids`` the batch carries as a keyword
 reach the per-document mixers, and the same batch is contaminated once the mixers are disabled."""
 
 from __future__ import annotations

@@ -285,6 +285,7 @@ def _argv(argv: list[str], tmp: Path) -> list[str]:
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, argv, files, status, message):
     monkeypatch.setenv("PADLESS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("padless.hub.hub_reachable", lambda timeout=None: False)  # as offline, on any machine
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the unreachable hub, not the env flag a trainer test set
     _make(tmp_path, files)
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(_argv(argv, tmp_path)) == status

@@ -110,7 +110,7 @@ def test_packed_trainer_step_equals_padded_trainer_step(example, examples, padde
 
 
 def test_without_the_count_fix_trainer_counts_gpt2_first_labels(example, examples, padded_step, tmp_path, monkeypatch):
-    """transformers 5.24 counts labels[..., 0] for GPT-2 (loss_type None): the padded step's loss is then
+    """Trainer counts labels[..., 0] for GPT-2 (loss_type None): the padded step's loss is then
     divided by one token too many per example and no longer equals the packed one."""
     fixed_loss, _, fixed_count = padded_step
     monkeypatch.setattr(example, "count_shifted_labels", lambda model: model)

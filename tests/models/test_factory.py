@@ -185,7 +185,7 @@ def test_an_unknown_name_fails_without_any_network_call(
 
 
 def test_a_cached_lookup_keeps_the_adapter_lookup_on_disk(monkeypatch: pytest.MonkeyPatch) -> None:
-    """transformers 5.24 asks the hub for adapter_config.json even with local_files_only=True unless
+    """transformers asks the hub for adapter_config.json even with local_files_only=True unless
     adapter_kwargs say so too: the cache-only load passes both."""
     import transformers
 

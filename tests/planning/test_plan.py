@@ -39,7 +39,7 @@ LITERAL = [
     ([6, 3, 2, 7], 8, "next_fit", [[0], [1, 2], [3]]),
     ([4, 4, 7, 2], 10, "best_fit_decreasing", [[2], [0, 1, 3]]),  # 2 goes to the fullest row
     ([2, 5, 4, 7, 1, 3, 8], 10, "best_fit_decreasing", [[6, 0], [3, 5], [1, 2, 4]]),
-    ([4, 4, 7, 2], 10, "first_fit_decreasing", [[2], [0, 1, 3]]),  # a name for best fit now
+    ([4, 4, 7, 2], 10, "first_fit_decreasing", [[2], [0, 1, 3]]),  # plans as best fit decreasing
     ([5, 3, 6, 2], 8, "histogram_best_fit", [[2, 3], [0, 1]]),
     ([5, 3, 6, 2], 8, "wrapped", [[0, 1], [2, 3]]),
 ]

@@ -8,17 +8,19 @@
 - ``backend``: the ``"padless"`` attention function registered with transformers, and its mask function.
 - ``rules``: what a model's own attention computes (windows, soft-capping, ALiBi...), read from its config.
 - ``positions``: how a model encodes positions, and when a packed row keeps ALiBi models exact.
-- ``adapters``: PEFT wrappers (LoRA, DoRA, IA3): the one unwrapping, and why prompt learning is refused.
+- ``adapters``: PEFT wrappers (LoRA, DoRA, IA3): the unwrapping every check reads, and why prompt learning is refused.
 - ``accept``: a batch or collator built without the model, checked against the model it meets.
 - ``facts``: everything the rule asks about a model (rules, mixers, device, compute dtype), read once
   and cached per model until it changes.
 - ``verdict``: the rule's answer (exact with what the batch must carry, or refused with why) and the one
   comparison of what a collator or batch carries with it.
-- ``select``: the ONE rule that says whether a model + backend + layout is exact, or refuses it, and the
-  backend table.
+- ``select``: the ONE rule that says whether a model + backend + layout is exact, or refuses it.
+- ``backend_table``: the backend table the rule reads: per attention backend, what a batch carries for it and
+  when it is refused.
 - ``mixers``: layers that mix tokens without the mask (gated DeltaNet, Mamba, short convolutions, RWKV...),
   found and patched to run on each packed document alone.
 - ``mixer_documents``: where a forward's documents lie, seen from a layer inside it.
 - ``per_document``: a layer run per document: grouped by length, right-padded, scattered back.
 - ``tree``: shared-prompt (tree) attention: completions attend to one prompt, not to each other.
+- ``transformers_compat``: the transformers internals padless relies on, and the version they were read from.
 """

@@ -11,8 +11,8 @@ it is made with ``model_free=True``, which leaves each batch to :func:`check_bat
 
 :func:`check_batch` checks one (model, batch) pair: it reads what the batch carries (a 4D mask, the
 varlen kwargs, or position ids alone) and the documents of each row (from the restarted
-``position_ids``), asks the one rule about this model, backend and longest document, and compares the
-batch's mask with the one the rule's windows call for, entry by entry. padless' own consumers of a
+``position_ids``), asks the exactness rule about this model, backend and longest document, and compares the
+batch's mask with the mask the rule's windows call for, entry by entry. padless' own consumers of a
 (model, batch) pair call it (``sequence_logprobs``, the guard's checks).
 
 :func:`check_attention_mask` is the model-free half, cheap enough for every step (``model_loss`` runs
@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import torch
 
 from padless.attention.adapters import base_model_of
 from padless.attention.verdict import BATCH_FIX as _FIX
@@ -83,7 +84,7 @@ def row_documents(batch: Mapping[str, Any]) -> list[list[int]]:
 
 def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` unless ``model(**batch)`` computes for every packed document exactly what
-    the document computes alone, by the one rule; return otherwise. Padded batches (a 2D
+    the document computes alone, by the exactness rule; return otherwise. Padded batches (a 2D
     ``attention_mask``) pass unchecked: they are not packed. What the batch carries is compared with
     the rule's :class:`padless.attention.verdict.Verdict` by the comparison :func:`padless.check_collator`
     makes of a collator's settings (:func:`padless.attention.verdict.mismatch`), then its 4D masks
@@ -232,8 +233,6 @@ def _packed_rows(batch: Mapping[str, Any], mask2d: Any) -> str:
 def _check_blocks(batch: Mapping[str, Any], mask: Any) -> None:
     """A 4D mask must hide, from every query of a row's second or later document, the key just before
     its document and the row's first key (a causal mask without document blocks shows both)."""
-    import torch
-
     positions = batch.get("position_ids")
     if positions is None or not isinstance(mask, torch.Tensor) or not isinstance(positions, torch.Tensor):
         return

@@ -1,15 +1,16 @@
 """padless attention in transformers: the ``"padless"`` attention backend and its mask function.
 
-How a packed batch reaches the attention function in transformers 5.24 (read from the sources and
-checked with a probe backend on GPT-2, Llama, Mistral and Qwen2): the model forwards its
-``**kwargs`` down to every attention layer, and the decoder layer adds ``position_ids``. So the
-attention function receives ``position_ids`` (the user's, or ``arange`` when none were given),
-``use_cache``, and, when the collator sends them, ``cu_seq_lens_q/k`` and ``max_length_q/k``
-(offsets over the flattened ``B * L`` tokens). Models with ``_supports_attention_backend = True``
-promise exactly this forwarding. Boundaries are taken from ``cu_seq_lens_q`` when present (checked
-against ``position_ids``, which must restart at every document), else from ``position_ids`` (a new
-document wherever a position is not its predecessor + 1), else from a :func:`packed_documents`
-context around the forward (for models that forward neither).
+How a packed batch reaches the attention function in transformers (in the version
+:mod:`padless.attention.transformers_compat` names, read from the sources and checked with a probe
+backend on GPT-2, Llama, Mistral and Qwen2): the model forwards its ``**kwargs`` down to every
+attention layer, and the decoder layer adds ``position_ids``. So the attention function receives
+``position_ids`` (the user's, or ``arange`` when none were given), ``use_cache``, and, when the
+collator sends them, ``cu_seq_lens_q/k`` and ``max_length_q/k`` (offsets over the flattened ``B * L``
+tokens). Models with ``_supports_attention_backend = True`` promise exactly this forwarding.
+Boundaries are taken from ``cu_seq_lens_q`` when present (checked against ``position_ids``, which must
+restart at every document), else from ``position_ids`` (a new document wherever a position is not its
+predecessor + 1), else from a :func:`packed_documents` context around the forward (for models that
+forward neither).
 
 Which mask transformers builds: ``create_causal_mask`` looks the backend name up in
 ``AttentionMaskInterface``. An unregistered name builds no mask at all, and also *drops* a 2D padding
@@ -22,15 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
+import torch
 
 from padless.attention.host import host_values
 from padless.attention.varlen import VarlenLayout, _LastValue, layout_from_host, varlen_attention
-
-if TYPE_CHECKING:
-    import torch
 
 BACKEND_NAME = "padless"
 """The name the padless attention function is registered under."""
@@ -80,8 +79,6 @@ def documents_context(position_ids: Any, cu_seqlens: Any, cu_seqlens_k: Any, max
 def cu_seqlens_from_position_ids(position_ids: torch.Tensor, batch: int) -> torch.Tensor:
     """``[N + 1]`` int32 offsets over the flat ``batch * L`` tokens: a document starts at every row
     start and wherever a position is not its predecessor + 1 (transformers' packed-row rule)."""
-    import torch
-
     _check_position_shape(position_ids, batch)
     pos = position_ids.expand(batch, -1)  # [B, L]
     start = torch.ones(pos.shape, dtype=torch.bool, device=pos.device)
@@ -188,16 +185,12 @@ def padless_attention(
 
     Under ``torch.compile`` it runs untraced (a graph break): its kernels plan buckets from the
     document lengths, which traced would become guards and recompile the graph for every batch."""
-    import torch
-
     if _UNTRACED and torch.compiler.is_compiling():
         return _UNTRACED[0](module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     return _attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
 
 def _attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs) -> tuple[torch.Tensor, None]:
-    import torch
-
     batch, heads, length, dim = query.shape
     if key.shape[2] != length:
         raise ValueError(
@@ -287,8 +280,6 @@ def register_padless_attention(name: str = BACKEND_NAME) -> str:
     from transformers.masking_utils import AttentionMaskInterface
 
     if not _UNTRACED:
-        import torch
-
         _UNTRACED.append(torch.compiler.disable(_attention, recursive=True))
     AttentionInterface.register(name, padless_attention)
     AttentionMaskInterface.register(name, padless_mask)

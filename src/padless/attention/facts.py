@@ -27,16 +27,15 @@ import enum
 import inspect
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from padless.attention.adapters import base_model_of
 from padless.attention.kernels import head_dim_of
 from padless.attention.mixers import MixerInfo, mixer_layers, mixer_refusal, patches
 from padless.attention.rules import AttentionRules, attention_rules, config_of, model_class_of
 from padless.devices import compute_target
-
-if TYPE_CHECKING:
-    import torch
 
 
 class MixerState(enum.Enum):
@@ -57,7 +56,7 @@ class ModelFacts:
     config: Any
     """The config of the model (of the model a PEFT adapter wraps), or the config itself."""
     model_class: type | None
-    """The causal-LM class (the one an adapter wraps, FSDP's swap undone); ``None``: unknown."""
+    """The causal-LM class (the class an adapter wraps, FSDP's swap undone); ``None``: unknown."""
     name: str
     """The model as the collators name what they were fitted to: ``"LlamaForCausalLM (sdpa)"``."""
     backend: str | None
@@ -124,7 +123,7 @@ def _read(model_or_config: Any, device: Any, dtype: Any) -> ModelFacts:
     config = config_of(model_or_config)
     model_class = model_class_of(model_or_config)
     has_modules = model_or_config is not None and hasattr(model_or_config, "named_modules")
-    modules = list(model_or_config.named_modules()) if has_modules else []  # the one walk
+    modules = list(model_or_config.named_modules()) if has_modules else []  # walked once; the facts below read it
     layers = mixer_layers(model_or_config, modules) if has_modules else []
     if not layers:
         state, reason = MixerState.NONE_FOUND, None
@@ -170,7 +169,7 @@ def _attention_free(model_class: type | None, state: MixerState, layers: list[Mi
 def attention_free(model_or_config: Any) -> bool:
     """A model (not a bare config: a config cannot show its layers) that runs no softmax attention and
     whose token mixers all run per document: its forward takes ``position_ids`` only through
-    ``**kwargs`` (Mamba, Mamba2, Falcon-Mamba, RWKV, xLSTM in transformers 5.24: no position embeddings
+    ``**kwargs`` (Mamba, Mamba2, Falcon-Mamba, RWKV, xLSTM in transformers: no position embeddings
     either), every token mixer is patched (:func:`padless.attention.mixers.mixer_refusal` is ``None``)
     and no module outside the mixers is an ``*Attention`` class. Restarted ``position_ids`` passed as a
     keyword then reach the mixers (the hook of :mod:`padless.attention.mixer_documents`), whatever
@@ -186,7 +185,7 @@ _SCALARS = (int, float, str, type(None))
 
 def _freeze(value: Any, depth: int = 0) -> Any:
     """A comparable copy of a config value: sub-configs and containers copied, so that a value changed
-    in place later differs from the one recorded."""
+    in place later differs from the recorded copy."""
     if isinstance(value, _SCALARS) or depth > 4:
         return value
     if isinstance(value, dict):

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    import torch
+import torch
 
 _COPIES: dict[int, tuple[weakref.ref, int, np.ndarray]] = {}
 """id(device tensor) -> (the tensor, its version when recorded, its values on the host)."""
@@ -66,13 +64,11 @@ def _remembered(tensor: torch.Tensor) -> np.ndarray | None:
 def host_values(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     """int64 host copies of integer ``tensors`` (same shapes): remembered copies for free, all the
     others in one transfer (one device sync however many there are)."""
-    import torch
-
     out: list[np.ndarray | None] = [_remembered(t) for t in tensors]
     missing = [i for i, v in enumerate(out) if v is None]
     if missing:
         flat = torch.cat([tensors[i].detach().reshape(-1).to(torch.int64) for i in missing])
-        fetched = flat.cpu().numpy()  # the one sync
+        fetched = flat.cpu().numpy()  # a single device sync for all missing tensors
         sizes = np.cumsum([tensors[i].numel() for i in missing])[:-1]
         for i, part in zip(missing, np.split(fetched, sizes)):
             out[i] = part.reshape(tuple(tensors[i].shape))
@@ -81,8 +77,6 @@ def host_values(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
 
 def to_device(values: np.ndarray, device: Any) -> torch.Tensor:
     """``values`` as a tensor on ``device``; to a GPU through pinned memory without blocking the host."""
-    import torch
-
     tensor = torch.from_numpy(np.ascontiguousarray(values))
     if torch.device(device).type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)

@@ -18,12 +18,13 @@ Two questions the exactness rule (:mod:`padless.attention.select`) and the varle
    to the grouped SDPA kernel instead of crashing inside the fused one.
 
 2. **Does the model's flash-attention code carry the document boundaries to the kernel?**
-   (:func:`flash_boundaries`). transformers 5.24 (``modeling_flash_attention_utils._flash_attention_forward``)
-   separates packed documents only when it receives ``cu_seq_lens_q/k`` with ``max_length_q/k``, or,
-   from ``position_ids`` alone, when the batch holds one row (``_is_packed_sequence``). Models that
-   declare ``_supports_attention_backend`` forward their ``**kwargs`` to the attention interface, so
-   the collator's ``cu_seq_lens_q/k`` reach the kernel. A few older models (GPT-Neo, Falcon, Bark)
-   call ``_flash_attention_forward`` themselves: what they pass is read from their source.
+   (:func:`flash_boundaries`). transformers (``modeling_flash_attention_utils._flash_attention_forward``,
+   :mod:`padless.attention.transformers_compat`) separates packed documents only when it receives
+   ``cu_seq_lens_q/k`` with ``max_length_q/k``, or, from ``position_ids`` alone, when the batch holds
+   one row (``_is_packed_sequence``). Models that declare ``_supports_attention_backend`` forward
+   their ``**kwargs`` to the attention interface, so the collator's ``cu_seq_lens_q/k`` reach the
+   kernel. A few older models (GPT-Neo, Falcon, Bark) call ``_flash_attention_forward`` themselves:
+   what they pass is read from their source.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ from __future__ import annotations
 import ast
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+import torch
+
+from padless.attention.transformers_compat import FLASH_FORWARD, FLASH_POSITION_IDS_ARG
 from padless.devices import dtype_name, is_half_precision
-
-if TYPE_CHECKING:
-    import torch
 
 Kernel = Literal["flash_attn", "torch_varlen"]
 
@@ -97,8 +98,6 @@ _NOT_INSTALLED = {
 
 def cuda_capability(device: torch.device | str) -> tuple[int, int] | None:
     """The compute capability of CUDA ``device`` (``None``: no CUDA device is visible to ask)."""
-    import torch
-
     if not torch.cuda.is_available():
         return None
     device = torch.device(device)
@@ -117,8 +116,6 @@ def kernel_refusal(
     (``None``: it can), naming it ``name`` (default: ``kernel``; the rule says ``flash_attention_2``).
     ``head_dim=None`` skips the head check; a CUDA device whose capability cannot be read here (no GPU
     visible to this process) is not held against the kernel, which checks again when it runs."""
-    import torch
-
     limits = LIMITS[kernel]
     name = name or kernel
     device = torch.device(device)
@@ -213,14 +210,14 @@ def _flash_calls(model_class: type) -> list[ast.Call]:
     from padless.attention.rules import _module_source
 
     source = _module_source(model_class)
-    if "_flash_attention_forward(" not in source:
+    if f"{FLASH_FORWARD}(" not in source:
         return []
     calls = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
             func = node.func
             name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-            if name == "_flash_attention_forward":
+            if name == FLASH_FORWARD:
                 calls.append(node)
     return calls
 
@@ -230,9 +227,5 @@ def _call_passes(call: ast.Call) -> str:
     names = {kw.arg for kw in call.keywords}
     if None in names or "cu_seq_lens_q" in names:
         return "cu_seq_lens"
-    positional_ids = len(call.args) > _POSITION_IDS_ARG
+    positional_ids = len(call.args) > FLASH_POSITION_IDS_ARG
     return "position_ids" if "position_ids" in names or positional_ids else "none"
-
-
-_POSITION_IDS_ARG = 7
-"""Index of ``position_ids`` among ``_flash_attention_forward``'s positional parameters (transformers 5.24)."""

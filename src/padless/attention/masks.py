@@ -30,14 +30,11 @@ exactly (a 4D *bool* mask is silently ignored by eager attention, ../shared/ENVI
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from padless.layout import document_ids_from_lengths
-
-if TYPE_CHECKING:
-    import torch
 
 
 def block_causal_mask(lengths: Sequence[int] | np.ndarray, window: int | None = None) -> np.ndarray:
@@ -68,8 +65,6 @@ def additive_block_causal_mask(
     and every row sums to the same ``L``. 0 where attention is allowed, ``finfo(dtype).min`` elsewhere
     (the dtype must match the model's, since SDPA adds it to the scores). ``window``: the model's
     sliding window, kept inside each document (see the diagram above)."""
-    import torch
-
     _check_window(window)
     dtype = dtype or torch.float32
     if not row_lengths:

@@ -16,13 +16,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from padless.attention.backend import _CONTEXT, cu_seqlens_from_position_ids, sent_boundaries
 from padless.attention.varlen import _LastValue
-
-if TYPE_CHECKING:
-    import torch
 
 _MODEL_POSITIONS: ContextVar[tuple[Any, bool]] = ContextVar("padless_model_positions", default=(None, False))
 """The ``position_ids`` the model's forward was given, and whether it was given a 2D padding mask."""
@@ -88,8 +87,6 @@ def _checked(cu: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
         )
     if cu.numel() == batch + 1 and bool((cu[1:] - cu[:-1] == length).all()):
         return None
-    import torch
-
     row_starts = torch.arange(0, batch * length, length, device=cu.device)
     if not bool(torch.isin(row_starts, cu.to(row_starts.dtype)).all()):
         raise ValueError("a document runs across the end of a row; every row must start a document")
@@ -224,6 +221,4 @@ class _WithDocuments:
 
 
 def _is_tensor(value: Any) -> bool:
-    import torch
-
     return isinstance(value, torch.Tensor)

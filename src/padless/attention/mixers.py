@@ -4,9 +4,9 @@ Hybrid and state-space models mix tokens in layers that take no attention mask: 
 (Qwen3.5, Qwen3-Next), Kimi delta attention, Mamba / Mamba2 mixers (Mamba, Bamba, Falcon-H1,
 GraniteMoeHybrid, Jamba, Nemotron-H, Zamba2, ...), short convolutions (LFM2), lightning attention
 (MiniMax), RG-LRU blocks (RecurrentGemma), RWKV time mixing and token shift, xLSTM. In transformers
-5.24 such a layer sees document boundaries only inside CUDA kernels (``fla``, ``causal_conv1d``,
-``mamba_ssm``) and only where the model passes them on; its torch fallback runs its state along the
-whole packed row, so a document reads the one before it.
+(the version :mod:`padless.attention.transformers_compat` names) such a layer sees document boundaries
+only inside CUDA kernels (``fla``, ``causal_conv1d``, ``mamba_ssm``) and only where the model passes them
+on; its torch fallback runs its state along the whole packed row, so a document reads the previous one.
 
 :func:`enable_per_document_mixers` patches each such layer in place: in a packed forward it runs the
 layer's *original* forward on each document alone, documents of similar length batched and
@@ -25,9 +25,8 @@ The per-document torch path is the default on every device, CUDA included. Opt-i
 the model's code would use is installed and the model passes boundaries to it (``fla`` for gated
 DeltaNet: ``cu_seqlens``; ``mamba_ssm`` + ``causal_conv1d`` for Mamba2 mixers: ``seq_idx``), flattens
 the row to one ``[1, B * L, H]`` sequence and hands the boundaries to the kernel instead
-(``how="kernel_cu_seqlens"``). Those kernels were not installed where this module was written: that
-path is written from the model code and has never run; check it with :func:`padless.verify_isolation`
-before training with it.
+(``how="kernel_cu_seqlens"``). That path follows the model code and no test runs it (the tests run
+without those kernels); check it with :func:`padless.verify_isolation` before training with it.
 """
 
 from __future__ import annotations
@@ -38,43 +37,18 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from padless.attention.mixer_documents import _capture_model_positions, _hook_checkpointed_layers, layer_documents
 from padless.attention.per_document import CACHE_ARGS, MASK_ARGS, run_per_document, run_with_boundaries
+from padless.attention.transformers_compat import TOKEN_MIXER_CLASSES
 from padless.devices import device_of
 
 PER_DOCUMENT, KERNEL = "per_document", "kernel_cu_seqlens"
 
-KINDS: dict[str, str] = {
-    # transformers 5.24 class name -> layer kind
-    "Qwen3_5GatedDeltaNet": "gated_deltanet",
-    "Qwen3_5MoeGatedDeltaNet": "gated_deltanet",
-    "Qwen3NextGatedDeltaNet": "gated_deltanet",
-    "LaraMiniGatedDeltaNet": "gated_deltanet",
-    "OlmoHybridGatedDeltaNet": "gated_deltanet",
-    "Qwen4ExpTextGatedDeltaNet": "gated_deltanet",
-    "KimiLinearDeltaAttention": "kimi_delta_attention",
-    "BailingHybridDeltaAttention": "kimi_delta_attention",
-    "Glm5NextTextLinearAttention": "kimi_delta_attention",
-    "Lfm2ShortConv": "short_conv",
-    "Lfm2MoeShortConv": "short_conv",
-    "Lfm3ShortConv": "short_conv",
-    "MambaMixer": "mamba",
-    "FalconMambaMixer": "mamba",
-    "JambaMambaMixer": "mamba",
-    "ZambaMambaMixer": "mamba",
-    "Mamba2Mixer": "mamba2",
-    "BambaMixer": "mamba2",
-    "FalconH1Mixer": "mamba2",
-    "GraniteMoeHybridMambaLayer": "mamba2",
-    "NemotronHMamba2Mixer": "mamba2",
-    "Zamba2MambaMixer": "mamba2",
-    "MiniMaxLightningAttention": "linear_attention",
-    "RecurrentGemmaRecurrentBlock": "rg_lru",
-    "RwkvSelfAttention": "rwkv",
-    "RwkvFeedForward": "rwkv_token_shift",
-    "xLSTMLayer": "xlstm",
-}
-"""Layer classes known to mix tokens without the attention mask, by kind. A layer is matched by its
+KINDS: dict[str, str] = TOKEN_MIXER_CLASSES
+"""Layer classes known to mix tokens without the attention mask, by kind (transformers' class names,
+:data:`padless.attention.transformers_compat.TOKEN_MIXER_CLASSES`). A layer is matched by its
 class name, so a model's own subclass copies (transformers' "Copied from") are matched too."""
 
 _KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -111,8 +85,6 @@ class MixerInfo:
 
 
 def _kind_of(module: Any) -> str | None:
-    import torch
-
     name = _base_class(module).__name__
     if name in KINDS:
         return KINDS[name]
@@ -138,8 +110,6 @@ def _how(kind: str, device_type: str, kernels: bool = False) -> str:
 
 
 def _device_type(model: Any) -> str:
-    import torch
-
     return torch.device(device_of(model)).type
 
 

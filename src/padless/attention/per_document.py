@@ -7,21 +7,20 @@ cache, state, padding mask or boundaries, and the outputs scattered back into th
 
 Correct for causal layers only (token ``t`` reads tokens ``<= t``), where trailing padding cannot
 change the outputs before it. :func:`run_with_boundaries` is the CUDA alternative: the row flattened to
-one sequence and its boundaries handed to the kernels (written from transformers 5.24's code, not
-exercised where this was written: the kernels are not installed).
+one sequence and its boundaries handed to the kernels (following transformers' model code, in the version
+:mod:`padless.attention.transformers_compat` names; unverified: no test runs it, the kernels are CUDA-only).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from padless.attention.mixer_documents import _no_positions
 from padless.attention.varlen import _LastValue
-
-if TYPE_CHECKING:
-    import torch
 
 CACHE_ARGS = ("cache", "cache_params", "past_key_values", "past_key_value", "layer_past", "state")
 """Argument names of a layer's cache or recurrent state."""
@@ -62,8 +61,6 @@ class _Group:
 
 
 def _plan(cu: torch.Tensor, max_padding: float, device: torch.device) -> list[_Group]:
-    import torch
-
     bounds = cu.tolist()
     starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     plan = []
@@ -79,8 +76,6 @@ def _plan(cu: torch.Tensor, max_padding: float, device: torch.device) -> list[_G
 
 
 def _is_token_tensor(value: Any, batch: int, length: int) -> bool:
-    import torch
-
     return isinstance(value, torch.Tensor) and value.ndim >= 2 and tuple(value.shape[:2]) == (batch, length)
 
 
@@ -119,8 +114,6 @@ def run_per_document(
     what it returns for the whole row: tensors ``[B, L, ...]`` assembled from the groups' outputs,
     anything else (a state from a call without one) as ``None``. ``arguments``: the row's call by
     name; ``arguments[hidden_name]`` ``[B, L, H]``; ``cu_seqlens`` ``[N + 1]`` over the flat tokens."""
-    import torch
-
     hidden = arguments[hidden_name]
     batch, length = hidden.shape[:2]
     plan = _PLANS.get(cu_seqlens, (max_padding, hidden.device), lambda: _plan(cu_seqlens, max_padding, hidden.device))
@@ -150,8 +143,6 @@ def run_with_boundaries(
     """The row flattened to one sequence ``[1, B * L, ...]`` and its boundaries handed to the CUDA
     kernels the layer's code calls: ``seq_idx`` ``[1, B * L]`` (the document of each token:
     ``causal_conv1d``, ``mamba_ssm``) and, with ``cu_kwargs``, ``cu_seq_lens_q/k`` (``fla``)."""
-    import torch
-
     hidden = arguments[hidden_name]
     batch, length = hidden.shape[:2]
     call = {k: v for k, v in arguments.items() if k not in _BOUNDARY_KWARGS and k not in MASK_ARGS}

@@ -5,8 +5,8 @@ Packing restarts ``position_ids`` at every document, so a model whose positions 
 models (BLOOM, MPT, Falcon with ``alibi=True``) take no ``position_ids``: they add ``-slope * (q - k)``
 to the attention scores. That bias is relative, so a block mask alone would keep them exact in exact
 arithmetic (inside a document the absolute offset adds a constant per query, which softmax ignores);
-whether transformers 5.24 lets a packed batch reach that is per model, as measured here
-(tests/attention/test_positions.py holds each verdict):
+whether transformers (the version :mod:`padless.attention.transformers_compat` names) lets a packed
+batch reach that is per model, as measured here (tests/attention/test_positions.py holds each verdict):
 
 - **MPT** (eager, its only attention implementation) takes the 4D block mask and is exact. Its bias
   is measured from the row's last key, so a document early in a long row adds a large per-query
@@ -29,6 +29,7 @@ import inspect
 from typing import Any, Literal
 
 from padless.attention.rules import config_of, model_class_of
+from padless.attention.transformers_compat import SERIES
 
 PositionScheme = Literal["position_ids", "alibi", "none"]
 """``position_ids``: positions come from the ``position_ids`` argument (rotary, learned tables);
@@ -62,12 +63,12 @@ def alibi_refusal(model_or_config: Any, *, backend: str) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type == "bloom":
         return (
-            "BLOOM builds its ALiBi bias from a 2D attention_mask in transformers 5.24 and cannot take the 4D "
+            f"BLOOM builds its ALiBi bias from a 2D attention_mask in transformers {SERIES} and cannot take the 4D "
             "block mask that keeps packed documents apart"
         )
     if model_type == "falcon":
         return (
-            "Falcon with alibi=True cannot take a 4D block mask in transformers 5.24, and rounds its ALiBi "
+            f"Falcon with alibi=True cannot take a 4D block mask in transformers {SERIES}, and rounds its ALiBi "
             "positions to bfloat16, so documents past a row's 256th token would get other biases than alone"
         )
     if backend not in _MASK4D_BACKENDS:

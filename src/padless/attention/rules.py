@@ -3,7 +3,8 @@ rule (:func:`padless.attention.select.check_exact`) and the 4D mask builder need
 
 A packed row is exact only if every token sees what it would see with its document alone. That is
 block-causal attention *intersected with the model's own rules*: a sliding window stays a window
-inside a packed document. How transformers 5.24 models declare their windows (read from
+inside a packed document. How transformers models declare their windows (in the version
+:mod:`padless.attention.transformers_compat` names, read from
 ``models/{mistral,starcoder2,gemma2,gemma3,qwen2}/modeling_*.py``):
 
 - ``config.layer_types`` (Gemma 2/3, Qwen2, Qwen3, Cohere2, ...): layer ``i`` is
@@ -43,7 +44,7 @@ PER_TOKEN_LAYER_TYPES = ("mlp", "moe", "dense", "ffn")
 _SLIDING_MASK_MARKS = ("sliding_window_causal_mask", SLIDING, "sliding_window_mask",
                        "_prepare_4d_causal_attention_mask_with_cache_position")  # fmt: skip
 """Source text of models whose mask path honours ``config.sliding_window``; a model whose source has a
-window setting and none of these (Moshi, OLMoE in transformers 5.24) builds a plain causal mask on
+window setting and none of these (Moshi, OLMoE) builds a plain causal mask on
 sdpa / eager, so its packed mask must not carry a window either."""
 
 
@@ -52,7 +53,7 @@ _SINK_MARK = "s_aux="
 _OFFSET_POSITIONS_MARK = "create_position_ids_from_input_ids"
 """RoBERTa-family embeddings number positions from ``padding_idx + 1`` when they compute them."""
 _POSITION_MASK_MARK = re.compile(r"(create_\w*mask\(|mask_function\(|mask_kwargs = \{)[^)}]*position_ids", re.S)
-"""A mask builder called with ``position_ids``: transformers 5.24 then finds the documents of a packed
+"""A mask builder called with ``position_ids``: transformers then finds the documents of a packed
 row from restarted position ids (``find_packed_sequence_indices``, any batch size, no 2D mask, no
 cache) and builds per-document masks with the model's own windows."""
 _MASK4D_MARKS = ("masking_utils", "_prepare_4d")
@@ -73,8 +74,8 @@ class AttentionRules:
     per_layer_type: bool
     """The model picks a mask per layer type (``config.layer_types``)."""
     accepts_mask_dict: bool
-    """The base model takes a dict ``layer type -> 4D mask`` as ``attention_mask`` (transformers 5.24
-    models with ``layer_types``)."""
+    """The base model takes a dict ``layer type -> 4D mask`` as ``attention_mask`` (transformers models
+    with ``layer_types``)."""
     other_layer_types: tuple[str, ...]
     """Layer types that are not block-causal attention (recurrent, linear, chunked, ...): their state
     runs along the whole row, across documents."""
@@ -128,7 +129,7 @@ class AttentionRules:
 
 
 def model_class_of(model_or_config: Any) -> type | None:
-    """The causal-LM class of a model (the one a PEFT adapter wraps: :func:`base_model_of`), or the one
+    """The causal-LM class of a model (the class a PEFT adapter wraps: :func:`base_model_of`), or the class
     transformers maps a config to (``None``: unknown)."""
     if model_or_config is None:
         return None

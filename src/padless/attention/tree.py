@@ -35,15 +35,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from padless.attention.host import host_values, remember_host_copy, to_device
 from padless.attention.varlen import CPU_COST, CUDA_COST, _LastValue, bucket_documents, sdpa_shares_kv_heads
-
-if TYPE_CHECKING:
-    import torch
 
 TREE_KWARGS = ("tree_cu_seqlens", "tree_parents")
 """Batch keys that carry a shared-prefix tree to padless attention."""
@@ -122,8 +121,6 @@ def additive_tree_mask(
     """``[B, 1, L, L]`` float mask for rows given as ``(segment lengths, row-local parents)``; every row
     sums to the same ``L``. 0 where attention is allowed, ``finfo(dtype).min`` elsewhere (the model's
     dtype: sdpa adds it to the scores; eager ignores a bool mask)."""
-    import torch
-
     dtype = dtype or torch.float32
     if not rows:
         raise ValueError("additive_tree_mask needs at least one row")
@@ -159,8 +156,6 @@ class TreePlan:
 
 def plan_tree(cu: np.ndarray, parents: np.ndarray, device: Any, width: int = 768) -> TreePlan:
     """Validate a flat tree (``cu`` ``[S + 1]`` offsets, ``parents`` ``[S]``) and bucket its virtual documents."""
-    import torch
-
     if cu.ndim != 1 or cu.size < 2 or cu[0] != 0:
         raise ValueError(f"tree_cu_seqlens must be 1-D offsets starting at 0, got {cu.tolist()[:8]}")
     lengths = np.diff(cu)
@@ -222,9 +217,6 @@ def tree_attention(
     ``tree_parents`` ``[S]`` (see the module docstring). ``sliding_window = w``: a query sees the ``w``
     most recent positions of its virtual document (itself included). Returns ``[T, Hq, D]``.
     """
-    import torch
-    import torch.nn.functional as F
-
     if q.ndim != 3 or k.shape != v.shape or k.shape[0] != q.shape[0] or q.shape[1] % k.shape[1]:
         raise ValueError(
             f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must be [T, H, D] with Hq % Hk == 0"
@@ -284,8 +276,6 @@ def reference_tree_attention(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """The slow oracle: the dense :func:`tree_causal_mask` over all ``T`` tokens, float32 scores."""
-    import torch
-
     t, hq, d = q.shape
     cu = tree_cu_seqlens.cpu().numpy().astype(np.int64)
     parents = tree_parents.cpu().numpy().astype(np.int64)

@@ -30,17 +30,16 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from padless.attention.host import host_values, to_device
 from padless.attention.kernels import flash_attn_installed, kernel_refusal
 from padless.devices import is_half_precision
 from padless.planning.partition import optimal_length_partition
-
-if TYPE_CHECKING:
-    import torch
 
 VarlenImpl = Literal["auto", "grouped_sdpa", "flash_attn", "torch_varlen"]
 IMPLS: tuple[str, ...] = ("auto", "grouped_sdpa", "flash_attn", "torch_varlen")
@@ -139,8 +138,6 @@ def layout_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, max_seqlen: int
 def layout_from_host(cu: np.ndarray, total: int, max_seqlen: int | None, device, on_device=None) -> VarlenLayout:
     """A :class:`VarlenLayout` from host offsets ``cu`` ``[N + 1]`` checked against ``total`` tokens;
     ``on_device``: the same offsets already on a device (else copied there without blocking)."""
-    import torch
-
     if cu[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
     if cu[-1] != total:
@@ -191,8 +188,6 @@ def _ranges(lengths: np.ndarray) -> np.ndarray:
 
 
 def _sdpa_supports_gqa() -> bool:
-    import torch
-
     return torch.__version__ >= (2, 5)
 
 
@@ -213,9 +208,6 @@ def sdpa_shares_kv_heads(device_type: str, dtype: torch.dtype, masked: bool, hea
 
 
 def _grouped_sdpa(q, k, v, layout: VarlenLayout, *, scale, causal, dropout_p, sliding_window, softcap):
-    import torch
-    import torch.nn.functional as F
-
     if softcap is not None:
         raise ValueError(
             "logit soft-capping is not supported by the grouped_sdpa kernel (SDPA has no soft-cap); "
@@ -280,8 +272,6 @@ flash_attn_available = flash_attn_installed
 def torch_varlen_available(device=None) -> bool:
     """Whether torch ships ``torch.nn.attention.varlen.varlen_attn`` and ``device`` (default: the current
     CUDA device) is a GPU its flash kernel runs on (sm80+; :data:`padless.attention.kernels.LIMITS`)."""
-    import torch
-
     if not torch.cuda.is_available():
         return False
     return kernel_refusal("torch_varlen", "cuda" if device is None else device, torch.bfloat16) is None
@@ -414,8 +404,6 @@ def reference_varlen_attention(
 ) -> torch.Tensor:
     """The slow oracle: dense ``[T, T]`` document mask, scores and softmax in float32 (float64 if the
     inputs are), same shapes and conventions as :func:`varlen_attention` (no dropout)."""
-    import torch
-
     t, hq, d = q.shape
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     kk = k.to(work).repeat_interleave(hq // k.shape[1], dim=1)

@@ -1,4 +1,4 @@
-"""The rule's answer, :class:`Verdict`, and the one comparison of what a batch carries with what it needs.
+"""The rule's answer, :class:`Verdict`, and the comparison of what a batch carries with what it needs.
 
 :func:`padless.attention.select.decide` reads a model's facts (:class:`padless.attention.facts.ModelFacts`)
 for a backend, a row length and a layout and returns a :class:`Verdict`: exact, or refused with the

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from padless.attention.host import remember_moved
-from padless.devices import device_of  # noqa: F401 (re-exported: the one device of a model)
+from padless.devices import device_of  # noqa: F401 (re-exported: a model's device)
 
 
 @dataclass(frozen=True)

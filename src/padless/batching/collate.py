@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
 
 from padless.batching.batch import NOT_FORWARD, PackedBatch, Placements, batch_to, device_of, forward_inputs  # noqa: F401 (re-exported)
 from padless.batching.rowformat import FeatureSpec, RowFormat, Sequences, round_up  # noqa: F401 (re-exported)
@@ -35,9 +36,6 @@ from padless.layout import (
     mask_document_starts,
     position_ids_from_lengths,
 )
-
-if TYPE_CHECKING:
-    import torch
 
 
 @dataclass
@@ -53,8 +51,6 @@ class PaddingCollator:
     """Validation and separator handling, shared with :class:`PackingCollator`."""
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        import torch
-
         seqs = self.features.prepare(features)
         width = round_up(int(seqs.lengths.max()), self.pad_to_multiple_of)
         input_ids = np.full((len(seqs.input_ids), width), self.pad_token_id, dtype=np.int64)
@@ -109,8 +105,8 @@ class PackingCollator(RowFormat):
     def pack(self, features: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, list[list[int]], Placements]:
         """Plan and place tokens: ``input_ids`` and ``labels`` ``[R, L]``, each row's document lengths
         (the trailing pad, if any, is the last document of its row) and the :class:`Placements`.
-        Refuses once the features are validated if this collator was never fitted to a model
-        (:meth:`check_fitted`).
+        Refuses once the features are validated if this collator holds no
+        :attr:`~padless.batching.rowformat.RowFormat.verdict` its settings fit (nor ``model_free=True``).
 
         Features that carry ``seq_lengths`` are rows packed beforehand (:class:`padless.PackedRows`,
         ``padless pack``): each becomes one row with those documents, without re-planning.
@@ -118,44 +114,40 @@ class PackingCollator(RowFormat):
         prepacked = ["seq_lengths" in f for f in features]
         if any(prepacked) and not all(prepacked):
             raise ValueError("the batch mixes pre-packed rows (with 'seq_lengths') and single sequences")
-        if prepacked and all(prepacked):
+        packed_before = bool(prepacked) and all(prepacked)
+        plan = None
+        if packed_before:
             seqs = FeatureSpec(vocab_size=self.features.vocab_size).prepare(features)
             placements = self._prepacked(features, seqs.lengths)
-            self.check_fitted()
-            return self._place(seqs, placements)
-        seqs = self.features.prepare(features)
-        lengths = seqs.lengths
-        if self.max_length is None:  # one row of every sequence, in order
-            self.check_fitted()
-            self._count(None, lengths)
-            whole = np.zeros(lengths.size, dtype=np.int64)
-            return self._place(
-                seqs,
-                Placements.from_plan(
-                    index=np.arange(lengths.size),
-                    start=whole,
-                    length=lengths,
-                    row_offsets=[0, lengths.size],
-                    num_features=lengths.size,
-                ),
-            )
-        from padless.planning.plan import plan_packs
+        else:
+            seqs = self.features.prepare(features)
+            if self.max_length is not None:
+                from padless.planning.plan import plan_packs
 
-        plan = plan_packs(lengths, self.max_length, strategy=self.strategy, overlong=self.overlong)
-        self.check_fitted()  # after the input's own errors, before anything is counted
-        self._count(plan.stats, lengths)
-        if plan.num_rows == 0:
-            raise ValueError("every sequence of the batch was dropped by the overlong policy; nothing to train on")
-        return self._place(
-            seqs,
-            Placements.from_plan(
+                plan = plan_packs(seqs.lengths, self.max_length, strategy=self.strategy, overlong=self.overlong)
+        self._check_verdict()  # checked once: after the input's own errors, before anything is counted
+        if plan is not None:
+            self._count(plan.stats, seqs.lengths)
+            if plan.num_rows == 0:
+                raise ValueError("every sequence of the batch was dropped by the overlong policy; nothing to train on")
+            placements = Placements.from_plan(
                 index=plan.index,
                 start=plan.start,
                 length=plan.length,
                 row_offsets=plan.row_offsets,
                 num_features=plan.num_sequences,
-            ),
-        )
+            )
+        elif not packed_before:  # no max_length: one row of every sequence, in order
+            lengths = seqs.lengths
+            self._count(None, lengths)
+            placements = Placements.from_plan(
+                index=np.arange(lengths.size),
+                start=np.zeros(lengths.size, dtype=np.int64),
+                length=lengths,
+                row_offsets=[0, lengths.size],
+                num_features=lengths.size,
+            )
+        return self._place(seqs, placements)
 
     def _prepacked(self, features: Sequence[Mapping[str, Any]], totals: np.ndarray) -> Placements:
         """One row per pre-packed feature, its documents as pieces."""
@@ -200,8 +192,6 @@ class PackingCollator(RowFormat):
         return input_ids, labels, row_docs, placements
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> PackedBatch:
-        import torch
-
         input_ids, labels, row_docs, placements = self.pack(features)
         position_ids = np.stack([position_ids_from_lengths(docs) for docs in row_docs])
         batch = self.row_inputs(input_ids, labels, position_ids, row_docs)

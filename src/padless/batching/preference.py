@@ -78,6 +78,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from padless.attention.accept import is_tree
 from padless.batching.batch import PackedBatch, Placements
@@ -123,7 +124,7 @@ def check_batch_for_model(model: Any, batch: Any) -> None:
         )
     if "tree_cu_seqlens" not in batch and mask is None and backend != BACKEND_NAME and is_tree(batch):
         raise ValueError(f"this shared-prompt batch has neither a tree mask nor tree kwargs; {backend!r} cannot run it")
-    if "tree_cu_seqlens" not in batch and not is_tree(batch):  # documents only: the one batch check
+    if "tree_cu_seqlens" not in batch and not is_tree(batch):  # documents only: the shared batch check
         from padless.attention.accept import check_batch
 
         check_batch(model, batch)
@@ -228,7 +229,7 @@ class _GroupCollator(RowFormat):
     groups whose completions all are, counted after ``overlong``)."""
 
     _batch_type = PackedBatch
-    needs_model = False  # sequence_logprobs checks each (model, batch) pair before the forward
+    _checked_downstream = True  # sequence_logprobs checks each (model, batch) pair before the forward
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -312,14 +313,12 @@ class _GroupCollator(RowFormat):
         return [plan.row(r)[0].tolist() for r in range(plan.num_rows)]
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> PackedBatch:
-        import torch
-
         from padless.attention.tree import additive_tree_mask
 
         if len(features) == 0:
             raise ValueError("the batch is empty: a collator needs at least one feature")
         groups = self._read(features)
-        self.check_fitted()  # a fitted collator whose settings changed since is refused
+        self._check_verdict()  # a fitted collator whose settings changed since is refused
         groups, kept = self._fitted(groups)
         first_feature = np.concatenate([[0], np.cumsum([len(g.completions) for g in groups])])
         rows = self._rows(groups)
@@ -661,8 +660,6 @@ def _count(entries: Any) -> int | None:
 
 def _rollout_tensors(groups: list[_Group], pad_token_id: int) -> dict[str, Any]:
     """The packed groups' completions in TRL's ``(B, T)`` layout (the module docstring)."""
-    import torch
-
     flat = [(g, j) for g in groups for j in range(len(g.completions))]
     lengths = np.array([g.real(j) for g, j in flat], dtype=np.int64)  # [B]
     inside = np.arange(int(lengths.max())) < lengths[:, None]  # [B, T]: row b's first lengths[b] columns

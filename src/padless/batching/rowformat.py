@@ -8,16 +8,16 @@ and what shape the packed rows take (:class:`RowFormat`).
   the 4D mask's dtype and sliding windows. Its fields are documented here once;
   :class:`padless.PackingCollator`, :class:`padless.PreferenceCollator` and
   :class:`padless.RolloutCollator` are row formats that differ only in how features become pieces.
-  :meth:`RowFormat.for_model` is the one sequence that fits a format to a model: the exactness rule
+  :meth:`RowFormat.for_model` fits any row format to a model, in these steps: the exactness rule
   (:func:`padless.attention.select.check_exact`) -> the backend's inputs -> the mask dtype and windows
   -> the vocabulary.
 - :func:`check_collator`: the check that a format built without the model fits it (the same rule,
   its settings compared with the rule's verdict); it returns the format fitted. A fitted format holds
   the rule's :class:`padless.attention.verdict.Verdict` (:attr:`RowFormat.verdict`), and a packing
   collator collates only fitted, by one or the other, with settings that still fit that verdict, or
-  made ``model_free=True`` (:meth:`RowFormat.check_fitted`, where a batch is built); preference and
+  made ``model_free=True`` (checked once, where a batch is built); preference and
   rollout batches are checked where ``sequence_logprobs`` reads them.
-- :func:`round_up`: the one row-width rounding (``pad_to_multiple_of``).
+- :func:`round_up`: row-width rounding (``pad_to_multiple_of``) for every row format.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+import torch
 
 from padless.attention.adapters import base_model_of
-from padless.devices import device_of
+from padless.devices import compute_target
 from padless.layout import (
     ATTENTION_INPUTS,
     AttentionInputs,
@@ -44,8 +45,6 @@ from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
 from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES
 
 if TYPE_CHECKING:
-    import torch
-
     from padless.attention.verdict import Verdict
 
 _Format = TypeVar("_Format", bound="RowFormat")
@@ -203,7 +202,7 @@ def check_feature_keys(feature: Mapping[str, Any], where: str, loss_weights: str
 
 
 def round_up(n: int, multiple: int | None) -> int:
-    """``n`` rounded up to a multiple of ``multiple`` (``None`` or 0: ``n``): the one row-width rounding."""
+    """``n`` rounded up to a multiple of ``multiple`` (``None`` or 0: ``n``), as every row width is rounded."""
     return n if not multiple else -(-n // multiple) * multiple
 
 
@@ -244,8 +243,10 @@ class RowFormat:
     """The one rule's verdict on the model this format was fitted to (its name, backend, row length,
     layout and what the batch must carry): set by :meth:`for_model` and :func:`check_collator`.
     ``None``: built without a model, and such a :class:`padless.PackingCollator` refuses to collate
-    (:attr:`needs_model`); a format whose settings no longer fit the verdict (``dataclasses.replace``)
-    refuses too (:meth:`check_fitted`), unless :attr:`model_free` says so."""
+    (its preference and rollout kin collate, their batches checked by ``sequence_logprobs``); a format
+    whose settings no longer fit the verdict (``dataclasses.replace``) refuses too, where a batch is
+    built, unless :attr:`model_free` says so. The one name of the fitted state: ``verdict is None``
+    is "not fitted"."""
     model_free: bool = False
     """``True`` states that this format collates without knowing the model and that its batches are
     yours to check: a model-free batch cannot carry the model's sliding windows, chunked attention,
@@ -274,23 +275,18 @@ class RowFormat:
                 f"windows apply to the 4D mask only; attention={self.attention!r} takes the model's own windows"
             )
 
-    needs_model = True  # a class attribute, not a field
-    """Whether a format built without a model refuses to collate. ``True`` for
-    :class:`padless.PackingCollator`, whose batches go straight to ``model(**batch)``; the preference
-    and rollout collators set ``False``: their batches are read by ``sequence_logprobs``, which checks
-    every (model, batch) pair (:func:`padless.check_batch`) before the forward."""
+    _checked_downstream = False  # a class attribute, not a field
+    """``True`` where a format without a :attr:`verdict` may collate all the same because every batch
+    it makes is checked before a forward: the preference and rollout collators, whose batches
+    ``sequence_logprobs`` reads after :func:`padless.check_batch`; a :class:`padless.PackingCollator`'s
+    batches go straight to ``model(**batch)``, so it needs the verdict."""
 
-    @property
-    def fitted_to(self) -> Verdict | None:
-        """:attr:`verdict` (its ``model`` names what this format was fitted to), by its earlier name."""
-        return self.verdict
-
-    def check_fitted(self) -> None:
-        """Raise ``ValueError`` unless this format may collate: fitted to a model (:attr:`verdict`)
-        with settings that still fit the verdict, explicitly :attr:`model_free`, or of a kind that does
-        not need the model (:attr:`needs_model`). Collators call it once the features are validated,
-        before they build a batch, so no batch that some model would run contaminated leaves a
-        collator that never saw the model, and bad input is still reported by name."""
+    def _check_verdict(self) -> None:
+        """Raise ``ValueError`` unless this format may collate: it holds a :attr:`verdict` its settings
+        still fit, or is :attr:`model_free`, or its batches are checked downstream
+        (:attr:`_checked_downstream`). The one check where a batch is built: collators call it once the
+        features are validated, so no batch that some model would run contaminated leaves a collator
+        that never saw the model, and bad input is still reported by name."""
         if self.model_free:
             return
         name = type(self).__name__
@@ -303,7 +299,7 @@ class RowFormat:
                 f"({changed}), which that model was not checked for; fit it again: "
                 f"{name}.for_model(model, ...) or padless.check_collator(model, collator)"
             )
-        if not self.needs_model:
+        if self._checked_downstream:
             return
         raise ValueError(
             f"this {name} was built without a model, so its batches cannot carry the model's sliding windows, "
@@ -317,8 +313,6 @@ class RowFormat:
         """What of this format's settings does not fit ``verdict`` (empty: all of it fits): the row
         length and layout it was judged for, then what the batch carries, by the comparison
         :func:`padless.check_batch` makes of a batch (:func:`padless.attention.verdict.mismatch`)."""
-        import torch
-
         from padless.attention.verdict import mismatch
 
         judged = {"max_length": verdict.max_length, "layout": verdict.layout}
@@ -367,7 +361,8 @@ class RowFormat:
         ``device`` and ``dtype``: where training will run and its compute dtype (e.g. ``"cuda"`` and
         ``torch.bfloat16`` under autocast over float32 weights), when they differ from where the
         weights sit now (a collator is often built before the model is moved); default: the model's
-        device and ``model.dtype``.
+        device and compute dtype (:func:`padless.devices.compute_target`: an FSDP2 model's
+        ``param_dtype``, else ``model.dtype``).
 
         Hybrid and state-space models (gated DeltaNet, Mamba / Mamba2 mixers, short convolutions, ...)
         just work: their token mixers are first patched to run on each packed document alone
@@ -384,8 +379,7 @@ class RowFormat:
         from padless.attention.mixers import enable_per_document_mixers
 
         backend = model.config._attn_implementation
-        device = device_of(model) if device is None else device
-        dtype = getattr(model, "dtype", None) if dtype is None else dtype
+        device, dtype = compute_target(model, device, dtype)
         if model_facts(model, device, dtype).mixers_patchable:  # unknown kinds: the rule says why not
             enable_per_document_mixers(model)  # idempotent; keeps no-mixer models untouched
         verdict = select.check_exact(
@@ -435,8 +429,6 @@ class RowFormat:
         what :attr:`attention` carries: the 4D block-causal mask (with :attr:`windows`) or
         ``cu_seq_lens_q/k`` and ``max_length_q/k``. ``row_docs=None``: the caller adds the attention
         inputs (a shared-prompt tree)."""
-        import torch
-
         batch: dict[str, Any] = {
             "input_ids": torch.from_numpy(input_ids),
             "labels": torch.from_numpy(labels),
@@ -465,14 +457,12 @@ def check_collator(model: Any, collator: _Format, *, device: Any = None, dtype: 
     """The collator fitted to ``model`` (a copy holding the rule's verdict, :attr:`RowFormat.verdict`; the running
     totals stay shared), if the batches ``collator`` (a :class:`padless.PackingCollator`,
     :class:`padless.PreferenceCollator` or :class:`padless.RolloutCollator`, built with or without the
-    model) makes are exact on it; raise ``ValueError`` naming why otherwise. It asks the one rule once
+    model) makes are exact on it; raise ``ValueError`` naming why otherwise. It asks the exactness rule once
     for this model, layout and row length (its :class:`padless.attention.verdict.Verdict`), then
     compares the collator's settings (attention inputs, sliding windows, mask dtype) with what the
     verdict needs, by the comparison :func:`padless.check_batch` makes of a batch's contents
     (:func:`padless.attention.verdict.mismatch`). ``device`` / ``dtype``: where training runs
     (default: the model's parameters)."""
-    import torch
-
     from padless.attention import select
     from padless.attention.verdict import mismatch
 

@@ -107,7 +107,7 @@ class _Reader:
             raise ValueError(f"the source must be iterable, got a {type(source).__name__}")
 
     def snapshot(self, pos: int) -> Any:
-        """Where to re-open so that the next example is the one at ``pos``; called between examples."""
+        """Where to re-open so that the next example is the example at ``pos``; called between examples."""
         return self.source.state_dict() if self.kind == "stateful" else pos
 
     def open(self, pos: int, snapshot: Any) -> Iterator[Any]:

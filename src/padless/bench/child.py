@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from padless.atomic import atomic_write_text
 
 
 def _child(argv: list[str]) -> int:
-    import torch
-
     from padless.bench.config import RunConfig
     from padless.bench.schema import from_plain
     from padless.bench.train import load_data, resolve_device_dtype, run_one_strategy

@@ -65,7 +65,7 @@ class RunConfig:
     fp32 master weights under autocast."""
     tokenizer: str | None = None
     """Tokenizer name or path; default: the model's (padless.models.factory.tokenizer_name_for: gpt2
-    for the GPT-2 sizes, the packaged one for smollm2-135m); results.json records the one used."""
+    for the GPT-2 sizes, the packaged one for smollm2-135m); results.json records the tokenizer used."""
     full_logits: bool = False
     """Compute logits at every position, as Trainer does (default: only for trained tokens, for every
     strategy; the loss is the same)."""

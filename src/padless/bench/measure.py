@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+import torch
+
 from padless.bench.results import CompileRecord, Environment, StrategyRun
 
 if TYPE_CHECKING:
-    import torch
-
     from padless.bench.timing import CpuTimes
     from padless.models.compile import CompileStats
 
@@ -159,8 +159,6 @@ def _version(package: str) -> str:
 
 def environment_snapshot(device: torch.device | str = "cpu") -> Environment:
     """Versions, device, CPU and thread count, OS and date: where a run's figures came from."""
-    import torch
-
     import padless
 
     device = torch.device(device)

@@ -23,11 +23,9 @@ import re
 import sys
 import threading
 import typing
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    import torch
-
+import torch
 
 MemoryMethod = Literal["accelerator-max-allocated", "vmhwm", "statm-sampler", "ru_maxrss"]
 CPU_MEMORY_METHODS: tuple[MemoryMethod, ...] = ("vmhwm", "statm-sampler", "ru_maxrss")
@@ -88,14 +86,12 @@ class PeakMemory:
         peak = mem.stop()  # bytes, or None where nothing could be measured
 
     ``method`` is chosen at construction: the accelerator's allocator statistics on an accelerator,
-    else the first of :data:`CPU_MEMORY_METHODS` that works here (or the one passed in).
+    else the first of :data:`CPU_MEMORY_METHODS` that works here (or the method passed in).
     """
 
     def __init__(
         self, device: torch.device | str = "cpu", method: MemoryMethod | None = None, interval_s: float = 0.005
     ):
-        import torch
-
         self.device = torch.device(device)
         if method is None:
             if self.device.type != "cpu":
@@ -113,8 +109,6 @@ class PeakMemory:
         self._thread: threading.Thread | None = None
 
     def _accel(self):  # torch.accelerator where it exists, else torch.<device type>
-        import torch
-
         accel = getattr(torch, "accelerator", None)
         if accel is not None and hasattr(accel, "max_memory_allocated"):
             return accel

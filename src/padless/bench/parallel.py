@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any  # torch is imported where used: `padless bench --help` imports this module
 
 
 def init_distributed(device_name: str, distributed: str = "ddp") -> tuple[int, int]:
     """``(rank, world_size)``; under ``torchrun`` this joins the process group (gloo on CPU, NCCL on
     CUDA), after binding the process to its own GPU (:func:`padless.devices.resolve_device`: ``LOCAL_RANK``
-    where that many GPUs are visible, else the one the launcher left visible). ``distributed="fsdp"``
+    where that many GPUs are visible, else the GPU the launcher left visible). ``distributed="fsdp"``
     joins with one process too (FSDP2 shards over a group), and outside ``torchrun`` is refused."""
     import os
 

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
+
 from padless.bench.timing import synchronizer
 
 if TYPE_CHECKING:
-    import torch
-
     from padless.bench.flops import ModelShape
 
 Timer = Callable[[Callable[[], object], int], float]
@@ -42,8 +42,6 @@ def gemm_timer(device: torch.device | str) -> Timer:
     """How :func:`measure_peak_flops` times a batch of GEMMs on ``device``: CUDA events recorded around
     the batch on a CUDA device (no host sync inside the batch), else the wall clock between two
     device syncs."""
-    import torch
-
     device = torch.device(device)
     if device.type == "cuda":
 
@@ -83,8 +81,6 @@ def measure_peak_flops(
     are timed as autocast runs them). Each shape runs for at least ``min_time_s`` in batches of
     back-to-back GEMMs (doubled until a batch lasts ``min_time_s / 10``); the fastest batch, per GEMM,
     counts. ``timer`` defaults to :func:`gemm_timer` of ``device``. Returns ``(FLOP/s, "M x K x N dtype")``."""
-    import torch
-
     from padless.devices import dtype_name
 
     device = torch.device(device)

@@ -51,7 +51,8 @@ REQUIRED_CONFIG = (
     "lr",
 )
 """Config fields a results file must carry (every RunConfig field has a default for the command line,
-but a figure cannot be read without these); the others were added later and may be absent."""
+but a figure cannot be read without these); the others may be absent, and readers must not
+require them."""
 
 RunState = Literal["complete", "interrupted"]
 

@@ -26,7 +26,7 @@ of every row length.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any  # torch is imported where used: `padless bench --help` imports this module
 
 from padless.bench.config import RunConfig
 from padless.bench.parallel import init_distributed

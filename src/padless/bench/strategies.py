@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any  # torch is imported where used: `padless bench --help` imports this module
 
 Feature = Mapping[str, Any]
 Batcher = Callable[[Sequence[Feature]], list[dict[str, Any]]]

@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 def _no_sync() -> None:
@@ -26,8 +24,6 @@ def synchronizer(device: torch.device | str) -> Callable[[], None]:
 
     Uses ``torch.accelerator.synchronize`` where torch has it, else the device module's own
     ``synchronize`` (``torch.<device type>.synchronize``)."""
-    import torch
-
     device = torch.device(device)
     if device.type == "cpu":
         return _no_sync

@@ -2,8 +2,8 @@
 
 Before packing it prints what it will do with the data, one line each: the input and its kind, the
 tokenizer (name and vocabulary), what is trained (``--train-on auto``: assistant turns for chats, every
-token for text) and what a sequence over ``--max-length`` does (``--overlong``, the one default of
-padless). A rerun with other flags names each flag that changed.
+token for text) and what a sequence over ``--max-length`` does (``--overlong``, with padless' shared
+default). A rerun with other flags names each flag that changed.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Lengths come from a file (``--lengths``), a built-in synthetic distribution (``--dist``) or real data
 (``--data``: a data file or a built-in corpus, tokenized with ``--tokenizer`` or the tokenizer of
 ``--model``); the flags and the description shared with ``padless plan`` are in
-:mod:`padless.cli._shared`. Sequences over ``--max-length`` follow ``--overlong`` with the one default
-of padless (``error``): stats prints what it found, then refuses as packing would.
+:mod:`padless.cli._shared`. Sequences over ``--max-length`` follow ``--overlong`` with padless' shared
+default (``error``): stats prints what it found, then refuses as packing would.
 """
 
 from __future__ import annotations

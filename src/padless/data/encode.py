@@ -18,7 +18,7 @@ default). A text whose tokens end with EOS, or a chat whose rendering ends with 
 template's end-of-turn token (the special token it writes last: ``<|im_end|>`` in SmolLM2's ChatML,
 which is also its EOS; ``<|eot_id|>`` in Llama 3's), ends there: whitespace after that token (ChatML's
 closing ``"\\n"``) is left out and nothing is appended; the token keeps the label of the turn it
-closes. Any other example gets EOS appended by the one separator rule
+closes. Any other example gets EOS appended by the separator rule
 (:func:`padless.layout.append_separator`): it is a target exactly when the token before it is one (the
 end of a trained reply is learned; the end of a masked tool result is not). With GPT-2 and
 :data:`padless.data.chat.DEFAULT_CHAT_TEMPLATE`, ``<|im_end|>`` is plain text, so a chat ends
@@ -241,7 +241,7 @@ class _DocumentEnd:
 
     def close(self, ids: list[int], labels: list[int], end: frozenset[int]) -> tuple[list[int], list[int]]:
         """``ids`` ending with exactly one token of ``end``: cut after it where only whitespace follows,
-        else EOS appended by the one separator rule (:func:`padless.layout.append_separator`)."""
+        else EOS appended by the separator rule (:func:`padless.layout.append_separator`)."""
         k = len(ids)
         while k and ids[k - 1] not in end and self.blank(ids[k - 1]):
             k -= 1

@@ -42,7 +42,7 @@ class RecordError(ValueError):
 
 
 def where(number: int, unit: Unit = "record") -> str:
-    """``"line 3"`` or ``"record 3"``: the one way a record is named (``number`` counts from 1)."""
+    """``"line 3"`` or ``"record 3"``: how every message names a record (``number`` counts from 1)."""
     return f"{unit} {number}"
 
 
@@ -105,7 +105,7 @@ def check_text(record: Mapping[str, Any], at: str) -> str:
 
 def record_tokens(record: Mapping[str, Any], at: str, vocab_size: int) -> tuple[list[int], list[int] | None]:
     """The record's pre-tokenized ``(input_ids, labels or None)``, as :func:`check_text` gives its text:
-    validated by :func:`padless.layout.check_tokens` (the one token validator: ids inside the
+    validated by :func:`padless.layout.check_tokens` (the token validator of every reader: ids inside the
     vocabulary, labels of the same length, each -100 or an id), whose refusal becomes a
     :class:`RecordError` of the same reason, so ``on_error="skip"`` counts it."""
     from padless.layout import TokenError

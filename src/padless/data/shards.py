@@ -6,7 +6,7 @@ Parquet, records read whole; :mod:`padless.data.synthetic`): :meth:`~PackInput.s
 one shard into :class:`ShardTokens` in any process. Readers of records hand them to
 :func:`encode_shard` (one kind of record per input; pre-tokenized ids checked, text and chats
 tokenized); readers of flat token columns use :func:`check_flat`. Both validate with
-:func:`padless.layout.check_tokens`, the one token validator, so a bad token gets the same message
+:func:`padless.layout.check_tokens`, which every reader shares, so a bad token gets the same message
 from every form, prefixed with where it is (``d.jsonl, line 3``, ``d.parquet, record 3``).
 """
 

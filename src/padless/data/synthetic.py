@@ -25,7 +25,7 @@ class SyntheticTokens:
     """``n`` sequences of random token ids, lengths from a named distribution: a sequence whose items are
     the same on every read (block ``b`` of 4096 is drawn from the seed ``(seed, b)``), generated on the fly.
 
-    ``DIST:N[:P1[:P2...]]``: the lengths come from the one generator of synthetic lengths
+    ``DIST:N[:P1[:P2...]]``: the lengths come from padless' generator of synthetic lengths
     (:func:`padless.planning.lengths.draw_lengths`), ``P1, P2...`` replacing its defaults in order:
     ``lognormal:N[:median[:sigma[:cap]]]`` (default 60, 1 and 2048: short texts, mean ~99 tokens) or
     ``uniform:N[:low[:high]]`` (default 10..500).

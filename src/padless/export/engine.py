@@ -14,7 +14,7 @@ markers would survive it. A task per shard keeps both, and Ray still gives the s
 object store for the shared arguments (the input description and the plan) and retries.
 
 Errors: a ``ValueError`` raised by a stage (a bad record) is returned as a value and re-raised on the
-driver, the one of the lowest item first, so a run reports the same error on any engine. A worker
+driver, the lowest item's error first, so a run reports the same error on any engine. A worker
 process that dies (killed, out of memory, a lost node) is retried by Ray (``max_retries``) on another
 worker: the stages only write whole files under fixed names (:mod:`padless.atomic`), so running one
 twice is harmless.
@@ -62,7 +62,7 @@ class LocalEngine:
 
 
 class RayEngine:
-    """Tasks on a Ray cluster: a local one of ``num_workers`` CPUs, or the one at ``address``
+    """Tasks on a Ray cluster: a local one of ``num_workers`` CPUs, or the cluster at ``address``
     (``ray start``, KubeRay; ``auto`` for the cluster this process runs in), at most ``num_workers``
     tasks at once."""
 

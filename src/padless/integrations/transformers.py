@@ -6,7 +6,8 @@
 ``dataset`` holds ``input_ids`` (and optionally ``labels``) per example: a ``datasets.Dataset``, a list
 of dicts, :meth:`padless.data.load.TokenizedCorpus.features`, or rows packed beforehand by
 :func:`padless.pack_dataset` (with ``seq_lengths``: each is kept as it is). Three things connect
-padless to Trainer (transformers 5.24, read from its sources):
+padless to Trainer (read from the sources of the transformers version
+:mod:`padless.attention.transformers_compat` names):
 
 1. Rows. Trainer builds its DataLoader from a *sampler* and ``per_device_train_batch_size``; the only
    batch sampler it accepts is its own ``BatchRebalanceSampler``. So ``get_train_dataloader`` (the
@@ -22,9 +23,9 @@ padless to Trainer (transformers 5.24, read from its sources):
    ``cost_a`` is given; :mod:`padless.planning.balance`, docs/balance.md). Either way every rank runs the
    same number of micro-batches and every row is trained once per epoch (``remainder="empty"``).
 2. Attention. The model's attention backend must isolate documents for this model, device and dtype
-   (:func:`padless.attention.select.resolve_backend` decides, else ``ValueError`` naming one that can); the collator
-   (:meth:`padless.PackingCollator.for_model`) sends what that backend needs: ``cu_seq_lens_q/k``
-   for ``padless``, a 4D block-causal mask for ``sdpa``/``eager``.
+   (:meth:`padless.PackingCollator.for_model` asks the exactness rule once, else ``ValueError`` naming one that
+   can); the collator holds its verdict and sends what that backend needs: ``cu_seq_lens_q/k`` for
+   ``padless``, a 4D block-causal mask for ``sdpa``/``eager``; the start line reads that verdict.
 3. Loss. Trainer sums the trained tokens of an optimiser step over its micro-batches and ranks
    (``num_items_in_batch``, ``average_tokens_across_devices``) and scales each rank's loss by the
    world size, as padless' ``step_num_items`` and ``causal_lm_loss(world_size=W)`` do. It counts the
@@ -57,9 +58,11 @@ from padless._optional import require
 
 require("accelerate", "transformers.Trainer")
 
+import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import Trainer  # noqa: E402
 
+from padless.attention.transformers_compat import DISTRIBUTED_LOADING
 from padless.batching.collate import PackingCollator
 from padless.batching.rows import PackedRowView
 from padless.batching.samplers import DistributedPackedBatchSampler
@@ -96,7 +99,8 @@ def count_shifted_labels(model: Any) -> Any:
 
 
 def shifts_labels(model: Any) -> bool:
-    """Whether Trainer counts ``labels[..., 1:]`` for ``model`` (the rule of transformers 5.24)."""
+    """Whether Trainer counts ``labels[..., 1:]`` for ``model`` (transformers' rule, read from
+    :data:`padless.attention.transformers_compat.LOSS_UTILS`)."""
     from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 
     return LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss and not getattr(
@@ -211,13 +215,12 @@ def balance_said(options: Mapping[str, Any]) -> str:
 def exact_collator(
     model: Any, max_length: int | None, *, device: Any, pad_token_id: int, dtype: Any = None, **kwargs: Any
 ) -> PackingCollator:
-    """A :class:`padless.PackingCollator` for ``model``, after :func:`padless.attention.select.resolve_backend` has
-    accepted the model's attention backend for the device training runs on, its compute ``dtype``
-    (``None``: the model's; see :func:`training_dtype`) and the row length. The model may still sit
-    on the CPU in fp32: what counts is where the step runs."""
-    from padless.attention.select import resolve_backend
-
-    resolve_backend(model.config._attn_implementation, device=device, dtype=dtype, config=model, max_length=max_length)
+    """A :class:`padless.PackingCollator` fitted to ``model`` (:meth:`padless.PackingCollator.for_model`:
+    the exactness rule asked once, its verdict held as the collator's ``verdict``, else ``ValueError`` naming
+    a backend that is exact) for the device training runs on, its compute ``dtype`` (``None``: the
+    model's, an FSDP2 model's ``param_dtype`` included: :func:`padless.devices.compute_target`; see
+    :func:`training_dtype`) and the row length. The model may still sit on the CPU in fp32: what
+    counts is where the step runs."""
     return PackingCollator.for_model(
         model, device=device, dtype=dtype, max_length=max_length, pad_token_id=pad_token_id, **kwargs
     )
@@ -226,8 +229,6 @@ def exact_collator(
 def training_dtype(args: Any) -> Any:
     """The compute dtype of a Trainer step: bf16 or fp16 autocast over the weights when ``args.bf16`` or
     ``args.fp16`` is set (fp32 master weights train in the half dtype), else ``None`` (the model's)."""
-    import torch
-
     if getattr(args, "bf16", False):
         return torch.bfloat16
     if getattr(args, "fp16", False):
@@ -271,7 +272,7 @@ LAYOUT_NAMES: dict[str, str] = {"mask4d": "4d-mask", "varlen": "varlen", "positi
 
 def start_line(model: Any, collator: PackingCollator | None, *, rows: str, documents: str) -> str:
     """The line a padless trainer logs when training starts: the model, its attention backend, the row
-    layout the collator sends, the one rule's verdict (the collator was fitted to this model by
+    layout the collator sends, the rule's verdict (the collator was fitted to this model by
     ``for_model`` or :func:`padless.check_collator`, which raise otherwise), the ``rows`` and the
     ``documents`` per row::
 
@@ -293,7 +294,7 @@ def start_line(model: Any, collator: PackingCollator | None, *, rows: str, docum
             windows = ", ".join(map(str, sorted({w for w in windows.values() if w is not None}))) or None
         if windows is not None:
             layout += f" with sliding window {windows}"
-        verdict = "exact (padless rule)" if collator.fitted_to is not None else "not checked by padless' rule"
+        verdict = "exact (padless rule)" if collator.verdict is not None else "not checked by padless' rule"
         parts += [f"layout {layout}", verdict]
     return ", ".join([*parts, rows, documents])
 
@@ -481,12 +482,13 @@ PACKED_TRAINER_WORDS: dict[str, str] = {
 def owns_its_sharding(model: Any) -> None:
     """Tell Trainer that ``model``, sharded by :func:`padless.models.fsdp.shard_model` before it was handed over,
     places its parameters and reduces its gradients itself: Trainer neither moves it nor wraps it in
-    DDP, and prepares only the optimiser. That is Trainer's path (transformers 5.24) for a model
-    sharded at load time (``from_pretrained(distributed_config=...)``), which it reads from the
-    model's ``is_distributed_loading_by_transformers``; the flag behind it is set here. Trainer
+    DDP, and prepares only the optimiser. That is Trainer's path
+    (:data:`padless.attention.transformers_compat.DISTRIBUTED_LOADING`) for a model sharded at load time
+    (``from_pretrained(distributed_config=...)``), which it reads from the model's
+    ``is_distributed_loading_by_transformers``; the flag behind it is set here. Trainer
     refuses checkpoints with optimiser state for such a model: pass ``save_only_model=True`` or
     ``save_strategy="no"``."""
-    if not hasattr(type(model), "is_distributed_loading_by_transformers"):
+    if not hasattr(type(model), DISTRIBUTED_LOADING):
         import transformers
 
         raise ValueError(

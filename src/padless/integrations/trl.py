@@ -19,7 +19,7 @@ The same class, the same ``SFTConfig``; what ``packing``, ``padding_free`` and `
 * neither: TRL's padded batches, unchanged.
 
 In both packed modes the collator is :meth:`padless.PackingCollator.for_model` for the model's
-attention backend, after :func:`padless.attention.select.resolve_backend` has accepted it (``padless`` varlen
+attention backend, fitted by the exactness rule, whose verdict it holds (``padless`` varlen
 attention, or ``sdpa``/``eager`` with a 4D block-causal mask; a backend that cannot isolate documents
 for this model is refused). The loss is TRL's own: summed over tokens and divided by the trained
 tokens of the whole optimiser step, all micro-batches and ranks. For a model whose ``loss_type``
@@ -38,7 +38,7 @@ dicts, made a ``Dataset``) are checked by padless' record checks before TRL read
 (:func:`check_sft_records`), so a misspelt field fails naming the record, the field and the fields it
 has, not with a ``KeyError`` from inside ``datasets.map``. padless' errors raised inside name the
 trainer argument (``SFTTrainer(overlong=...)``, ``SFTConfig(max_length=...)``: :data:`SFT_WORDS`).
-``train`` first logs one line: model, attention backend, row layout, the one rule's verdict, rows and
+``train`` first logs one line: model, attention backend, row layout, the rule's verdict, rows and
 documents per row (:func:`padless.integrations.transformers.start_line`).
 
 ``GRPOTrainer`` and ``DPOTrainer`` are imported from here too: TRL's RL trainers whose log-prob passes
@@ -55,6 +55,7 @@ from padless._optional import require
 
 require("trl", "padless.integrations.trl")
 
+import torch  # noqa: E402
 import trl  # noqa: E402
 
 from padless.integrations.datasets import pack_dataset, resolve_strategy  # noqa: E402
@@ -425,8 +426,6 @@ class PackedSFTTrainer(trl.SFTTrainer):
         before = getattr(self, "_total_train_tokens", None)
         out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         if self._padless_mode is not None and before is not None and self.model.training:
-            import torch
-
             fed = torch.tensor(inputs["input_ids"].numel(), device=inputs["input_ids"].device)
             total = int(self.accelerator.gather_for_metrics(fed).sum().item())
             self._total_train_tokens = before + total // getattr(self, "_tp_size", 1)

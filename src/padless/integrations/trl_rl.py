@@ -24,7 +24,7 @@ head that divides the logits by the temperature. Here each pass reads the same t
 
 Layouts. ``share_prompt`` (an argument of both trainers): ``True`` puts each prompt once before its
 completions (a tree: a 4D mask on sdpa/eager, tree kwargs on padless attention), ``False`` makes every
-completion its own document; ``None`` (default) shares the prompt wherever the one rule accepts that
+completion its own document; ``None`` (default) shares the prompt wherever the exactness rule accepts that
 layout for the model's backend, else packs documents and says why in the start line. ``max_length``:
 tokens per packed row; ``None`` (default) packs each forward chunk (TRL's ``batch_size`` rollouts, or a
 DPO micro-batch) into one row, the cheapest form for padless attention; on sdpa/eager the 4D mask grows
@@ -53,6 +53,7 @@ from padless._optional import require
 
 require("trl", "padless.integrations.trl")
 
+import torch  # noqa: E402
 import trl  # noqa: E402
 
 from padless.integrations.transformers import announce, start_line, trainer_words, training_dtype  # noqa: E402
@@ -349,8 +350,6 @@ class PackedGRPOTrainer(_PackedLogprobs, trl.GRPOTrainer):
         only with ``compute_entropy``; aux loss None. Forward chunks hold at most ``batch_size``
         completions, whole groups only; with ``balance="cost"`` as many chunks, of even cost
         (:func:`_forward_chunks`). Each chunk's log-probs go back to their TRL rows."""
-        import torch
-
         from padless.batching.batch import batch_to
         from padless.objectives.rollouts import completion_token_stats
 
@@ -545,7 +544,6 @@ class PackedDPOTrainer(_PackedLogprobs, trl.DPOTrainer):
         kwargs: dict[str, Any],
         fields: tuple[str, ...],
     ) -> Any:
-        import torch
         from trl.trainer.utils import FusedCausalLMOutput
 
         from padless.batching.batch import batch_to

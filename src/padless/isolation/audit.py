@@ -8,7 +8,7 @@ For each document span ``(row, offset, length)``:
 
 1. its logits inside the batch must equal its logits alone (``input_ids`` of the document only,
    ``use_cache=False``): the largest absolute difference, judged against the same documents
-   right-padded together (padding's own noise) and the dtype's floor, by the one judgment of
+   right-padded together (padding's own noise) and the dtype's floor, by the judgment of
    :mod:`padless.isolation.compare`;
 2. no token before it may be trained to predict its first token: ``labels[row, offset]`` must be
    ignored when ``offset > 0`` (a *cross-document target*).
@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from padless.batching.batch import forward_inputs
 from padless.layout import IGNORE_INDEX
@@ -70,8 +72,6 @@ def audit_batch(
     """Feed ``batch`` (labels withheld, ``forward_kwargs`` added, e.g. ``use_cache=False`` as a trainer
     would) to ``model`` and compare each span with the document alone (see the module docstring).
     The model runs in eval mode (no dropout) and is put back as it was."""
-    import torch
-
     from padless.isolation.compare import Document, compare_documents, compute_dtype, computing_in
 
     if not spans:

@@ -1,4 +1,4 @@
-"""The one comparison of a batch's logits with each document run alone, and the one judgment.
+"""A batch's logits compared with each document run alone, and the judgment of that difference.
 
 Every isolation check of padless (:func:`padless.verify_isolation`, :class:`padless.IsolationGuard`,
 :func:`padless.isolation.audit.audit_batch`) runs a document alone (its token ids, positions
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from padless.devices import compute_dtype, dtype_name, is_half_precision  # noqa: F401 (compute_dtype re-exported)
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where used: `padless verify` refuses bad flags before torch loads
     import torch
 
 NOISE_FACTOR = 4.0

@@ -20,11 +20,15 @@ A checked document is a piece of the batch that starts a document (its first tok
 nothing): it is run alone with the same token ids and positions ``0..n-1``. Pieces at a row's
 offset 0 are checked last (nothing precedes them to leak from). The checked documents are also run
 right-padded together, and the packed differences are judged against that padding noise and the
-dtype's floor (:mod:`padless.isolation.compare`). The dtype is the one the logits were computed
+dtype's floor (:mod:`padless.isolation.compare`). The dtype is the dtype the logits were computed
 in: under ``torch.autocast`` (fp32 master weights, ``Trainer(bf16=True)``) the bf16 logits are
 judged with bf16's floor, and the documents are re-run under the same autocast. Dropout makes any
 two forwards differ, so given logits are refused while dropout is active; ``logits=None`` re-runs
 the batch with the model in eval mode. The cost is measured by benchmarks/guard.py.
+
+The guard does not consult the exactness rule (:func:`padless.attention.select.check_exact`) nor the
+collator's verdict: it measures, so that it also catches what the rule's verdict cannot see, a
+model, backend or batch changed after the verdict was given.
 """
 
 from __future__ import annotations
@@ -35,12 +39,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import torch
 
 from padless.devices import dtype_name
 
 if TYPE_CHECKING:
-    import torch
-
     from padless.isolation.compare import Evidence, Tolerance
 
 
@@ -145,8 +148,6 @@ class IsolationGuard:
 
     def check(self, model: Any, batch: Mapping[str, Any], logits: torch.Tensor | None = None) -> GuardCheck:
         """Run the chosen documents alone and compare (no counting, no raising)."""
-        import torch
-
         from padless.batching.batch import forward_inputs
         from padless.devices import compute_dtype
         from padless.isolation.compare import NOISE_FACTOR, Document, compare_documents, computing_in
@@ -186,22 +187,20 @@ class IsolationGuard:
                     )
         finally:
             model.train(was_training)
-        verdict = result.judgment
+        judgment = result.judgment  # measured against the noise floor, not the rule's verdict
         pieces = [(d.index, d.row, d.columns[0], len(d.columns)) for d in docs]
         return GuardCheck(
             self.calls,
             pieces,
-            verdict.measured,
-            verdict.limit,
-            verdict.noise,
+            judgment.measured,
+            judgment.limit,
+            judgment.noise,
             dtype_name(dtype),
             tuple(result.evidence),
         )
 
 
 def _dropout_active(model: Any) -> bool:
-    import torch
-
     if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
         return True
     config = getattr(model, "config", None)

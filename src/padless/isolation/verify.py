@@ -65,7 +65,7 @@ from padless.isolation.compare import (
     tolerance_for,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where used: `padless verify` refuses bad flags before torch loads
     import torch
 
 
@@ -528,7 +528,7 @@ def _switch_backend(model: Any, backend: str, name: str, run: _Run) -> BackendRe
     reason = run.verdicts[name]
     if reason is not None:
         return BackendResult(name, "refused", detail=reason)
-    use_backend(backend)  # registers padless attention where it is the one chosen
+    use_backend(backend)  # registers padless attention where it is the backend chosen
     try:
         model.set_attn_implementation(backend)
     except (ImportError, ValueError) as exc:

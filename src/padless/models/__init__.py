@@ -7,4 +7,6 @@
   gradient accumulation under DDP / FSDP2, whole tensors gathered from the shards.
 
 Loading from a model hub offline-first lives in :mod:`padless.hub` (the floor), since data/ uses it too.
+What padless relies on in transformers' internals, and the version it was read from, is
+:mod:`padless.attention.transformers_compat` (in attention, which reads most of it and which models may import).
 """

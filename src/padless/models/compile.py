@@ -27,7 +27,7 @@ x0.96-0.98 of eager, bucketing x0.87-0.95, and 30-85 s of cold compiling on top;
 (4 x 256): x0.95-1.03. ``dynamic=True`` compiled 9 frames for packing where static shapes with
 rows rounded to 128 compiled 36 (one packed row per micro-batch takes many lengths), and static
 bucketing (rows x length) reached dynamo's recompile limit. So ``padless bench`` stays eager by
-default; ``--compile dynamic`` is the one to try on other hardware.
+default; ``--compile dynamic`` is the mode to try on other hardware.
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch  # torch._dynamo: imported where used (loading it is slow)
 
 BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 """Keyword arguments that carry a packed batch's document boundaries to the attention layers."""
@@ -112,8 +111,6 @@ def decoder_layers(model: Any) -> torch.nn.ModuleList:
     """The decoder's list of blocks: the first ``nn.ModuleList`` (outermost first) whose length is the
     config's number of layers and whose entries are all of one class (GPT-2's ``transformer.h``,
     Llama's ``model.layers``, ...). ``ValueError`` when there is none."""
-    import torch
-
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = getattr(model, "config", None)
@@ -141,8 +138,6 @@ def compile_layers(model: Any, **torch_compile_kwargs: Any) -> CompileCounter:
     ``ValueError`` when no decoder layers are found (:func:`decoder_layers`), or when the layers are
     compiled already.
     """
-    import torch
-
     layers = decoder_layers(model)
     done = [i for i, layer in enumerate(layers) if getattr(layer, "_compiled_call_impl", None) is not None]
     if done:
@@ -163,7 +158,7 @@ _FLASH_SENT: list[dict[str, Any]] = []
 """The boundary kwargs a compiled flash layer's wrapper took out of its arguments (innermost last);
 empty outside such a call. Read only by untraced code: traced, its tensors would become guards."""
 _FLASH_ACTIVE: list[bool] = [False]
-"""Whether :data:`_FLASH_SENT` holds anything: the one value traced code reads (a stable guard)."""
+"""Whether :data:`_FLASH_SENT` holds anything: the only value traced code reads (a stable guard)."""
 _FLASH_ORIGINAL: list[Callable[..., Any]] = []
 """transformers' own flash_attention_2 function, once :func:`route_flash_attention` replaced it."""
 
@@ -224,7 +219,6 @@ def route_flash_attention() -> None:
     (idempotent; :func:`compile_layers` calls it for a flash-attention model)."""
     if _FLASH_ORIGINAL:
         return
-    import torch
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 

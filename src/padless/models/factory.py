@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where used: `padless pack` and `verify` resolve model names without it
     import torch
     from transformers import PretrainedConfig, PreTrainedModel
 
@@ -213,12 +213,15 @@ def check_checkpoint(reference: Any, folder: Path, input_ids: list[int]) -> None
 
 def _load_pretrained(name: str, **kwargs: Any) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained`` whose ``local_files_only`` also covers the adapter
-    lookup: without ``adapter_kwargs`` transformers 5.24 asks the hub for ``adapter_config.json``
-    (25 s of retries offline) even when told to stay on disk."""
+    lookup: without ``adapter_kwargs`` transformers asks the hub for ``adapter_config.json``
+    (25 s of retries offline) even when told to stay on disk
+    (:data:`padless.attention.transformers_compat.ADAPTER_KWARGS`)."""
     from transformers import AutoModelForCausalLM
 
+    from padless.attention.transformers_compat import ADAPTER_KWARGS
+
     if kwargs.get("local_files_only"):
-        kwargs.setdefault("adapter_kwargs", {"local_files_only": True})
+        kwargs.setdefault(ADAPTER_KWARGS, {"local_files_only": True})
     return AutoModelForCausalLM.from_pretrained(name, **kwargs)
 
 

@@ -17,7 +17,7 @@ rows with their ``cu_seq_lens`` or block mask, and the exactness rule
 (:func:`padless.attention.select.check_exact`) reads the model's config and attention backend,
 which sharding keeps.
 
-The loss is the one of DDP. FSDP2 averages the reduce-scattered gradients over the ranks (its
+The loss is the same as under DDP. FSDP2 averages the reduce-scattered gradients over the ranks (its
 default divide factor is the world size), so :func:`padless.model_loss` with
 ``world_size=W`` and the step's trained tokens counted over every micro-batch and rank
 (:func:`padless.step_num_items`) gives each rank its shard of exactly the gradient one process
@@ -38,10 +38,10 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
+import torch.distributed as dist  # its fsdp, tensor and device_mesh: imported where used (heavy, not in every build)
 
 
 def init_distributed(device: str = "auto") -> torch.device:
@@ -54,12 +54,9 @@ def init_distributed(device: str = "auto") -> torch.device:
     is joined even with one process, so :func:`shard_model` runs there too; outside it nothing is
     joined. ``ValueError`` names a device this machine does not have.
     """
-    import torch
-    import torch.distributed as dist
-
     from padless.devices import resolve_device
 
-    rank_device = resolve_device(device)  # bare cuda: LOCAL_RANK, or the one GPU the launcher left visible
+    rank_device = resolve_device(device)  # bare cuda: LOCAL_RANK, or the single GPU the launcher left visible
     if rank_device.type == "cuda":
         torch.cuda.set_device(rank_device)
     if os.environ.get("WORLD_SIZE") and not dist.is_initialized():  # launched by torchrun
@@ -92,8 +89,6 @@ def shard_model(
     ``ValueError`` when ``torch.distributed`` is not initialised, the model is sharded already, its
     parameters sit on several devices, or no decoder layers are found.
     """
-    import torch
-    import torch.distributed as dist
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
     from padless.models.compile import decoder_layers
@@ -139,8 +134,6 @@ def _mesh_on(model: Any) -> Any:
     """A 1-D device mesh over every rank, of the device type the model's parameters are on (FSDP2's
     own default takes the machine's accelerator: CUDA on a GPU box even for a gloo run on the CPU).
     On CUDA the parameters must sit on this rank's current device, where FSDP2 puts its shards."""
-    import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     devices = {p.device for p in model.parameters()}
@@ -168,7 +161,7 @@ def compute_dtype(model: Any) -> torch.dtype | None:
     (``param_dtype`` of :func:`shard_model`), else ``None`` (the parameters' own). What the
     exactness rule must judge (flash kernels take 16-bit inputs only), not ``model.dtype``, which
     stays the fp32 of the shards: :func:`padless.devices.sharded_param_dtype`, which
-    :func:`padless.devices.compute_target` (the one compute dtype) reads too."""
+    :func:`padless.devices.compute_target` (a training step's compute dtype) reads too."""
     from padless.devices import sharded_param_dtype
 
     return sharded_param_dtype(model)

@@ -12,10 +12,10 @@ changes nothing here: the log-probs are those of each sequence alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    import torch
+import torch
+import torch.nn.functional as F
 
 
 def _split(pairs: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,9 +42,6 @@ def dpo_loss(
     ``reduction``: ``mean`` over pairs (TRL's), ``sum`` (divide by the step's pair count yourself
     under gradient accumulation), ``none`` (``[N]``). Computed in float32 at least.
     """
-    import torch
-    import torch.nn.functional as F
-
     if ref_chosen is None and ref_rejected is None:
         (policy_chosen, policy_rejected), (ref_chosen, ref_rejected) = (
             _split(policy_chosen, "policy"), _split(policy_rejected, "reference"))  # fmt: skip

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,6 @@ def packed_eval_loss(
     (:meth:`padless.PackingCollator.for_model`). No example is cut: one longer than ``max_length``
     raises. Runs under ``torch.no_grad()``; the model's mode is left as it is (call ``model.eval()``).
     """
-    import torch
-
     from padless.batching.batch import batch_to
     from padless.batching.collate import PackingCollator
     from padless.objectives.logprobs import sequence_logprobs

@@ -23,15 +23,13 @@ A feature cut by ``overlong="truncate"`` counts the tokens that were kept.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
 
 from padless.batching.batch import forward_inputs
 from padless.layout import IGNORE_INDEX
-
-if TYPE_CHECKING:
-    import torch
 
 
 def _packed_positions(labels: np.ndarray, placements: Any) -> tuple[np.ndarray, ...]:
@@ -107,8 +105,6 @@ def sequence_logprobs(
     ``trained_logits_only``: run the LM head only on the hidden states of the positions that predict a
     trained token (as :func:`padless.model_loss` does); it then skips prompts and padding.
     """
-    import torch
-
     from padless.attention.accept import check_attention_mask
 
     check_attention_mask(batch)  # a 2D mask on packed rows: refused whoever ran the forward

@@ -29,12 +29,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
 from padless.batching.batch import forward_inputs
 from padless.layout import IGNORE_INDEX
 
 if TYPE_CHECKING:
     import numpy as np
-    import torch
 
 LossWeighting = Literal["token", "sequence", "weights"]
 """How the tokens of a step are weighed against each other (see the module docstring)."""
@@ -54,9 +57,6 @@ def step_num_items(
     ``torch.distributed`` is initialised and ``all_ranks``, all-reduced over every rank. With
     ``weighting="sequence"`` the step's documents with a trained token; with ``"weights"`` the sum of
     the trained tokens' weights (float64)."""
-    import torch
-    import torch.distributed as dist
-
     total = torch.zeros((), dtype=torch.float64 if weighting == "weights" else torch.long)
     labels_device = None
     for batch in micro_batches:
@@ -74,8 +74,6 @@ def reduce_device(labels_device: torch.device | None, backend: str) -> torch.dev
     for backends that reduce device tensors, on the CPU for gloo. NCCL needs a CUDA tensor: labels
     still on the CPU fall back to the current CUDA device, which is the rank's own only if the
     process called ``torch.cuda.set_device(local_rank)`` (the bench does: ``padless.bench.parallel.init_distributed``)."""
-    import torch
-
     if backend == "gloo":
         return torch.device("cpu")
     if labels_device is not None and labels_device.type != "cpu":
@@ -102,8 +100,6 @@ def causal_lm_loss(
     with ``labels``: the weight of the target at each position, :func:`target_weights`) weigh each
     token's CE.
     """
-    import torch.nn.functional as F
-
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} do not match")
     if float(num_items) <= 0:
@@ -113,9 +109,6 @@ def causal_lm_loss(
 
 
 def _ce_sum(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-    import torch
-    import torch.nn.functional as F
-
     flat = logits.reshape(-1, logits.shape[-1])
     flat = flat.to(torch.promote_types(flat.dtype, torch.float32))  # half -> float32; a float64 oracle keeps float64
     if weights is None:
@@ -126,8 +119,6 @@ def _ce_sum(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor |
 
 def _shift(weights: torch.Tensor | None) -> torch.Tensor | None:
     """Weights aligned with labels -> aligned with the logits that predict them (as the targets)."""
-    import torch.nn.functional as F
-
     return None if weights is None else F.pad(weights[..., 1:], (0, 1), value=0.0)
 
 
@@ -162,7 +153,6 @@ def target_weights(batch: Mapping[str, Any], weighting: LossWeighting) -> torch.
     """``[B, T]`` float32 weight of the target at each position (aligned with ``labels``), or
     ``None`` for ``token``. Refuses a batch whose weights do not fit the choice."""
     import numpy as np
-    import torch
 
     if weighting not in LOSS_WEIGHTINGS:
         raise ValueError(f"unknown weighting {weighting!r}; choose one of {', '.join(LOSS_WEIGHTINGS)}")
@@ -205,7 +195,6 @@ def _refuse_shared_prompt(batch: Mapping[str, Any]) -> None:
 def _items(batch: Mapping[str, Any], weighting: LossWeighting) -> torch.Tensor:
     """One micro-batch's share of the step's normaliser (see :func:`step_num_items`)."""
     import numpy as np
-    import torch
 
     weights = target_weights(batch, weighting)
     if weighting == "token":
@@ -284,8 +273,6 @@ def model_loss(
     (:func:`padless.attention.accept.check_attention_mask`, model-free and cheap); whether the batch's
     form fits this model's backend is :func:`padless.check_batch`'s question.
     """
-    import torch
-
     from padless.attention.accept import check_attention_mask
 
     check_attention_mask(batch)

@@ -25,12 +25,10 @@ so a TRL loss that reads any of them can run on packed rows: :func:`completion_t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    import torch
+import torch
 
 TOKEN_STATS: tuple[str, ...] = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 """Per-token fields, named as TRL 1.16's ``FusedCausalLMOutput`` names them: the label's log-prob, the
@@ -44,7 +42,7 @@ def _unwrapped(model: Any) -> Any:
 
 
 def _shares_prompts(placements: Any) -> bool:
-    """Whether some completion is predicted from a token other than the one before it (a shared prompt's
+    """Whether some completion is predicted from a token other than the token before it (a shared prompt's
     tree). :func:`padless.attention.accept.check_attention_mask` judges block-causal masks of documents and
     would refuse a tree mask, which lets later completions see their prompt across the earlier ones."""
     prev = placements.prev_offset
@@ -70,8 +68,6 @@ def completion_token_stats(
     must be exact on ``model``'s attention backend (:func:`padless.batching.preference.check_batch_for_model`,
     the check ``sequence_logprobs`` runs) and its ``attention_mask`` must keep documents apart, else
     ``ValueError``. ``temperature``: the logits are divided by it before the log-softmax."""
-    import torch
-
     from padless.attention.accept import check_attention_mask
     from padless.batching.batch import forward_inputs
     from padless.batching.preference import check_batch_for_model

@@ -4,8 +4,8 @@
 - :func:`check_choice`: one of a fixed vocabulary (``strategy``, ``overlong``, ``remainder``...).
 - :func:`overlong_error`: the error for a sequence longer than ``max_length`` under ``overlong="error"``,
   naming the other policies (``OVERLONG_POLICIES`` in :mod:`padless.planning.plan`).
-- :data:`OVERLONG_DEFAULT`: the one default policy of the planners, the collators, the trainers and the
-  command line.
+- :data:`OVERLONG_DEFAULT`: the default policy shared by the planners, the collators, the trainers and
+  the command line.
 
 Messages name the argument (``max_length``), never a command-line flag: the CLI translates.
 """
