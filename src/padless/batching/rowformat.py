@@ -40,6 +40,7 @@ from padless.layout import (
     append_separator,
     check_tokens,
     cu_seqlens_from_lengths,
+    position_ids_from_lengths,
 )
 from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
 from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES
@@ -137,14 +138,6 @@ VISION_KEYS: tuple[str, ...] = (
 """Processor outputs of vision-language models: packing them with their documents is not built yet."""
 
 
-def _starts(feature: Mapping[str, Any], n: int) -> np.ndarray:
-    """Each document's first index in a feature (one document, or a packed row's ``seq_lengths``)."""
-    lengths = feature.get("seq_lengths")
-    if lengths is None:
-        return np.zeros(1, dtype=np.int64)
-    return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))[:-1]])
-
-
 def check_feature_keys(feature: Mapping[str, Any], where: str, loss_weights: str | None = None) -> None:
     """Refuse a feature key the collators would not carry into the batch (:data:`FEATURE_KEYS`,
     :data:`REDERIVED_KEYS`), naming it and where the fix goes; nothing a feature holds is dropped
@@ -168,23 +161,22 @@ def check_feature_keys(feature: Mapping[str, Any], where: str, loss_weights: str
     n = len(feature["input_ids"])
     mask = feature.get("attention_mask")
     if mask is not None:
-        zeros = int(np.asarray(mask).size - np.count_nonzero(np.asarray(mask)))
-        if np.asarray(mask).shape != (n,) or zeros:
+        mask = np.asarray(mask)
+        zeros = int(mask.size - np.count_nonzero(mask))
+        if mask.shape != (n,) or zeros:
             what = (
                 f"{zeros} padding position{'s' if zeros > 1 else ''} (0)"
                 if zeros
-                else f"shape {np.asarray(mask).shape}, not ({n},)"
+                else f"shape {mask.shape}, not ({n},)"
             )
             raise ValueError(
                 f"{where}'s attention_mask has {what}: a packed row marks documents itself, and "
                 "padding inside a feature would be packed as tokens; pass the features unpadded"
             )
     positions = feature.get("position_ids")
-    if positions is not None:
-        got = np.asarray(positions).reshape(-1)
-        starts = _starts(feature, n)
-        want = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-        if got.shape != want.shape or not np.array_equal(got, want):
+    documents = feature.get("seq_lengths", [n])
+    if positions is not None and sum(documents) == n:  # lengths that do not sum to n: the pre-packed check says so
+        if not np.array_equal(np.asarray(positions).reshape(-1), position_ids_from_lengths(documents)):
             raise ValueError(
                 f"{where}'s position_ids do not count 0..n-1 from each document's start (multimodal "
                 "or shifted positions?); packed rows restart positions per document themselves, so "
