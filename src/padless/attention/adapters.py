@@ -23,13 +23,20 @@ def is_adapter(model: Any) -> bool:
     return hasattr(model, "get_base_model") and hasattr(model, "peft_config")
 
 
+def without_ddp(model: Any) -> Any:
+    """The model a ``DistributedDataParallel`` wrapper holds (its ``.module``), or ``model`` itself when it
+    is not one; told without importing torch.distributed."""
+    inner = getattr(model, "module", None) if type(model).__name__ == "DistributedDataParallel" else None
+    return model if inner is None else inner
+
+
 def base_model_of(model: Any) -> Any:
     """The transformers model inside PEFT wrappers (``model.get_base_model()``, repeated), or ``model``
     itself when it wears none. A ``DistributedDataParallel`` wrapper (``.module``) is looked through too."""
     seen = 0
     while seen < 8:  # wrappers do not nest deeper than DDP(PeftModel(LoraModel(model)))
-        inner = getattr(model, "module", None) if type(model).__name__ == "DistributedDataParallel" else None
-        if inner is None and is_adapter(model):
+        inner = without_ddp(model)
+        if inner is model and is_adapter(model):
             inner = model.get_base_model()
         if inner is None or inner is model:
             return model

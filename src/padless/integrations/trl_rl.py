@@ -56,6 +56,7 @@ require("trl", "padless.integrations.trl")
 import torch  # noqa: E402
 import trl  # noqa: E402
 
+from padless.attention.adapters import base_model_of, without_ddp  # noqa: E402
 from padless.integrations.transformers import announce, start_line, trainer_words, training_dtype  # noqa: E402
 
 GRPO_WORDS: dict[str, str] = {
@@ -210,9 +211,7 @@ class _PackedLogprobs:
 
     def _padless_collator_for(self, model: Any) -> Any:
         """The collator fitted to ``model`` (one per model: the policy, a separate reference model)."""
-        from padless.attention.adapters import base_model_of
-
-        inner = model.module if type(model).__name__ == "DistributedDataParallel" else model
+        inner = without_ddp(model)
         key = id(base_model_of(inner))
         if key in self._padless_collators:
             return self._padless_collators[key]
@@ -494,10 +493,7 @@ class PackedDPOTrainer(_PackedLogprobs, trl.DPOTrainer):
             fields += ("log_sum_sq_probs",)
         modules = [(policy, fields)]
         if self.ref_model is not None:
-            ref = (
-                self.ref_model.module if type(self.ref_model).__name__ == "DistributedDataParallel" else self.ref_model
-            )
-            modules.append((ref, ("log_probs",)))
+            modules.append((without_ddp(self.ref_model), ("log_probs",)))
         return modules
 
     @contextmanager

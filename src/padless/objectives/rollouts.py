@@ -30,15 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from padless.attention.adapters import without_ddp
+
 TOKEN_STATS: tuple[str, ...] = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 """Per-token fields, named as TRL 1.16's ``FusedCausalLMOutput`` names them: the label's log-prob, the
 entropy of the next-token distribution, ``log(sum_v p_v^2)``, the mean temperature-scaled logit and
 whether the label is the first arg-max. Only ``log_probs`` and ``entropy`` carry gradients."""
-
-
-def _unwrapped(model: Any) -> Any:
-    """The model inside a ``DistributedDataParallel`` wrapper (whose forward still runs), for its config."""
-    return model.module if type(model).__name__ == "DistributedDataParallel" else model
 
 
 def _shares_prompts(placements: Any) -> bool:
@@ -87,7 +84,7 @@ def completion_token_stats(
         )
     if not _shares_prompts(placements):  # documents only: their mask must keep them apart
         check_attention_mask(batch)
-    check_batch_for_model(_unwrapped(model), batch)  # exact on this backend (the tree's form included), or refused
+    check_batch_for_model(without_ddp(model), batch)  # exact on this backend (the tree's form included), or refused
     labels_t = batch["labels"]
     labels = labels_t.detach().cpu().numpy()
     rows, targets, preds, feats = _packed_positions(labels, placements)  # [K] each, by feature, in token order
