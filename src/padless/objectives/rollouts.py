@@ -38,14 +38,6 @@ entropy of the next-token distribution, ``log(sum_v p_v^2)``, the mean temperatu
 whether the label is the first arg-max. Only ``log_probs`` and ``entropy`` carry gradients."""
 
 
-def _shares_prompts(placements: Any) -> bool:
-    """Whether some completion is predicted from a token other than the token before it (a shared prompt's
-    tree). :func:`padless.attention.accept.check_attention_mask` judges block-causal masks of documents and
-    would refuse a tree mask, which lets later completions see their prompt across the earlier ones."""
-    prev = placements.prev_offset
-    return prev is not None and bool((prev != placements.offset - 1).any())
-
-
 def completion_token_stats(
     model: Any,
     batch: Mapping[str, Any],
@@ -82,8 +74,7 @@ def completion_token_stats(
             "batch has no placements; pass the batch RolloutCollator or PreferenceCollator returned "
             "(padless.batching.collate.batch_to keeps them when moving it to a device)"
         )
-    if not _shares_prompts(placements):  # documents only: their mask must keep them apart
-        check_attention_mask(batch)
+    check_attention_mask(batch)  # a documents mask keeps them apart; a shared prompt's tree is check_batch's
     check_batch_for_model(without_ddp(model), batch)  # exact on this backend (the tree's form included), or refused
     labels_t = batch["labels"]
     labels = labels_t.detach().cpu().numpy()
