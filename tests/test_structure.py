@@ -267,6 +267,7 @@ TEST_HOMES: dict[str, str] = {
     "padless._lazy": "test_api.py",
     "padless.hub": "cli/test_bad_input.py",
     "padless.attention.backend": "attention/test_varlen.py",
+    "padless.attention.multimodal": "batching/test_vision.py",
     "padless.attention.backend_table": "attention/test_windows.py",
     "padless.attention.rules": "attention/test_windows.py",
     "padless.attention.select": "attention/test_windows.py",

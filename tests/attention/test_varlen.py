@@ -309,10 +309,28 @@ def test_packed_documents_context_for_models_that_forward_nothing():
     torch.testing.assert_close(out[0], reference_varlen_attention(q3, k3, v3, cu))
 
 
+def test_a_bidirectional_layer_outside_the_packed_rows_runs_as_sdpa():
+    """A vision encoder's layers (bidirectional, given no document boundaries: each image is its own
+    batch entry, or Qwen-VL splits by image itself) run as transformers' sdpa backend runs them, so a
+    vision-language model can train its text on padless attention; a bidirectional layer given packed
+    positions is refused (above)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q, k, v, *_ = _direct_inputs()
+    layer = _Layer()
+    layer.is_causal = False
+    out, _ = padless_attention(layer, q, k, v, None)
+    want, _ = sdpa_attention_forward(layer, q, k, v, None, dropout=0.0, scaling=None)
+    torch.testing.assert_close(out, want)
+    mask = torch.zeros(1, 1, 9, 9)
+    out, _ = padless_attention(layer, q, k, v, mask)
+    torch.testing.assert_close(out, sdpa_attention_forward(layer, q, k, v, mask, dropout=0.0, scaling=None)[0])
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"is_causal": False}, "causal only"),
+        ({"is_causal": False, "position_ids": torch.zeros(1, 9, dtype=torch.long)}, "causal only"),
         ({"s_aux": torch.zeros(2)}, "attention sinks"),
         ({"cu_seq_lens_q": torch.tensor([0, 9], dtype=torch.int32)}, "both cu_seq_lens_q and cu_seq_lens_k"),
         ({"cu_seq_lens_q": torch.tensor([0, 9]), "cu_seq_lens_k": torch.tensor([0, 4, 9])}, "differ"),

@@ -148,16 +148,11 @@ def test_bad_input(features, kwargs, message):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (
-            {"pixel_values": [[0.1, 0.2]], "image_grid_thw": [[1, 1, 2]]},
-            r"feature 1 carries image inputs \('pixel_values', 'image_grid_thw'\).*image placeholder tokens",
-        ),
         ({"w": [1.0, 1.0, 1.0]}, r"feature 1 has keys the collator does not pack: 'w'.*remove_columns"),
         ({"completion_mask": [0, 1, 1]}, r"'completion_mask'.*turn a mask into labels"),
         ({"attention_mask": [1, 1, 0]}, r"feature 1's attention_mask has 1 padding position \(0\)"),
         ({"attention_mask": [1, 1]}, r"attention_mask has shape \(2,\), not \(3,\)"),
         ({"position_ids": [5, 6, 7]}, r"feature 1's position_ids do not count 0..n-1"),
-        ({"token_type_ids": [0, 1, 1]}, r"token_type_ids are not all 0"),
         ({"length": 4}, r"feature 1's length 4 is not the length of its input_ids \(3\)"),
     ],
 )
@@ -169,6 +164,26 @@ def test_a_key_the_batch_would_not_carry_is_refused_by_name(collator, extra, mes
     features = [{"input_ids": [1, 2]}, {"input_ids": [3, 4, 5], **extra}]
     with pytest.raises(ValueError, match=message):
         collator(features)
+
+
+def test_image_inputs_need_a_collator_fitted_to_the_model():
+    """A packing collator built without the model cannot place images (their positions and attention
+    are the model family's); the padding collator carries them with their rows, where the model reads
+    them itself. Packing them: tests/batching/test_vision.py."""
+    features = [
+        {"input_ids": [1, 2]},
+        {"input_ids": [3, 4, 5], "pixel_values": [[0.1, 0.2]], "image_grid_thw": [[1, 1, 2]]},
+    ]
+    with pytest.raises(
+        ValueError, match=r"feature 1 carries image inputs \('pixel_values', 'image_grid_thw'\).*without the model"
+    ):
+        PackingCollator(model_free=True, max_length=8)(features)
+    with pytest.raises(ValueError, match=r"feature 1's token_type_ids are not all 0"):
+        PackingCollator(model_free=True, max_length=8)(
+            [{"input_ids": [1, 2]}, {"input_ids": [3, 4, 5], "token_type_ids": [0, 1, 1]}]
+        )
+    padded = PaddingCollator()(features)
+    assert padded["pixel_values"].tolist() == [[0.1, 0.2]] and padded["image_grid_thw"].tolist() == [[1, 1, 2]]
 
 
 def test_keys_the_rows_rederive_pass_where_they_agree():

@@ -103,11 +103,51 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     reason = mismatch(verdict, kind, subject="batch", use_cache=batch.get("use_cache", True))
     if reason is not None:
         raise ValueError(reason)
+    blocks = _check_images(batch, verdict, docs)
     if kind == "mask4d":
-        _check_masks(batch["attention_mask"], verdict.windows, docs, verdict.mask_dtype)
+        _check_masks(batch["attention_mask"], verdict.windows, docs, verdict.mask_dtype, blocks)
 
 
-def _check_masks(mask: Any, windows: Any, docs: list[list[int]], dtype: Any) -> None:
+def _check_images(batch: Mapping[str, Any], verdict: Any, docs: list[list[int]]) -> np.ndarray | None:
+    """Raise unless a batch's images are exact on the verdict's model: the family packs images
+    (:attr:`padless.attention.verdict.Verdict.images_reason`), Qwen-VL positions are each document's
+    own 3-D rope index; returns the bidirectional image blocks its 4D mask must carry (``None``: none)."""
+    from padless.attention import multimodal
+
+    given = [k for k in multimodal.IMAGE_KEYS if batch.get(k) is not None]
+    if not given:
+        return None
+    if verdict.images_reason is not None:
+        raise ValueError(
+            f"this batch carries image inputs ({', '.join(given)}) that are not exact here: {verdict.images_reason}"
+        )
+
+    scheme = verdict.vision
+    if scheme.positions == "rope3d":
+        positions = batch.get("position_ids")
+        pos = None if positions is None else _host(positions)
+        if pos is None or pos.ndim != 3 or pos.shape[0] != 4:
+            shape = None if pos is None else pos.shape
+            raise ValueError(
+                f"this batch carries images for {scheme.family}, whose positions are a 3-D rope index per "
+                f"document, sent as position_ids [4, R, L] (text positions first), but its position_ids "
+                f"have shape {shape}; {_FIX}"
+            )
+        expected = multimodal.rope_positions(batch, scheme, docs)
+        if not np.array_equal(pos[1:], expected):
+            raise ValueError(
+                f"this batch's 3-D position_ids are not each document's own rope index ({scheme.family} "
+                f"computes them per document); {_FIX}"
+            )
+    if scheme.blocks is None:
+        return None
+    types = batch.get("token_type_ids")
+    if types is None:
+        raise ValueError(f"this batch carries images for {scheme.family} without token_type_ids; {_FIX}")
+    return multimodal.block_ids(_host(types), scheme, docs)
+
+
+def _check_masks(mask: Any, windows: Any, docs: list[list[int]], dtype: Any, blocks: np.ndarray | None = None) -> None:
     from padless.attention.masks import additive_block_causal_mask
 
     if isinstance(windows, dict):
@@ -123,15 +163,18 @@ def _check_masks(mask: Any, windows: Any, docs: list[list[int]], dtype: Any) -> 
     for name, (m, window) in wanted.items():
         if m.dtype != dtype:
             raise ValueError(f"the batch's 4D mask is {m.dtype}, the model computes in {dtype}; {_FIX}")
-        if _checked(m, window):
+        if blocks is None and _checked(m, window):
             continue
-        expected = additive_block_causal_mask(docs, dtype=m.dtype, device=m.device, window=window)
+        expected = additive_block_causal_mask(docs, dtype=m.dtype, device=m.device, window=window, blocks=blocks)
         if expected.shape != m.shape or not bool(((m == 0) == (expected == 0)).all()):
             what = f"a sliding window of {window} tokens" if window is not None else "no sliding window"
+            if blocks is not None:
+                what += " and each image's tokens attending to each other"
             raise ValueError(
                 f"the batch's 4D mask ({name}) is not the block-causal mask with {what} that this model needs; {_FIX}"
             )
-        _remember(m, window)
+        if blocks is None:
+            _remember(m, window)
 
 
 def check_attention_mask(batch: Mapping[str, Any]) -> None:

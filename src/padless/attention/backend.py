@@ -190,6 +190,11 @@ def padless_attention(
     return _attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
 
+def _bidirectional(module: Any, kwargs: dict) -> bool:
+    is_causal = kwargs.get("is_causal")
+    return not (getattr(module, "is_causal", True) if is_causal is None else is_causal)
+
+
 def _attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs) -> tuple[torch.Tensor, None]:
     batch, heads, length, dim = query.shape
     if key.shape[2] != length:
@@ -202,6 +207,12 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, **kw
             f"padless attention got value heads of size {value.shape[-1]} and query heads of size {dim}; it needs "
             "them equal (check_exact refuses such models: v_head_dim != qk_head_dim); use backend 'sdpa'"
         )
+    if attention_mask is not None and _bidirectional(module, kwargs) and kwargs.get("position_ids") is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward  # a vision encoder (below)
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if attention_mask is not None:
         raise ValueError(
             f"padless attention got an attention_mask of shape {tuple(attention_mask.shape)} that it would have to "
@@ -209,6 +220,15 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, **kw
         )
     is_causal = kwargs.get("is_causal")
     if not (getattr(module, "is_causal", True) if is_causal is None else is_causal):
+        if kwargs.get("position_ids") is None and sent_boundaries(kwargs) is None and _CONTEXT.get() is None:
+            # a layer outside the packed rows: a vision encoder attending within each image (Qwen-VL
+            # splits by image itself off flash-attention), run as transformers' sdpa backend runs it;
+            # the rule refuses models whose token layers attend both ways
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            )
         raise ValueError("padless attention is causal only; this layer asks for bidirectional attention")
     for name, what in _REFUSED_KWARGS.items():
         if kwargs.get(name) is not None:

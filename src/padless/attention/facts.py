@@ -34,6 +34,7 @@ import torch
 from padless.attention.adapters import base_model_of
 from padless.attention.kernels import head_dim_of
 from padless.attention.mixers import MixerInfo, mixer_layers, mixer_refusal, patches
+from padless.attention.multimodal import VisionScheme, vision_scheme
 from padless.attention.rules import AttentionRules, attention_rules, config_of, model_class_of
 from padless.devices import compute_target
 
@@ -81,6 +82,12 @@ class ModelFacts:
     """No softmax attention runs and every token mixer runs per document (:func:`attention_free`)."""
     base_class: str | None
     """The class name of the model a PEFT adapter or DDP wrapper wraps (``None``: a config)."""
+    vision: VisionScheme | None = None
+    """How the model reads images (:func:`padless.attention.multimodal.vision_scheme`); ``None``: it
+    has no vision tower, or its family is refused for images (:attr:`vision_reason`)."""
+    vision_reason: str | None = None
+    """Why images cannot be packed for this vision-language model (``None``: they can, or there is no
+    vision tower)."""
 
     @property
     def mixers_patchable(self) -> bool:
@@ -136,6 +143,7 @@ def _read(model_or_config: Any, device: Any, dtype: Any) -> ModelFacts:
     inner = base_model_of(model_or_config) if is_model else None
     backend = getattr(getattr(inner, "config", None), "_attn_implementation", None)
     name = f"{type(inner).__name__} ({backend})" if inner is not None else type(model_or_config).__name__
+    vision, vision_reason = vision_scheme(model_or_config)
     return ModelFacts(
         config=config,
         model_class=model_class,
@@ -151,6 +159,8 @@ def _read(model_or_config: Any, device: Any, dtype: Any) -> ModelFacts:
         mixer_layers=tuple(layers),
         attention_free=has_modules and _attention_free(model_class, state, layers, modules),
         base_class=type(inner).__name__ if inner is not None else None,
+        vision=vision,
+        vision_reason=vision_reason,
     )
 
 

@@ -60,11 +60,15 @@ def additive_block_causal_mask(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
     window: int | None = None,
+    blocks: np.ndarray | None = None,
 ) -> torch.Tensor:
     """``[B, 1, L, L]`` float mask for a batch of rows; row ``b`` holds documents ``row_lengths[b]``
     and every row sums to the same ``L``. 0 where attention is allowed, ``finfo(dtype).min`` elsewhere
     (the dtype must match the model's, since SDPA adds it to the scores). ``window``: the model's
-    sliding window, kept inside each document (see the diagram above)."""
+    sliding window, kept inside each document (see the diagram above). ``blocks``: ``[B, L]`` ids of
+    bidirectional blocks (-1: none; :func:`padless.batching.vision.block_ids`): tokens of one block
+    also see the later tokens of that block (Gemma 3's images), as transformers composes it: within the
+    document, (causal or the same block) and inside the window."""
     _check_window(window)
     dtype = dtype or torch.float32
     if not row_lengths:
@@ -75,9 +79,16 @@ def additive_block_causal_mask(
     (length,) = totals
     doc = torch.stack([torch.from_numpy(document_ids_from_lengths(r)) for r in row_lengths]).to(device)
     causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    if window is not None:
-        causal &= ~causal.tril(-window)  # keys window or more tokens back leave the window
+    recent = ~causal.tril(-window) if window is not None else None  # keys less than window tokens back
+    if recent is not None:
+        causal &= recent
     allowed = (doc[:, :, None] == doc[:, None, :]) & causal  # [B, L, L]
+    if blocks is not None:
+        block = torch.as_tensor(np.asarray(blocks), dtype=torch.long, device=device)
+        same = (block[:, :, None] == block[:, None, :]) & (block[:, :, None] >= 0)
+        if recent is not None:
+            same &= recent  # k > q - window: every later key of the block, and earlier ones in the window
+        allowed |= same & (doc[:, :, None] == doc[:, None, :])
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]  # [B, 1, L, L]: broadcast over heads

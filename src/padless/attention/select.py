@@ -27,6 +27,7 @@ from padless.attention.backend_table import (  # noqa: F401 (re-exported: the ba
     backend_inputs,
 )
 from padless.attention.facts import MixerState, ModelFacts, attention_free, model_facts  # noqa: F401 (re-exported)
+from padless.attention.multimodal import image_refusal
 from padless.attention.verdict import Verdict
 from padless.devices import compute_target  # noqa: F401 (re-exported: a training step's compute dtype)
 from padless.layout import ATTENTION_INPUTS, LAYOUTS, AttentionInputs, Layout, MaskWindows  # noqa: F401 (re-exported)
@@ -190,6 +191,7 @@ def decide(facts: ModelFacts, backend: str, *, max_length: int | None = None, la
             advice = "no attention backend can (" + "; ".join(reasons) + ")"
         message = f"attention backend {backend!r} cannot guarantee isolated packed documents here: {reason}; {advice}"
     windows = mask_windows(facts, max_length) if reason is None and inputs == "mask4d" else None
+    images_reason = image_refusal(facts.vision, facts.vision_reason, inputs, layout) if reason is None else None
     return Verdict(
         model=facts.name,
         backend=backend,
@@ -204,6 +206,8 @@ def decide(facts: ModelFacts, backend: str, *, max_length: int | None = None, la
         positions_alone=facts.rules.masks_from_position_ids,
         attention_free=facts.attention_free,
         model_class=facts.base_class or "this model",
+        vision=facts.vision if reason is None and images_reason is None else None,
+        images_reason=images_reason,
     )
 
 

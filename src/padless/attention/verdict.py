@@ -22,6 +22,8 @@ from padless.layout import AttentionInputs, Layout, MaskWindows
 if TYPE_CHECKING:
     import torch
 
+    from padless.attention.multimodal import VisionScheme
+
 COLLATOR_FIX = "build the collator with its for_model(model, ...)"
 BATCH_FIX = "build the collator with PackingCollator.for_model(model, ...)"
 _UNSEEN: Any = object()
@@ -62,6 +64,11 @@ class Verdict:
     """No attention runs (:func:`padless.attention.facts.attention_free`)."""
     model_class: str = ""
     """The class name of the model an adapter wraps, for messages."""
+    vision: VisionScheme | None = None
+    """How the batch carries images (:class:`padless.attention.multimodal.VisionScheme`), where rows
+    with images are exact too; ``None``: rows may carry text only (:attr:`images_reason` says why)."""
+    images_reason: str | None = None
+    """Why rows with images would not be exact here (``None``: they would, or the rows are refused)."""
 
     @property
     def exact(self) -> bool:

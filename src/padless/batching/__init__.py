@@ -4,6 +4,7 @@
 - ``rowformat``: the row format the packing collators share (RowFormat, its for_model) and FeatureSpec.
 - ``collate``: :class:`PaddingCollator` and :class:`PackingCollator`.
 - ``preference``: preference pairs and rollout groups, with or without a shared prompt.
+- ``vision``: images travel with their documents: a vision-language batch's image inputs, packed or padded.
 - ``weights``: per-token loss weights carried by the collators.
 - ``samplers``: which examples (or packed rows) each micro-batch gets, on one rank or many.
 - ``rows``: packed rows as dataset items, read by the pieces they hold.

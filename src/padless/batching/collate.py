@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from padless.batching import vision
 from padless.batching.batch import NOT_FORWARD, PackedBatch, Placements, batch_to, device_of, forward_inputs  # noqa: F401 (re-exported)
 from padless.batching.rowformat import FeatureSpec, RowFormat, Sequences, round_up  # noqa: F401 (re-exported)
 from padless.layout import (
@@ -41,7 +42,8 @@ from padless.layout import (
 @dataclass
 class PaddingCollator:
     """Pads to the longest sequence of the batch (right padding): ``input_ids``, ``attention_mask``
-    (1 on real tokens), ``labels`` (``IGNORE_INDEX`` on padding), each ``[B, T]``."""
+    (1 on real tokens), ``labels`` (``IGNORE_INDEX`` on padding), each ``[B, T]``; a vision-language
+    model's image inputs travel with their rows (:func:`padless.batching.vision.padded_vision`)."""
 
     pad_token_id: int = 0
     """Id written into padding positions (never attended to, never trained)."""
@@ -51,7 +53,7 @@ class PaddingCollator:
     """Validation and separator handling, shared with :class:`PackingCollator`."""
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        seqs = self.features.prepare(features)
+        seqs = self.features.prepare(features, vision.carried_by_padding(features))
         width = round_up(int(seqs.lengths.max()), self.pad_to_multiple_of)
         input_ids = np.full((len(seqs.input_ids), width), self.pad_token_id, dtype=np.int64)
         labels = np.full_like(input_ids, IGNORE_INDEX)
@@ -64,6 +66,7 @@ class PaddingCollator:
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(attention_mask),
             "labels": torch.from_numpy(labels),
+            **vision.padded_vision(features, seqs.lengths, width),  # images travel with their rows
         }
         weights = self.features.weights(features)
         if weights is not None:
@@ -98,9 +101,12 @@ class PackingCollator(RowFormat):
             "dropped_sequences": 0,
             "dropped_tokens": 0,
             "split_sequences": 0,
+            "images": 0,
+            "dropped_images": 0,
         }
     )
-    """Running counts over every batch collated so far."""
+    """Running counts over every batch collated so far (``images``: images carried; ``dropped_images``:
+    images of documents the overlong policy dropped, which leave with them)."""
 
     def pack(self, features: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, list[list[int]], Placements]:
         """Plan and place tokens: ``input_ids`` and ``labels`` ``[R, L]``, each row's document lengths
@@ -111,16 +117,29 @@ class PackingCollator(RowFormat):
         Features that carry ``seq_lengths`` are rows packed beforehand (:class:`padless.PackedRows`,
         ``padless pack``): each becomes one row with those documents, without re-planning.
         """
+        return self._pack(features)[:4]
+
+    def _carried(self, features: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+        """The image inputs this collator carries itself (:mod:`padless.batching.vision`):
+        ``token_type_ids`` only for a family that reads them or a batch with images (elsewhere they
+        must be zeros)."""
+        scheme = self.verdict.vision if self.verdict is not None else None
+        reads_types = scheme is not None and "token_type_ids" in scheme.token_keys
+        images = any(k in f for f in features for k in vision.IMAGE_KEYS)
+        return tuple(k for k in vision.ALL_VISION_KEYS if k != "token_type_ids" or reads_types or images)
+
+    def _pack(self, features: Sequence[Mapping[str, Any]]) -> tuple[Any, ...]:
         prepacked = ["seq_lengths" in f for f in features]
         if any(prepacked) and not all(prepacked):
             raise ValueError("the batch mixes pre-packed rows (with 'seq_lengths') and single sequences")
         packed_before = bool(prepacked) and all(prepacked)
         plan = None
+        carried = self._carried(features)
         if packed_before:
-            seqs = FeatureSpec(vocab_size=self.features.vocab_size).prepare(features)
+            seqs = FeatureSpec(vocab_size=self.features.vocab_size).prepare(features, carried)
             placements = self._prepacked(features, seqs.lengths)
         else:
-            seqs = self.features.prepare(features)
+            seqs = self.features.prepare(features, carried)
             if self.max_length is not None:
                 from padless.planning.plan import plan_packs
 
@@ -147,7 +166,7 @@ class PackingCollator(RowFormat):
                 row_offsets=[0, lengths.size],
                 num_features=lengths.size,
             )
-        return self._place(seqs, placements)
+        return (*self._place(seqs, placements), seqs)
 
     def _prepacked(self, features: Sequence[Mapping[str, Any]], totals: np.ndarray) -> Placements:
         """One row per pre-packed feature, its documents as pieces."""
@@ -192,15 +211,49 @@ class PackingCollator(RowFormat):
         return input_ids, labels, row_docs, placements
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> PackedBatch:
-        input_ids, labels, row_docs, placements = self.pack(features)
+        input_ids, labels, row_docs, placements, seqs = self._pack(features)
         position_ids = np.stack([position_ids_from_lengths(docs) for docs in row_docs])
-        batch = self.row_inputs(input_ids, labels, position_ids, row_docs)
+        images, blocks, positions = self._images(features, seqs, placements, input_ids, row_docs)
+        batch = self.row_inputs(input_ids, labels, position_ids, row_docs, blocks=blocks)
+        if positions is not None:  # Qwen-VL's 3-D rope index per document, the text positions first
+            batch["position_ids"] = torch.from_numpy(positions)
+        batch.update(images)
         weights = self.features.weights(features)
         if weights is not None:
             from padless.batching.weights import placed_weights
 
             batch["loss_weights"] = torch.from_numpy(placed_weights(weights, placements, labels.shape))
         return PackedBatch(batch, placements)
+
+    def _images(self, features, seqs, placements, input_ids, row_docs) -> tuple[dict, Any, Any]:
+        """The batch's image inputs (:mod:`padless.batching.vision`), the bidirectional blocks of its 4D
+        mask and its 3-D positions (``{}, None, None`` for a batch without images)."""
+        verdict = self.verdict
+        scheme = verdict.vision if verdict is not None else None
+        if verdict is None:
+            refusal = "a collator built without the model cannot place images; build it with PackingCollator.for_model(model, ...)"
+        else:
+            refusal = verdict.images_reason
+        carried = self._carried(features)
+        docs = {}
+        for i, f in enumerate(features):
+            d = vision.read_images(f, seqs.input_ids[i], scheme, refusal, f"feature {i}", carried)
+            if d is not None:
+                docs[i] = d
+        if not docs:
+            return {}, None, None
+        if "seq_lengths" not in features[0]:  # a row packed beforehand is whole; a sequence must be placed whole
+            placed = vision.require_whole(docs, placements, seqs.lengths)
+            self.totals["dropped_images"] += sum(d.images for i, d in docs.items() if i not in placed)
+            docs = {i: docs[i] for i in placed}
+        self.totals["images"] += sum(d.images for d in docs.values())
+        if not docs:
+            return {}, None, None
+        images, positions = vision.packed_vision(docs, placements, input_ids.shape, scheme, input_ids, row_docs)
+        blocks = None
+        if scheme.blocks is not None:
+            blocks = vision.block_ids(images["token_type_ids"].numpy(), scheme, row_docs)
+        return images, blocks, positions
 
     def _count(self, stats: Any, lengths: np.ndarray) -> None:
         """Add a batch's sequences and what its plan (``stats``; ``None``: no plan, nothing cut) cost."""

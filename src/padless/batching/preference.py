@@ -475,6 +475,14 @@ def _need(feature: Any, i: int, keys: tuple[str, ...]) -> Mapping[str, Any]:
     missing = [k for k in keys if k not in feature]
     if missing:
         raise ValueError(f"feature {i} has no {', '.join(repr(k) for k in missing)} (it has {sorted(feature)})")
+    from padless.batching.rowformat import VISION_KEYS
+
+    images = [k for k in feature if k in VISION_KEYS and k != "token_type_ids"]
+    if images:  # never dropped: a batch without them would score image placeholder tokens as text
+        raise ValueError(
+            f"feature {i} carries image inputs ({', '.join(map(repr, images))}): this collator does not carry "
+            "images (padless.PackingCollator.for_model(model) and padless.PaddingCollator do); remove the image records"
+        )
     return feature
 
 

@@ -105,9 +105,10 @@ class FeatureSpec:
             check_tokens(ids[-1:], vocab_size=self.vocab_size, where=f"{where}'s separator")
         return ids, labels
 
-    def prepare(self, features: Sequence[Mapping[str, Any]]) -> Sequences:
+    def prepare(self, features: Sequence[Mapping[str, Any]], carried: Sequence[str] = ()) -> Sequences:
         """Every feature's validated sequence (``input_ids`` and optional ``labels``); every other key
-        is one the rows re-derive and it agrees with them (:func:`check_feature_keys`), else refused."""
+        is one the rows re-derive and it agrees with them (:func:`check_feature_keys`), or one the
+        caller carries itself (``carried``: a packing collator's image inputs), else refused."""
         if len(features) == 0:
             raise ValueError("the batch is empty: a collator needs at least one feature")
         all_ids: list[np.ndarray] = []
@@ -116,7 +117,7 @@ class FeatureSpec:
             if not isinstance(feature, Mapping) or "input_ids" not in feature:
                 keys = sorted(feature) if isinstance(feature, Mapping) else type(feature).__name__
                 raise ValueError(f"feature {i} has no 'input_ids' ({keys})")
-            check_feature_keys(feature, f"feature {i}", self.loss_weights)
+            check_feature_keys(feature, f"feature {i}", self.loss_weights, carried)
             ids, labels = self.sequence(feature["input_ids"], feature.get("labels"), f"feature {i}")
             all_ids.append(ids)
             all_labels.append(labels)
@@ -135,21 +136,25 @@ VISION_KEYS: tuple[str, ...] = (
     "pixel_values", "image_grid_thw", "video_grid_thw", "pixel_values_videos", "pixel_attention_mask",
     "image_sizes", "mm_token_type_ids", "image_embeds", "image_attention_mask",
 )  # fmt: skip
-"""Processor outputs of vision-language models: packing them with their documents is not built yet."""
+"""Processor outputs of vision-language models: :class:`padless.PackingCollator` and
+:class:`padless.PaddingCollator` carry them with their documents (:mod:`padless.batching.vision`); the
+preference and rollout collators refuse them."""
 
 
-def check_feature_keys(feature: Mapping[str, Any], where: str, loss_weights: str | None = None) -> None:
+def check_feature_keys(
+    feature: Mapping[str, Any], where: str, loss_weights: str | None = None, carried: Sequence[str] = ()
+) -> None:
     """Refuse a feature key the collators would not carry into the batch (:data:`FEATURE_KEYS`,
-    :data:`REDERIVED_KEYS`), naming it and where the fix goes; nothing a feature holds is dropped
-    without a word."""
-    extra = [k for k in feature if k not in FEATURE_KEYS and k not in REDERIVED_KEYS and k != loss_weights]
+    :data:`REDERIVED_KEYS`, ``carried``: the keys the calling collator carries itself), naming it and
+    where the fix goes; nothing a feature holds is dropped without a word."""
+    known = (*FEATURE_KEYS, *REDERIVED_KEYS, *carried, loss_weights)
+    extra = [k for k in feature if k not in known]
     vision = [k for k in extra if k in VISION_KEYS]
     if vision:
         raise ValueError(
-            f"{where} carries image inputs ({', '.join(map(repr, vision))}): padless' collators do "
-            "not carry images with their documents yet, and a batch without them would train the "
-            "model on image placeholder tokens; batch these with the model's own processor and "
-            "collator, or remove the image records"
+            f"{where} carries image inputs ({', '.join(map(repr, vision))}): this collator does not carry "
+            "images (padless.PackingCollator.for_model(model) and padless.PaddingCollator do), and a batch "
+            "without them would train the model on image placeholder tokens; remove the image records"
         )
     if extra:
         raise ValueError(
@@ -182,7 +187,7 @@ def check_feature_keys(feature: Mapping[str, Any], where: str, loss_weights: str
                 "or shifted positions?); packed rows restart positions per document themselves, so "
                 "they cannot carry these: remove 'position_ids' from the features"
             )
-    types = feature.get("token_type_ids")
+    types = feature.get("token_type_ids") if "token_type_ids" not in carried else None
     if types is not None and np.count_nonzero(np.asarray(types)):
         raise ValueError(
             f"{where}'s token_type_ids are not all 0: packed rows do not carry token types; remove "
@@ -414,13 +419,15 @@ class RowFormat:
         labels: np.ndarray,
         position_ids: np.ndarray,
         row_docs: Sequence[Sequence[int]] | None,
+        blocks: np.ndarray | None = None,
     ) -> dict[str, Any]:
         """The model inputs of packed ``[R, L]`` rows: ``input_ids``, ``labels``, ``position_ids``,
         ``use_cache=False`` (a cache silently turns off transformers' packed-row handling) and, for rows
         of plain documents (``row_docs``: each row's document lengths, the trailing pad the last one),
         what :attr:`attention` carries: the 4D block-causal mask (with :attr:`windows`) or
         ``cu_seq_lens_q/k`` and ``max_length_q/k``. ``row_docs=None``: the caller adds the attention
-        inputs (a shared-prompt tree)."""
+        inputs (a shared-prompt tree). ``blocks``: ``[R, L]`` bidirectional image blocks the 4D mask
+        carries (:func:`padless.batching.vision.block_ids`)."""
         batch: dict[str, Any] = {
             "input_ids": torch.from_numpy(input_ids),
             "labels": torch.from_numpy(labels),
@@ -432,7 +439,7 @@ class RowFormat:
         if self.attention == "mask4d":
             from padless.attention.masks import additive_block_causal_mask
 
-            mask = lambda w: additive_block_causal_mask(row_docs, dtype=self.mask_dtype, window=w)  # noqa: E731
+            mask = lambda w: additive_block_causal_mask(row_docs, dtype=self.mask_dtype, window=w, blocks=blocks)  # noqa: E731
             if isinstance(self.windows, dict):  # one mask per distinct window, shared by its layer types
                 made = {w: mask(w) for w in set(self.windows.values())}
                 batch["attention_mask"] = {t: made[w] for t, w in self.windows.items()}

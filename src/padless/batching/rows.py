@@ -7,7 +7,8 @@
   dataset (a fixed token budget per row).
 
 Each item is a pre-packed feature ``{"input_ids", "labels", "seq_lengths"}`` that
-:class:`padless.PackingCollator` places as it is, without re-planning.
+:class:`padless.PackingCollator` places as it is, without re-planning; a vision-language dataset's
+image inputs travel with their documents (:func:`padless.batching.vision.row_vision`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from padless.batching.vision import row_vision
 from padless.layout import IGNORE_INDEX, build_row, check_tokens
 from padless.planning.checks import OVERLONG_DEFAULT
 from padless.planning.schedule import RowKey
@@ -49,14 +51,16 @@ class PackedRowView:
                 "seq_lengths": np.array([1], dtype=np.int64),
             }
 
+        features: dict[int, Mapping[str, Any]] = {}
+
         def lookup(i: int) -> tuple[np.ndarray, np.ndarray]:
-            feature = self.dataset[i]
+            feature = features[i] = self.dataset[i]
             if not isinstance(feature, Mapping) or "input_ids" not in feature:
                 raise ValueError(f"sequence {i} of the dataset has no 'input_ids'")
             return check_tokens(feature["input_ids"], feature.get("labels"), where=f"sequence {i}")
 
         ids, labels, seq_lengths = build_row(key, lookup)
-        return {"input_ids": ids, "labels": labels, "seq_lengths": seq_lengths}
+        return {"input_ids": ids, "labels": labels, "seq_lengths": seq_lengths, **row_vision(key, features)}
 
 
 class PackedRows:

@@ -73,6 +73,10 @@ class GuardCheck:
     """The dtype the logits were computed in (the autocast dtype under autocast)."""
     evidence: tuple[Evidence, ...] = ()
     """The documents over the limit, their tokens, packed vs padded differences."""
+    image_documents: int = 0
+    """Documents of the batch holding images, never chosen: the guard re-runs documents from their
+    token ids alone, and a document's images are not sliced back out of the batch (a batch's images
+    are checked by :func:`padless.check_batch` and the multimodal sweep, tests/multimodal)."""
 
     @property
     def passed(self) -> bool:
@@ -132,7 +136,7 @@ class IsolationGuard:
             warnings.warn(message, IsolationWarning, stacklevel=2)
         return check
 
-    def _pick(self, batch: Mapping[str, Any]) -> list[int]:
+    def _pick(self, batch: Mapping[str, Any], image_pieces: np.ndarray | None = None) -> list[int]:
         placements = getattr(batch, "placements", None)
         if placements is None:
             raise ValueError(
@@ -140,7 +144,8 @@ class IsolationGuard:
                 "padless.batching.batch.batch_to keeps them when moving it to a device"
             )
         prev = placements.prev_offsets()
-        starts = np.flatnonzero(prev < 0)  # pieces that start a document
+        text = np.ones(prev.size, dtype=bool) if image_pieces is None else ~image_pieces
+        starts = np.flatnonzero((prev < 0) & text)  # pieces that start a document (and hold no image)
         rng = np.random.default_rng([self.seed, self.calls])
         inner, first = starts[placements.offset[starts] > 0], starts[placements.offset[starts] == 0]
         order = np.concatenate([rng.permutation(inner), rng.permutation(first)])
@@ -152,7 +157,8 @@ class IsolationGuard:
         from padless.devices import compute_dtype
         from padless.isolation.compare import NOISE_FACTOR, Document, compare_documents, computing_in
 
-        chosen = self._pick(batch)
+        images = _image_pieces(model, batch)
+        chosen = self._pick(batch, images)
         was_training = model.training
         if logits is not None and was_training and _dropout_active(model):
             raise ValueError(
@@ -197,7 +203,31 @@ class IsolationGuard:
             judgment.noise,
             dtype_name(dtype),
             tuple(result.evidence),
+            int(images.sum()) if images is not None else 0,
         )
+
+
+def _image_pieces(model: Any, batch: Mapping[str, Any]) -> np.ndarray | None:
+    """Per placed piece, whether it holds image placeholder tokens (``None``: the batch carries no images)."""
+    from padless.attention.facts import model_facts
+    from padless.attention.multimodal import IMAGE_KEYS
+
+    if not any(batch.get(k) is not None for k in IMAGE_KEYS):
+        return None
+    placements = batch.placements
+    scheme = model_facts(model).vision
+    ids = batch["input_ids"].detach().cpu().numpy()
+    marked = None
+    for key in ("mm_token_type_ids", "token_type_ids"):
+        if batch.get(key) is not None:
+            marked = batch[key].detach().cpu().numpy() != 0
+    if scheme is not None and scheme.image_token_id is not None:
+        marked = (ids == scheme.image_token_id) | (marked if marked is not None else False)
+    if marked is None:  # images, but no way to tell which documents hold them: none is re-run alone
+        return np.ones(placements.row.size, dtype=bool)
+    return np.array(
+        [bool(marked[r, o : o + n].any()) for r, o, n in zip(placements.row, placements.offset, placements.length)]
+    )
 
 
 def _dropout_active(model: Any) -> bool:

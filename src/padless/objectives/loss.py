@@ -136,7 +136,9 @@ def document_ids(batch: Mapping[str, Any]) -> np.ndarray:
             ids[r, o : o + n] = j
         return ids
     if "position_ids" in batch:
-        starts = batch["position_ids"].detach().cpu().numpy().reshape(shape) == 0
+        positions = batch["position_ids"]
+        positions = positions[0] if positions.dim() == 3 else positions  # multimodal: the text positions first
+        starts = positions.detach().cpu().numpy().reshape(shape) == 0
         starts[:, 0] = True
         return np.cumsum(starts.reshape(-1)).reshape(shape) - 1
     return np.repeat(np.arange(shape[0], dtype=np.int64)[:, None], shape[1], axis=1)

@@ -1,0 +1,314 @@
+"""Images travel with their documents: the vision inputs of a packed (or padded) batch.
+
+A feature of a vision-language model carries what the model's processor returned for that one
+document (:class:`padless.attention.multimodal.VisionScheme` says which keys a family reads)::
+
+    input_ids           [n]        text and image placeholder tokens
+    mm_token_type_ids   [n]        per-token keys: placed in the row like input_ids (0 on padding)
+    pixel_values        [P, D]     image keys: concatenated in the order of the batch's image tokens,
+    image_grid_thw      [k, 3]       row by row, document by document (the order the model scatters
+                                     image features into placeholder tokens)
+
+and the packed row gets, per document, the positions the model gives that document alone (Qwen-VL's
+3-D rope index: :meth:`VisionScheme.rope_index`) and, where a family's image tokens attend both
+ways, those blocks inside each document (:func:`block_ids`). A document with images is placed whole:
+truncating or splitting it would cut its images, so that is refused naming the feature, and one the
+overlong policy drops takes its images with it (counted in the collator's totals). Every key a
+feature carries is carried by a stated rule or refused by name; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from padless.attention.multimodal import IMAGE_KEYS, PER_TOKEN_KEYS, VisionScheme, block_ids, rope_positions  # noqa: F401 (re-exported)
+from padless.layout import position_ids_from_lengths
+
+VIDEO_KEYS: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+"""Qwen-VL's video inputs: concatenated like images (``second_per_grid_ts`` one value per video)."""
+
+
+def vision_keys(feature: Mapping[str, Any], known: Sequence[str]) -> list[str]:
+    """The keys of ``feature`` that are vision inputs (``known``: the collator's list of them)."""
+    return [k for k in feature if k in known]
+
+
+def _tensor(value: Any, key: str, where: str) -> torch.Tensor:
+    try:
+        return value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}'s {key!r} is not an array ({type(value).__name__}): {err}") from None
+
+
+def _float32(t: torch.Tensor) -> torch.Tensor:
+    """Pixel values read back from lists (``datasets`` rows) as float64 are the processor's float32."""
+    return t.float() if t.dtype == torch.float64 else t
+
+
+def per_token(feature: Mapping[str, Any], key: str, n: int, where: str) -> np.ndarray:
+    """A per-token key as an ``[n]`` int64 array (``[1, n]`` accepted); a separator appended to the
+    document (``n`` one longer) gets 0."""
+    values = np.asarray(_tensor(feature[key], key, where)).reshape(-1).astype(np.int64)
+    if values.size == n - 1:  # the collator appended a separator
+        values = np.append(values, 0)
+    if values.size != n:
+        raise ValueError(f"{where}'s {key!r} has {values.size} values for {n} tokens; it needs one per token")
+    return values
+
+
+@dataclass(frozen=True)
+class DocImages:
+    """The vision inputs of one document, validated."""
+
+    tensors: dict[str, torch.Tensor]
+    """Image keys -> the processor's tensor for this document."""
+    tokens: dict[str, np.ndarray]
+    """Per-token keys -> ``[n]`` arrays."""
+    images: int
+    """Images in the document."""
+
+
+def read_images(
+    feature: Mapping[str, Any],
+    ids: np.ndarray,
+    scheme: VisionScheme | None,
+    refusal: str | None,
+    where: str,
+    carried: Sequence[str] = (),
+) -> DocImages | None:
+    """The validated vision inputs of one feature (``None``: it carries no images; per-token keys of
+    a text-only document must then mark no image token, and the row's zeros stand for them). Refused,
+    naming the feature and the key: images for a model that does not take them (``refusal``), a key the
+    family does not read, per-token keys of the wrong length, placeholder tokens that do not match the
+    images. ``carried``: the vision keys the collator carries (default: all)."""
+    keys = [k for k in feature if k in (carried or ALL_VISION_KEYS)]
+    if not any(k in IMAGE_KEYS for k in keys):
+        for k in keys:
+            if k in PER_TOKEN_KEYS and np.count_nonzero(per_token(feature, k, ids.size, where)):
+                raise ValueError(f"{where}'s {k!r} marks image tokens, but it carries no images (no pixel_values)")
+        if any(k not in PER_TOKEN_KEYS for k in keys):
+            raise ValueError(f"{where} carries {', '.join(map(repr, keys))} without pixel values or image grids")
+        return None
+    if refusal is not None or scheme is None:
+        raise ValueError(
+            f"{where} carries image inputs ({', '.join(map(repr, keys))}) that cannot be packed: {refusal}"
+        )
+    readable = {*scheme.image_keys, *scheme.token_keys, *(VIDEO_KEYS if scheme.positions == "rope3d" else ())}
+    unread = [k for k in keys if k not in readable]
+    if unread:
+        raise ValueError(
+            f"{where} carries {', '.join(map(repr, unread))}, which {scheme.family} packing does not read "
+            f"(it carries {', '.join(map(repr, sorted(readable)))}); remove them from the features"
+        )
+    n = ids.size
+    tokens = {k: per_token(feature, k, n, where) for k in scheme.token_keys if k in feature}
+    tensors = {k: _float32(_tensor(feature[k], k, where)) for k in keys if k not in tokens}
+    if scheme.image_dim == 1:
+        tensors = {k: v[None] if v.dim() < 2 else v for k, v in tensors.items()}
+    missing = [k for k in scheme.token_keys if k not in tokens]
+    if missing:
+        raise ValueError(f"{where} carries images but no {', '.join(map(repr, missing))}, which {scheme.family} needs")
+    images = _count_images(tensors, scheme)
+    placeholders = int(np.count_nonzero(ids == scheme.image_token_id)) if scheme.image_token_id is not None else None
+    expected = _expected_tokens(tensors, scheme, images)
+    if placeholders is not None and expected is not None and placeholders != expected:
+        raise ValueError(
+            f"{where} has {placeholders} image placeholder tokens (id {scheme.image_token_id}) but its "
+            f"{images} image{'s' if images != 1 else ''} take {expected}: the ids and the image inputs do not "
+            "come from the same processor call (or the text was truncated through an image)"
+        )
+    if "mm_token_type_ids" in tokens and scheme.image_token_id is not None:
+        marked = tokens["mm_token_type_ids"] == 1
+        if not np.array_equal(marked, ids == scheme.image_token_id):
+            raise ValueError(
+                f"{where}'s mm_token_type_ids mark {int(marked.sum())} image tokens where its input_ids hold "
+                f"{placeholders} image placeholders; they must mark the same positions"
+            )
+    return DocImages(tensors, tokens, images)
+
+
+ALL_VISION_KEYS: tuple[str, ...] = (
+    "pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "mm_token_type_ids",
+    "token_type_ids", "image_embeds", "image_attention_mask", *VIDEO_KEYS,
+)  # fmt: skip
+"""Processor outputs a vision-language feature may carry (``token_type_ids`` counts only where the
+model's family reads it; elsewhere the text rule's check of zeros applies)."""
+
+
+def _count_images(tensors: dict[str, torch.Tensor], scheme: VisionScheme) -> int:
+    if "image_grid_thw" in tensors:
+        return int(tensors["image_grid_thw"].reshape(-1, 3).shape[0])
+    pixels = tensors.get("pixel_values")
+    if pixels is None:
+        return 0
+    return int(pixels.shape[1] if scheme.image_dim == 1 else pixels.shape[0])
+
+
+def _expected_tokens(tensors: dict[str, torch.Tensor], scheme: VisionScheme, images: int) -> int | None:
+    if "image_grid_thw" in tensors:
+        grid = tensors["image_grid_thw"].reshape(-1, 3).long()
+        return int((grid.prod(dim=1) // scheme.merge**2).sum())
+    if scheme.tokens_per_image is not None:
+        return images * scheme.tokens_per_image
+    return None
+
+
+def require_whole(docs: dict[int, DocImages], placements: Any, lengths: np.ndarray) -> set[int]:
+    """The features with images that were placed, each as one whole piece; raise naming a feature
+    with images that the overlong policy truncated or split. Returns the placed ones (a dropped
+    feature's images leave with it)."""
+    placed = set()
+    for i in docs:
+        pieces = placements.of_feature(i)
+        if not pieces:
+            continue
+        if len(pieces) > 1 or pieces[0][0] != 0 or pieces[0][3] != int(lengths[i]):
+            raise ValueError(
+                f"feature {i} holds {docs[i].images} image(s) and {int(lengths[i])} tokens, more than the row "
+                "holds: truncating or splitting it would cut its images; raise max_length, drop it "
+                "(overlong='drop'), or shorten its text before the processor"
+            )
+        placed.add(i)
+    return placed
+
+
+def packed_vision(
+    docs: dict[int, DocImages],
+    placements: Any,
+    shape: tuple[int, int],
+    scheme: VisionScheme,
+    input_ids: np.ndarray,
+    row_docs: Sequence[Sequence[int]],
+) -> tuple[dict[str, Any], np.ndarray | None]:
+    """The vision entries of a packed ``shape = [R, L]`` batch and, for ``rope3d`` families, its
+    ``[4, R, L]`` position ids (the text positions first); ``None`` otherwise (the text positions stand).
+    ``docs``: the features holding images (each placed whole, or a row packed beforehand whose
+    documents are its pieces)."""
+    order = list(dict.fromkeys(int(f) for f in placements.feature if int(f) in docs))  # row by row
+    out: dict[str, Any] = {}
+    for key in scheme.token_keys:
+        values = np.zeros(shape, dtype=np.int64)
+        for j, f in enumerate(placements.feature):
+            f = int(f)
+            if f in docs and key in docs[f].tokens:
+                r, o, n, s = (
+                    int(a[j]) for a in (placements.row, placements.offset, placements.length, placements.start)
+                )
+                values[r, o : o + n] = docs[f].tokens[key][s : s + n]
+        out[key] = torch.from_numpy(values)
+    keys = list(dict.fromkeys(k for f in order for k in docs[f].tensors))
+    for key in keys:
+        missing = [f for f in order if key not in docs[f].tensors]
+        if missing:
+            raise ValueError(f"feature {missing[0]} carries no {key!r} while others of the batch do")
+        out[key] = _concat([docs[f].tensors[key] for f in order], key, scheme.image_dim, order)
+    if scheme.positions != "rope3d":
+        return out, None
+    text = np.stack([position_ids_from_lengths(d) for d in row_docs])
+    rope = rope_positions({"input_ids": input_ids, **out}, scheme, row_docs)
+    return out, np.concatenate([text[None], rope])
+
+
+def _concat(parts: list[torch.Tensor], key: str, dim: int, order: list[int]) -> torch.Tensor:
+    """``parts`` concatenated along ``dim``; other dims must agree, except that per-sample image tensors
+    (``dim=1``) are zero-padded to the largest image, as the processor pads a batch of them."""
+    rank = {p.dim() for p in parts}
+    if len(rank) != 1:
+        raise ValueError(f"{key!r} has {sorted(rank)} dimensions across features {order}; one processor makes them all")
+    if dim == 1:
+        sizes = [max(p.shape[d] for p in parts) for d in range(parts[0].dim())]
+        padded = []
+        for p in parts:
+            pad = []
+            for d in reversed(range(2, p.dim())):
+                pad += [0, sizes[d] - p.shape[d]]
+            padded.append(torch.nn.functional.pad(p, pad) if any(pad) else p)
+        return torch.cat(padded, dim=1)
+    trailing = {tuple(p.shape[1:]) for p in parts}
+    if len(trailing) != 1:
+        raise ValueError(
+            f"{key!r} of features {order} differ in shape beyond the first dimension ({sorted(trailing)}); "
+            "process every image with the same processor settings"
+        )
+    return torch.cat(parts, dim=0)
+
+
+def carried_by_padding(features: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The vision keys a padded batch of ``features`` carries: all of them where some feature holds
+    images (``token_type_ids`` then mark image tokens), else all but ``token_type_ids`` (which a text
+    batch re-derives: zeros)."""
+    images = any(k in f for f in features for k in IMAGE_KEYS)
+    return tuple(k for k in ALL_VISION_KEYS if images or k != "token_type_ids")
+
+
+def padded_vision(features: Sequence[Mapping[str, Any]], lengths: Sequence[int], width: int) -> dict[str, Any]:
+    """The vision entries of a right-padded ``[B, width]`` batch of the same features (the baseline,
+    no model needed: the model computes its own positions and image masks from a padded batch):
+    per-token keys (:data:`PER_TOKEN_KEYS`) padded with 0, every other vision key concatenated in
+    feature order, along the image axis of per-sample tensors (``[1, images, ...]``, zero-padded as the
+    processor pads them) or else the first."""
+    out: dict[str, Any] = {}
+    carried = carried_by_padding(features)
+    keys = list(dict.fromkeys(k for f in features for k in f if k in carried))
+    for key in keys:
+        where = [i for i, f in enumerate(features) if key in f]
+        if key in PER_TOKEN_KEYS:
+            values = np.zeros((len(features), width), dtype=np.int64)
+            for i in where:
+                v = per_token(features[i], key, int(lengths[i]), f"feature {i}")
+                values[i, : v.size] = v
+            out[key] = torch.from_numpy(values)
+            continue
+        parts = [_tensor(features[i][key], key, f"feature {i}") for i in where]
+        dim = (
+            1
+            if key in ("pixel_values", "pixel_attention_mask") and parts[0].dim() == (5 if key == "pixel_values" else 4)
+            else 0
+        )
+        out[key] = _concat(parts, key, dim, where)
+    return out
+
+
+def row_vision(pieces: Sequence[Sequence[int]], features: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """The vision inputs of a row packed beforehand from ``pieces`` (``(sequence, start, length)``) of
+    ``features`` (sequence -> its feature): per-token keys along the row, image tensors in piece order
+    (``{}`` when no piece's feature carries images). A piece of a document with images must be the
+    whole document: cutting it would cut its images (raised naming the sequence)."""
+    keys = [k for i, _, _ in pieces for k in features[int(i)] if k in ALL_VISION_KEYS]
+    if not any(k in IMAGE_KEYS for k in keys):
+        return {}
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(keys):
+        if key in PER_TOKEN_KEYS:
+            parts = []
+            for i, start, length in pieces:
+                f = features[int(i)]
+                n = len(f["input_ids"])
+                values = per_token(f, key, n, f"sequence {i}") if key in f else np.zeros(n, dtype=np.int64)
+                parts.append(values[int(start) : int(start) + int(length)])
+            out[key] = np.concatenate(parts)
+            continue
+        parts = []
+        for i, start, length in pieces:
+            f = features[int(i)]
+            if key not in f:
+                continue
+            if int(start) != 0 or int(length) != len(f["input_ids"]):
+                raise ValueError(
+                    f"sequence {i} holds images and was cut to tokens [{start}, {int(start) + int(length)}) of "
+                    f"{len(f['input_ids'])}: a document with images is placed whole; raise max_length or drop it "
+                    "(overlong='drop')"
+                )
+            parts.append(_float32(_tensor(f[key], key, f"sequence {i}")))
+        dim = (
+            1
+            if key in ("pixel_values", "pixel_attention_mask") and parts[0].dim() == (5 if key == "pixel_values" else 4)
+            else 0
+        )
+        out[key] = _concat(parts, key, dim, [int(i) for i, _, _ in pieces])
+    return out
