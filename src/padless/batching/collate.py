@@ -125,7 +125,7 @@ class PackingCollator(RowFormat):
         must be zeros)."""
         scheme = self.verdict.vision if self.verdict is not None else None
         reads_types = scheme is not None and "token_type_ids" in scheme.token_keys
-        images = any(k in f for f in features for k in vision.IMAGE_KEYS)
+        images = any(f.get(k) is not None for f in features for k in vision.IMAGE_KEYS)
         return tuple(k for k in vision.ALL_VISION_KEYS if k != "token_type_ids" or reads_types or images)
 
     def _pack(self, features: Sequence[Mapping[str, Any]]) -> tuple[Any, ...]:

@@ -86,7 +86,7 @@ def read_images(
     naming the feature and the key: images for a model that does not take them (``refusal``), a key the
     family does not read, per-token keys of the wrong length, placeholder tokens that do not match the
     images. ``carried``: the vision keys the collator carries (default: all)."""
-    keys = [k for k in feature if k in (carried or ALL_VISION_KEYS)]
+    keys = [k for k in feature if k in (carried or ALL_VISION_KEYS) and feature[k] is not None]  # None: a column unset
     if not any(k in IMAGE_KEYS for k in keys):
         for k in keys:
             if k in PER_TOKEN_KEYS and np.count_nonzero(per_token(feature, k, ids.size, where)):
@@ -242,7 +242,7 @@ def carried_by_padding(features: Sequence[Mapping[str, Any]]) -> tuple[str, ...]
     """The vision keys a padded batch of ``features`` carries: all of them where some feature holds
     images (``token_type_ids`` then mark image tokens), else all but ``token_type_ids`` (which a text
     batch re-derives: zeros)."""
-    images = any(k in f for f in features for k in IMAGE_KEYS)
+    images = any(f.get(k) is not None for f in features for k in IMAGE_KEYS)
     return tuple(k for k in ALL_VISION_KEYS if images or k != "token_type_ids")
 
 
@@ -254,9 +254,9 @@ def padded_vision(features: Sequence[Mapping[str, Any]], lengths: Sequence[int],
     processor pads them) or else the first."""
     out: dict[str, Any] = {}
     carried = carried_by_padding(features)
-    keys = list(dict.fromkeys(k for f in features for k in f if k in carried))
+    keys = list(dict.fromkeys(k for f in features for k in f if k in carried and f[k] is not None))
     for key in keys:
-        where = [i for i, f in enumerate(features) if key in f]
+        where = [i for i, f in enumerate(features) if f.get(key) is not None]
         if key in PER_TOKEN_KEYS:
             values = np.zeros((len(features), width), dtype=np.int64)
             for i in where:
@@ -279,7 +279,7 @@ def row_vision(pieces: Sequence[Sequence[int]], features: Mapping[int, Mapping[s
     ``features`` (sequence -> its feature): per-token keys along the row, image tensors in piece order
     (``{}`` when no piece's feature carries images). A piece of a document with images must be the
     whole document: cutting it would cut its images (raised naming the sequence)."""
-    keys = [k for i, _, _ in pieces for k in features[int(i)] if k in ALL_VISION_KEYS]
+    keys = [k for i, _, _ in pieces for k, v in features[int(i)].items() if k in ALL_VISION_KEYS and v is not None]
     if not any(k in IMAGE_KEYS for k in keys):
         return {}
     out: dict[str, Any] = {}
@@ -289,14 +289,16 @@ def row_vision(pieces: Sequence[Sequence[int]], features: Mapping[int, Mapping[s
             for i, start, length in pieces:
                 f = features[int(i)]
                 n = len(f["input_ids"])
-                values = per_token(f, key, n, f"sequence {i}") if key in f else np.zeros(n, dtype=np.int64)
+                values = (
+                    per_token(f, key, n, f"sequence {i}") if f.get(key) is not None else np.zeros(n, dtype=np.int64)
+                )
                 parts.append(values[int(start) : int(start) + int(length)])
             out[key] = np.concatenate(parts)
             continue
         parts = []
         for i, start, length in pieces:
             f = features[int(i)]
-            if key not in f:
+            if f.get(key) is None:
                 continue
             if int(start) != 0 or int(length) != len(f["input_ids"]):
                 raise ValueError(
