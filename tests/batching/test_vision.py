@@ -305,3 +305,19 @@ def test_the_guard_reruns_text_documents_and_counts_the_image_ones():
     check = IsolationGuard(every=1, documents=4)(model, batch)
     assert check.passed and check.image_documents == 3
     assert [p[0] for p in check.pieces] == [0]  # the one text-only document
+
+
+def test_verify_says_how_images_are_packed_or_why_not(monkeypatch):
+    from padless.attention.facts import model_facts
+    from padless.isolation.verify import model_summary
+
+    model = _qwen2_vl()
+    assert (
+        "images: packed with their documents (qwen2_vl: a 3-D rope index per document)"
+        in model_summary(model).describe()
+    )
+    model = _gemma3()
+    assert "image tokens attending both ways" in model_summary(model).images
+    monkeypatch.delitem(multimodal.FAMILIES, "gemma3")
+    model_facts(model, refresh=True)
+    assert model_summary(model).images.startswith("refused (padless has not verified how 'gemma3'")

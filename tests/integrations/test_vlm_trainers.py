@@ -48,6 +48,7 @@ def test_packed_trainer_step_with_images_equals_the_padded_step(tmp_path):
     padded, _ = _step(Trainer, tmp_path / "padded", records, data_collator=PaddingCollator())
     packed, trainer = _step(PackedTrainer, tmp_path / "packed", records, max_length=32, rows_per_batch=4)
     assert trainer.data_collator.totals["images"] == 4
+    assert "images packed with their documents (qwen2_vl)" in trainer.start_line()
     moved = [n for n in padded if not torch.equal(padded[n], _qwen2_vl().state_dict()[n])]
     assert any(n.startswith("model.visual") for n in moved), "the vision tower must train"
     for name, want in padded.items():

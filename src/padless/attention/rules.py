@@ -32,6 +32,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from padless.attention.adapters import adapter_refusal, base_model_of
+from padless.attention.transformers_compat import (
+    AUTO_DECODER_MARK,
+    DECODER_FLAG_MARK,
+    MASK4D_MARKS,
+    MASK_DICT_MARK,
+    OFFSET_POSITIONS_MARK,
+    POSITION_MASK_MARK,
+    REMOTE_MASK4D_MARKS,
+    REMOTE_SLIDING_MASK_MARKS,
+    SINK_MARK,
+    SLIDING_MASK_MARKS,
+)
 from padless.layout import MaskWindows  # noqa: F401 (re-exported: the row vocabulary lives in padless.layout)
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -41,27 +53,11 @@ CHUNKED = "chunked_attention"
 """Llama 4's chunked layers (``attention_chunk_size``): attention, judged by :attr:`AttentionRules.chunk_size`."""
 PER_TOKEN_LAYER_TYPES = ("mlp", "moe", "dense", "ffn")
 """Layer types that mix no tokens (hybrid patterns such as Nemotron-H list them beside attention)."""
-_SLIDING_MASK_MARKS = ("sliding_window_causal_mask", SLIDING, "sliding_window_mask",
-                       "_prepare_4d_causal_attention_mask_with_cache_position")  # fmt: skip
-"""Source text of models whose mask path honours ``config.sliding_window``; a model whose source has a
-window setting and none of these (Moshi, OLMoE) builds a plain causal mask on
-sdpa / eager, so its packed mask must not carry a window either."""
-
-
-_MASK_DICT_MARK = "causal_mask_mapping := attention_mask, dict"
-_SINK_MARK = "s_aux="
-_OFFSET_POSITIONS_MARK = "create_position_ids_from_input_ids"
-"""RoBERTa-family embeddings number positions from ``padding_idx + 1`` when they compute them."""
-_POSITION_MASK_MARK = re.compile(r"(create_\w*mask\(|mask_function\(|mask_kwargs = \{)[^)}]*position_ids", re.S)
-"""A mask builder called with ``position_ids``: transformers then finds the documents of a packed
-row from restarted position ids (``find_packed_sequence_indices``, any batch size, no 2D mask, no
-cache) and builds per-document masks with the model's own windows."""
-_MASK4D_MARKS = ("masking_utils", "_prepare_4d")
-"""Source text of models whose mask path goes through transformers' mask utilities, which pass a 4D
-mask through as it is; a model with none of these (OpenAI GPT, XLM) expands a 2D mask itself. A
-composite model that builds its decoder with ``AutoModel`` (Fuyu) is judged by that decoder's rules."""
-_DECODER_FLAG_MARK = "is_causal=config.is_decoder"
-"""BERT-family layers are causal only with ``config.is_decoder=True``."""
+_SLIDING_MASKS = (*SLIDING_MASK_MARKS, *REMOTE_SLIDING_MASK_MARKS)
+"""A source with any of these honours ``sliding_window`` (this release's models and 4.x remote code)."""
+_POSITION_MASK = re.compile(POSITION_MASK_MARK)
+_MASK4D = (*MASK4D_MARKS, *REMOTE_MASK4D_MARKS, AUTO_DECODER_MARK)
+"""A source with any of these passes a 4D mask through as it is."""
 
 
 @dataclass(frozen=True)
@@ -174,12 +170,13 @@ def _text_config(config: Any) -> Any:
 
 @dataclass(frozen=True)
 class _SourceMarks:
-    """What a model's module source says (the marks above), read once per model class."""
+    """What a model's module source says (the source-text marks of :mod:`padless.attention.transformers_compat`),
+    read once per model class."""
 
     known: bool = False
     """The source could be read (``False``: every other field keeps its permissive default)."""
     sliding_mask: bool = True
-    """The mask path honours ``sliding_window`` (:data:`_SLIDING_MASK_MARKS`)."""
+    """The mask path honours ``sliding_window`` (``transformers_compat.SLIDING_MASK_MARKS``)."""
     mask_dict: bool = False
     """The base model takes a dict of 4D masks by layer type."""
     sinks: bool = False
@@ -189,9 +186,9 @@ class _SourceMarks:
     offset_positions: bool = False
     """Positions computed from ``padding_idx + 1`` (RoBERTa family)."""
     masks_from_position_ids: bool = False
-    """Mask builders called with ``position_ids`` (:data:`_POSITION_MASK_MARK`)."""
+    """Mask builders called with ``position_ids`` (``transformers_compat.POSITION_MASK_MARK``)."""
     takes_4d_mask: bool = True
-    """A 4D mask passes through as it is (:data:`_MASK4D_MARKS`)."""
+    """A 4D mask passes through as it is (``transformers_compat.MASK4D_MARKS``)."""
 
 
 @functools.cache
@@ -201,13 +198,13 @@ def _source_marks(model_class: type) -> _SourceMarks:
         return _SourceMarks()
     return _SourceMarks(
         known=True,
-        sliding_mask=any(mark in source for mark in _SLIDING_MASK_MARKS),
-        mask_dict=_MASK_DICT_MARK in source,
-        sinks=_SINK_MARK in source,
-        decoder_flag=_DECODER_FLAG_MARK in source,
-        offset_positions=_OFFSET_POSITIONS_MARK in source,
-        masks_from_position_ids=bool(_POSITION_MASK_MARK.search(source)),
-        takes_4d_mask="AutoModel" in source or any(mark in source for mark in _MASK4D_MARKS),
+        sliding_mask=any(mark in source for mark in _SLIDING_MASKS),
+        mask_dict=MASK_DICT_MARK in source,
+        sinks=SINK_MARK in source,
+        decoder_flag=DECODER_FLAG_MARK in source,
+        offset_positions=OFFSET_POSITIONS_MARK in source,
+        masks_from_position_ids=bool(_POSITION_MASK.search(source)),
+        takes_4d_mask=any(mark in source for mark in _MASK4D),
     )
 
 
@@ -237,7 +234,7 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
         windows, others = {SLIDING if window is not None else FULL: window}, ()
     marks = _source_marks(model_class) if model_class is not None else _SourceMarks()
     if marks.known and not marks.sliding_mask:
-        windows = {t: None for t in windows}  # the model's own mask has no window (see _SLIDING_MASK_MARKS)
+        windows = {t: None for t in windows}  # the model's own mask has no window (see SLIDING_MASK_MARKS)
     mpt_alibi = bool(getattr(get("attn_config"), "alibi", False)) if get("model_type") == "mpt" else False
     takes_position_ids = None
     if model_class is not None:

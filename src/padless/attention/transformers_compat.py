@@ -1,7 +1,7 @@
 """What padless relies on in transformers' internals, read from transformers 5.24.0 (``constraints.txt`` pins it).
 
 Each name here is a function, attribute or model type of transformers that a padless module calls, sets,
-matches by text or judges by. The modules that use them import them from here, and prose elsewhere that
+matches by text or judges by, or a text padless looks for in a model's module source (the marks at the end). The modules that use them import them from here, and prose elsewhere that
 describes transformers' behaviour points here. tests/attention/test_transformers_compat.py checks that
 the installed transformers still has every name listed, and that :data:`VERSION` is the pinned one:
 moving the pin means re-reading these facts in the new version's sources.
@@ -94,3 +94,38 @@ TOKEN_MIXER_CLASSES: dict[str, str] = {
 }
 """Layer classes of transformers that mix tokens without the attention mask, by kind (a class name of any
 model's modeling file; :data:`padless.attention.mixers.KINDS` matches layers by it)."""
+
+# Source-text marks: strings :func:`padless.attention.rules.attention_rules` looks for in a model's module
+# source to learn how its mask path works. Renamed in a new release, a mark silently changes verdicts, so
+# tests/attention/test_transformers_compat.py finds each one in the model modules that rely on it.
+SLIDING_MASK_MARKS = ("sliding_window_causal_mask", "sliding_attention", "sliding_window_mask")
+"""Source text of models whose mask path honours ``config.sliding_window`` (Mistral, Gemma 2, ...); a model
+whose source has a window setting and none of these nor :data:`REMOTE_SLIDING_MASK_MARKS` (Moshi, OLMoE)
+builds a plain causal mask on sdpa / eager, so its packed mask must not carry a window either."""
+REMOTE_SLIDING_MASK_MARKS = ("_prepare_4d_causal_attention_mask_with_cache_position",)
+"""The same, in modeling files written for transformers 4.x that a hub repository ships as remote code: no
+model module of this release has it, so no test can hold it to this release."""
+MASK_DICT_MARK = "causal_mask_mapping := attention_mask, dict"
+"""Source text of base models that take a dict ``layer type -> 4D mask`` as ``attention_mask`` and use it as
+it is (Gemma 3, Qwen2, ...: models with ``layer_types``)."""
+SINK_MARK = "s_aux="
+"""Source text of attention layers with learned sinks (GPT-OSS): an extra softmax column per head."""
+OFFSET_POSITIONS_MARK = "create_position_ids_from_input_ids"
+"""RoBERTa-family embeddings number positions from ``padding_idx + 1`` when they compute them."""
+POSITION_MASK_MARK = r"(?s)(create_\w*mask\(|mask_function\(|mask_kwargs = \{)[^)}]*position_ids"
+"""Regular expression (a string: this module imports nothing) for a mask builder called with
+``position_ids`` (Llama, Llama 4): transformers then finds the documents of a packed row from restarted
+position ids (:data:`PACKED_FROM_POSITIONS`, any batch size, no 2D mask, no cache) and builds per-document
+masks with the model's own windows."""
+MASK4D_MARKS = ("masking_utils",)
+"""Source text of models whose mask path goes through :data:`MASKING_UTILS`, which passes a 4D mask through
+as it is; a model with none of these, :data:`REMOTE_MASK4D_MARKS` and :data:`AUTO_DECODER_MARK` (OpenAI GPT,
+XLM) expands a 2D mask itself."""
+REMOTE_MASK4D_MARKS = ("_prepare_4d",)
+"""The same for modeling files written for transformers 4.x (remote code), whose ``_prepare_4d_*`` mask
+helpers (``modeling_attn_mask_utils``) pass a 4D mask through; this release has no such module."""
+AUTO_DECODER_MARK = "AutoModel"
+"""Source text of composite models that build their decoder with ``AutoModel`` (Fuyu): judged by that
+decoder's rules, so a 4D mask is taken to pass through."""
+DECODER_FLAG_MARK = "is_causal=config.is_decoder"
+"""BERT-family layers are causal only with ``config.is_decoder=True``."""

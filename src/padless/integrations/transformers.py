@@ -296,6 +296,11 @@ def start_line(model: Any, collator: PackingCollator | None, *, rows: str, docum
             layout += f" with sliding window {windows}"
         verdict = "exact (padless rule)" if collator.verdict is not None else "not checked by padless' rule"
         parts += [f"layout {layout}", verdict]
+        v = collator.verdict
+        if v is not None and v.vision is not None:
+            parts.append(f"images packed with their documents ({v.vision.family})")
+        elif v is not None and v.images_reason is not None and "no vision tower" not in v.images_reason:
+            parts.append("images refused (text-only rows)")
     return ", ".join([*parts, rows, documents])
 
 

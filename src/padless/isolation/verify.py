@@ -71,7 +71,7 @@ if TYPE_CHECKING:  # torch is imported where used: `padless verify` refuses bad 
 
 DEFAULT_BACKENDS = ("sdpa", "eager", "padless", "flash_attention_2", "flex_attention")
 DEFAULT_MAX_LENGTH = 2048
-"""Packed row length when none is given (capped at the model's positions: :attr:`ModelFacts.context`)."""
+"""Packed row length when none is given (capped at the model's positions: :attr:`ModelSummary.context`)."""
 DEFAULT_LENGTHS = (1, 7, 13, 5, 24, 3, 9, 2)
 """The documents of one row holding every document (``max_length=None``)."""
 SHARED_PROMPT_GROUPS = ((5, (3, 1)), (1, (4, 2, 6)), (9, (2, 2)))
@@ -175,8 +175,9 @@ Status = Literal["pass", "fail", "refused", "unavailable"]
 
 
 @dataclass(frozen=True)
-class ModelFacts:
-    """What :func:`verify_isolation` reads about the model once, before anything runs."""
+class ModelSummary:
+    """What :func:`verify_isolation` reads about the model once, before anything runs: a summary for the
+    report (:attr:`VerifyReport.facts`), not the rule's :class:`padless.attention.facts.ModelFacts`."""
 
     name: str
     """The model's name (``config._name_or_path``) or class."""
@@ -192,26 +193,31 @@ class ModelFacts:
     """The longest row its positions cover (:func:`context_length`; None: no limit known)."""
     windows: list[int]
     """Its sliding windows, shortest first (empty: none)."""
+    images: str | None = None
+    """A vision-language model: how packed rows carry its images, or why they are refused
+    (:func:`padless.attention.multimodal.vision_scheme`; the text checks below run on text documents;
+    images are checked by the multimodal sweep, tests/multimodal). ``None``: no vision tower."""
 
     def describe(self) -> str:
         windows = f", sliding windows {self.windows}" if self.windows else ""
+        images = f"; images: {self.images}" if self.images else ""
         context = f"{self.context:,} positions" if self.context else "no position limit"
         name = self.name if self.name == self.model_class else f"{self.name}: {self.model_class}"
         return (
             f"model {name}, {_count(self.parameters)} parameters "
-            f"({_count(self.trainable)} trainable), {context}{windows}, attention {self.attention!r}"
+            f"({_count(self.trainable)} trainable), {context}{windows}, attention {self.attention!r}{images}"
         )
 
 
-def model_facts(model: Any) -> ModelFacts:
-    """:class:`ModelFacts` of ``model``."""
+def model_summary(model: Any) -> ModelSummary:
+    """:class:`ModelSummary` of ``model``, from the rule's :func:`padless.attention.facts.model_facts`."""
     from padless.attention.facts import model_facts as read_facts
 
     params = list(model.parameters())
     read = read_facts(model)  # the rule's facts, read once per model
     cls = read.model_class or type(model)
     windows = sorted({w for w in read.rules.windows.values() if w is not None})
-    return ModelFacts(
+    return ModelSummary(
         getattr(model.config, "_name_or_path", "") or type(model).__name__,
         cls.__name__,
         sum(p.numel() for p in params),
@@ -219,7 +225,18 @@ def model_facts(model: Any) -> ModelFacts:
         str(model.config._attn_implementation),
         context_length(model),
         windows,
+        _images(read),
     )
+
+
+def _images(facts: Any) -> str | None:
+    """What :attr:`ModelSummary.images` says of a model's facts."""
+    scheme = facts.vision
+    if scheme is None:
+        return f"refused ({facts.vision_reason})" if facts.vision_reason else None
+    how = "a 3-D rope index per document" if scheme.positions == "rope3d" else "positions restarting per document"
+    blocks = ", image tokens attending both ways inside each image (4D mask only)" if scheme.blocks else ""
+    return f"packed with their documents ({scheme.family}: {how}{blocks})"
 
 
 @dataclass(frozen=True)
@@ -323,7 +340,7 @@ class VerifyReport:
     """One per backend for plain rows, then one per backend for shared-prompt rows."""
     factor: float = NOISE_FACTOR
     """How many times padding's noise packed rows may differ."""
-    facts: ModelFacts | None = None
+    facts: ModelSummary | None = None
     """What was read about the model before anything ran."""
     coverage: Coverage | None = None
     """What was run: documents, rows, the noise reference, the gradients."""
@@ -744,7 +761,7 @@ def verify_isolation(
         raise ValueError(f"factor={factor} must be >= 1: packed rows cannot be held below padding's own noise")
     if autocast is not None and autocast not in (torch.bfloat16, torch.float16):
         raise ValueError(f"autocast={autocast} must be torch.bfloat16 or torch.float16")
-    facts = model_facts(model)
+    facts = model_summary(model)
     requested = max_length
     if max_length is not None and facts.context is not None:
         max_length = min(max_length, facts.context)
