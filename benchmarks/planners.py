@@ -2,8 +2,8 @@
 
 For each workload (1M, 10M and 16M lengths from the short-text lognormal distribution, median 60
 capped at 2048, and as many uniform 10..500; or ``--lengths FILE`` for a real corpus) it plans rows of
-``--max-length`` tokens with every padless strategy (``first_fit_decreasing``, a name for best fit
-decreasing, only if asked for) and prints wall time (best of ``--repeats``)
+``--max-length`` tokens with every padless strategy (not the deprecated ``first_fit_decreasing``, which plans as best
+fit decreasing) and prints wall time (best of ``--repeats``)
 with that run's user and sys CPU seconds, rows, efficiency and the gap to the lower bound
 ceil(tokens / max_length); then times the peers on the same lengths (TRL only up to
 ``--trl-max-num`` lengths: it takes ~1 min at 1M) and prints ratios. A summary table at the end
@@ -53,10 +53,10 @@ from pathlib import Path
 import numpy as np
 
 from padless.planning.lengths import load_lengths, synthetic_lengths
-from padless.planning.plan import STRATEGIES, plan_packs
+from padless.planning.plan import DEPRECATED_STRATEGIES, STRATEGIES, plan_packs
 
 PEERS_DIR = Path.home() / ".cache" / "padless" / "peers"
-PLANNERS = [s for s in STRATEGIES if s != "first_fit_decreasing"]  # that name plans as best_fit_decreasing
+PLANNERS = [s for s in STRATEGIES if s not in DEPRECATED_STRATEGIES]  # a deprecated name plans as another
 SEQPACKER = "seqpacker==0.1.3"
 
 
@@ -279,7 +279,7 @@ def main() -> None:
     parser.add_argument("--only-lengths", action="store_true", help="skip the synthetic workloads")
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--overlong", choices=["truncate", "drop"], default="truncate", help="for --lengths files")
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=PLANNERS)
+    parser.add_argument("--strategies", nargs="+", choices=PLANNERS, default=PLANNERS)
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs (padless, seqpacker)")
     parser.add_argument("--trl-repeats", type=int, default=1, help="TRL is slow: runs per TRL variant")
     parser.add_argument("--trl-max-num", type=int, default=1_000_000, help="time TRL only up to this many lengths")

@@ -533,3 +533,18 @@ def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monk
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert re.fullmatch(r"padless pack: error: Permission denied: .*ro/out \(no permission: choose a folder .*\)", err)
+
+
+def test_a_deprecated_strategy_says_so_and_plans_as_its_replacement(capsys):
+    argv = ["stats", "--num", "300", "--max-length", "64", "--overlong", "split", "--json"]
+    assert main([*argv, "--strategy", "best_fit_decreasing"]) == 0
+    replacement = capsys.readouterr()
+    assert main([*argv, "--strategy", "first_fit_decreasing"]) == 0
+    deprecated = capsys.readouterr()
+    assert deprecated.out == replacement.out  # the same plan, recorded under the name it planned as
+    assert json.loads(deprecated.out)["plan"]["strategy"] == "best_fit_decreasing"
+    assert deprecated.err.splitlines() == [
+        "padless: warning: --strategy first_fit_decreasing is deprecated: it plans as best_fit_decreasing; "
+        "pass --strategy best_fit_decreasing"
+    ]
+    assert replacement.err == ""

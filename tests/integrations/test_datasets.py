@@ -75,7 +75,7 @@ def test_an_overlong_sequence_is_refused_unless_a_policy_is_chosen(caplog):
 @given(
     rows=st.lists(st.integers(1, 30), min_size=1, max_size=40),
     seq_length=st.integers(1, 24),
-    strategy=st.sampled_from(["bfd", "bfd_split", "wrapped", "first_fit_decreasing", "next_fit"]),
+    strategy=st.sampled_from(["bfd", "bfd_split", "wrapped", "best_fit_decreasing", "next_fit"]),
     overlong=st.sampled_from([None, "truncate", "split", "drop"]),
     batch_size=st.sampled_from([None, 7]),
 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -376,12 +377,24 @@ def _data_lengths(args: argparse.Namespace) -> InputLengths:
     return InputLengths(validate_lengths(corpus.lengths), f"{where} {name}", notes, data)
 
 
+def strategy_flag(text: str) -> str:
+    """``--strategy``: the name given, or for a deprecated one the strategy it plans as, after one line on
+    stderr saying so (a ``DeprecationWarning`` would not show: Python hides them outside ``__main__``)."""
+    from padless.planning.plan import DEPRECATED_STRATEGIES
+
+    if (instead := DEPRECATED_STRATEGIES.get(text)) is None:
+        return text
+    message = f"--strategy {text} is deprecated: it plans as {instead}; pass --strategy {instead}"
+    print(f"padless: warning: {message}", file=sys.stderr)
+    return instead
+
+
 def add_lengths_arguments(parser: argparse.ArgumentParser, *, default_dist: str | None = None) -> None:
     """Flags of ``padless stats`` and ``padless plan``: where the lengths come from, how ``--data`` is
     tokenized, and how to plan them (``default_dist``: the lengths without a source flag)."""
     from padless.planning.checks import OVERLONG_DEFAULT
     from padless.planning.lengths import DISTRIBUTIONS
-    from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES
+    from padless.planning.plan import DEPRECATED_STRATEGIES, OVERLONG_POLICIES, STRATEGIES
 
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--lengths", metavar="FILE", help="lengths file: .npy, .txt (one per line) or .json list")
@@ -401,7 +414,13 @@ def add_lengths_arguments(parser: argparse.ArgumentParser, *, default_dist: str 
     parser.add_argument("--num", type=int_in(1), default=100_000, help="draws from --dist")
     parser.add_argument("--seed", type=int_in(0), default=0, help="seed for --dist, bucketing and histogram_best_fit")
     parser.add_argument("--max-length", type=int_in(1), default=2048, help="row capacity in tokens")
-    parser.add_argument("--strategy", choices=STRATEGIES, default="best_fit_decreasing", help="packing strategy")
+    parser.add_argument(
+        "--strategy",
+        type=strategy_flag,
+        choices=[s for s in STRATEGIES if s not in DEPRECATED_STRATEGIES],
+        default="best_fit_decreasing",
+        help="packing strategy",
+    )
     parser.add_argument(
         "--overlong",
         choices=OVERLONG_POLICIES,

@@ -1,6 +1,7 @@
 """Planning: sequence lengths -> which sequences share a row. Pure numpy: no tokens, no torch.
 
 - ``plan``: the planners, overlong policies, :class:`~padless.planning.plan.PackPlan` and its stats.
+- ``costs``: rows bounded by a second cost per sequence (image patches) as well as tokens, behind ``plan_packs(costs=, max_cost=)``.
 - ``_binpack``: the bin-packing engines behind ``plan`` (best fit decreasing on the length histogram, next fit, wrapped).
 - ``slots``: one plan from merged length histograms, and the rule placing each shard's sequences.
 - ``buffered``: the streaming planner (lengths arriving one by one, bounded buffer).

@@ -21,8 +21,8 @@ Strategies (``STRATEGIES``; rows in the order they were opened, pieces in a row 
   sequences share a row may differ where rows tie on free room); rows come grouped by pattern. The
   only strategy that uses ``seed``: for each length, it rotates which sequence of that length fills
   the first slot of that length (so the seed changes which sequences share a row, not the rows' shape).
-* ``first_fit_decreasing``: a name kept so that code passing it still runs; it plans as
-  ``best_fit_decreasing``. First fit earned no place: on the built-in corpora and 1M synthetic
+* ``first_fit_decreasing``: deprecated (a ``DeprecationWarning``), kept so that code passing it still runs;
+  it plans as ``best_fit_decreasing``. First fit earned no place: on the built-in corpora and 1M synthetic
   lengths (rows of 512-4096, with and without ``max_per_row``) it made the same rows as best fit in
   1.2-23x the time of the histogram engine, and on 20,000 small random inputs more rows 22 times,
   fewer never.
@@ -44,6 +44,7 @@ split and dropped sequences are counted in :class:`PlanStats`. Every strategy is
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import InitVar, asdict, dataclass, field
 from functools import cached_property
@@ -71,11 +72,14 @@ def _unseeded(engine: Callable[[np.ndarray, int, "int | None"], _binpack.Rows]) 
 
 _PLANNERS: dict[str, Planner] = {
     "next_fit": _unseeded(_binpack.next_fit),
-    "first_fit_decreasing": _unseeded(_binpack.best_fit_decreasing),  # a name kept (module docstring)
+    "first_fit_decreasing": _unseeded(_binpack.best_fit_decreasing),  # deprecated: DEPRECATED_STRATEGIES
     "best_fit_decreasing": _unseeded(_binpack.best_fit_decreasing),
     "histogram_best_fit": _binpack.histogram_best_fit,
     "wrapped": _unseeded(_binpack.wrapped),
 }
+DEPRECATED_STRATEGIES: dict[str, str] = {"first_fit_decreasing": "best_fit_decreasing"}
+"""Deprecated strategy name -> the strategy it plans as, the name to pass instead (a ``DeprecationWarning``
+says so)."""
 
 
 def _empty() -> np.ndarray:
@@ -376,19 +380,37 @@ def plan_packs(
     overlong: OverlongPolicy = OVERLONG_DEFAULT,
     max_per_row: int | None = None,
     seed: int = 0,
+    costs: Sequence[int] | np.ndarray | None = None,
+    max_cost: int | None = None,
 ) -> PackPlan:
     """Plan rows of ``max_length`` tokens for sequences of the given ``lengths``.
 
     ``max_per_row`` caps the pieces (documents) per row. ``seed`` only affects
     ``histogram_best_fit`` (which of several equal-length sequences fills a slot, not the rows'
     shape). See the module docstring for the strategies and overlong policies.
+
+    ``costs`` (one non-negative int per sequence, e.g. image patches, 0 for text-only) and
+    ``max_cost`` (the most cost a row may hold) add a second limit per row, and refuse to cut a
+    sequence with cost > 0: :mod:`padless.planning.costs` says how each strategy honours them. With
+    ``costs=None`` the plan is exactly the token-only one.
     """
     lengths = validate_lengths(lengths)
     max_length = check_int(max_length, "max_length")
     check_choice(strategy, STRATEGIES, "strategy")
+    if strategy in DEPRECATED_STRATEGIES:
+        instead = DEPRECATED_STRATEGIES[strategy]
+        message = f"strategy {strategy!r} is deprecated: it plans as {instead!r}; pass strategy={instead!r}"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
     check_choice(overlong, OVERLONG_POLICIES, "overlong policy")
     if max_per_row is not None:
         max_per_row = check_int(max_per_row, "max_per_row")
+    if costs is not None or max_cost is not None:
+        from padless.planning.costs import plan_with_costs
+
+        fields = plan_with_costs(
+            lengths, max_length, costs, max_cost, strategy, overlong, max_per_row, seed, _Items.of, _PLANNERS
+        )
+        return PackPlan(**fields, _owned=True)  # every array is the engines' or plan_with_costs' own
     items = _Items.of(lengths, max_length, overlong, cut=strategy != "wrapped")
     item, within, length, row_offsets = _PLANNERS[strategy](items.sizes, max_length, max_per_row, seed)
     index = item if items.source is None else items.source[item]
