@@ -321,3 +321,33 @@ def test_verify_says_how_images_are_packed_or_why_not(monkeypatch):
     monkeypatch.delitem(multimodal.FAMILIES, "gemma3")
     model_facts(model, refresh=True)
     assert model_summary(model).images.startswith("refused (padless has not verified how 'gemma3'")
+
+
+def test_rows_bounded_by_image_patches_too():
+    """max_image_patches: a second limit per row, so that one row does not collect every large image;
+    every row holds at most that many vision-encoder patches and the batch stays exact."""
+    from padless.batching.vision import image_patches
+
+    model = _qwen2_vl()
+    grids = [[(1, 4, 6)], [(1, 4, 6)], [(1, 4, 4)], [], [(1, 2, 2)], [(1, 4, 6)]]
+    docs = [_qwen_doc(g, i) for i, g in enumerate(grids)]
+    assert [image_patches(d) for d in docs] == [24, 24, 16, 0, 4, 24]
+    alone = _alone(model, docs)[0]
+    free = PackingCollator.for_model(model, max_length=64)(docs)
+    bounded = PackingCollator.for_model(model, max_length=64, max_image_patches=28)(docs)
+
+    def per_row(b):
+        rows = range(b["input_ids"].shape[0])
+        return [
+            sum(image_patches(docs[i]) for i in set(b.placements.feature[b.placements.row == r].tolist())) for r in rows
+        ]
+
+    assert max(per_row(free)) > 28 and max(per_row(bounded)) <= 28
+    check_batch(model, bounded)
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in bounded.items() if k != "labels"}).logits
+    for i in range(len(docs)):
+        ((_, r, o, n),) = bounded.placements.of_feature(i)
+        torch.testing.assert_close(logits[r, o : o + n], alone[i], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="max_image_patches bounds planned rows; it needs max_length"):
+        PackingCollator.for_model(model, max_image_patches=28)

@@ -190,6 +190,22 @@ def padless_attention(
     return _attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
 
+_PACKED_KWARGS = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def _outside_the_rows(kwargs: dict, batch: int, length: int) -> bool:
+    """The layer's ``[batch, length]`` tokens are not the packed rows the boundaries describe (or none
+    were sent): a vision encoder's patches, handed the text rows' kwargs."""
+    pos = kwargs.get("position_ids")
+    if pos is not None:
+        return pos.shape[-1] != length or pos.numel() // pos.shape[-1] not in (1, batch)
+    cu = sent_boundaries(kwargs)
+    if cu is not None:
+        return int(host_values([cu])[0][-1]) != batch * length
+    context = _CONTEXT.get()
+    return context is None or context[0] is None or context[0].shape[-1] != length
+
+
 def _bidirectional(module: Any, kwargs: dict) -> bool:
     is_causal = kwargs.get("is_causal")
     return not (getattr(module, "is_causal", True) if is_causal is None else is_causal)
@@ -220,14 +236,16 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, **kw
         )
     is_causal = kwargs.get("is_causal")
     if not (getattr(module, "is_causal", True) if is_causal is None else is_causal):
-        if kwargs.get("position_ids") is None and sent_boundaries(kwargs) is None and _CONTEXT.get() is None:
-            # a layer outside the packed rows: a vision encoder attending within each image (Qwen-VL
-            # splits by image itself off flash-attention), run as transformers' sdpa backend runs it;
-            # the rule refuses models whose token layers attend both ways
+        if _outside_the_rows(kwargs, batch, length):
+            # a layer outside the packed rows: a vision encoder attending within each image (its images
+            # its own batch entries, or Qwen-VL splitting by image itself off flash-attention), which may
+            # be handed the text rows' boundaries through **kwargs; run as transformers' sdpa backend runs
+            # it, without them. The rule refuses models whose token layers attend both ways.
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+            own = {k: v for k, v in kwargs.items() if k not in _PACKED_KWARGS}
             return sdpa_attention_forward(
-                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **own
             )
         raise ValueError("padless attention is causal only; this layer asks for bidirectional attention")
     for name, what in _REFUSED_KWARGS.items():

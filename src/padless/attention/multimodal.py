@@ -114,9 +114,23 @@ proves equal to each document alone (logits and gradients)."""
 
 
 def is_vision_model(model_or_config: Any) -> bool:
-    """The model (or config) has a vision tower: a ``vision_config``, or ``pixel_values`` in its forward."""
+    """The model (or config) reads images: a ``vision_config``, a forward that takes ``pixel_values``, or a
+    config transformers maps to an image-text-to-text class (Fuyu, Chameleon and others without a
+    separate vision config)."""
+    import inspect
+
     config = _top_config(model_or_config)
-    return getattr(config, "vision_config", None) is not None
+    if getattr(config, "vision_config", None) is not None:
+        return True
+    if hasattr(model_or_config, "forward"):
+        return "pixel_values" in inspect.signature(base_model_of(model_or_config).forward).parameters
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+    try:
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING[type(config)]  # a lazy mapping: `in` misses some of its entries
+    except (KeyError, ValueError, TypeError):
+        return False
+    return True
 
 
 def _top_config(model_or_config: Any) -> Any:
@@ -151,19 +165,32 @@ def vision_scheme(model_or_config: Any) -> tuple[VisionScheme | None, str | None
                 None,
                 f"{family!r}: its module with get_rope_index was not found, so its 3-D positions cannot be computed",
             )
-        fields.update(rope_owner=type(owner), rope_config=owner.config)
+        fields.update(rope_owner=owner[0], rope_config=owner[1])
         fields["merge"] = int(getattr(config.vision_config, "spatial_merge_size", 1))
     elif family == "llava":
         fields["tokens_per_image"] = getattr(config, "image_seq_length", None)
     return VisionScheme(family=family, image_token_id=image_token_id, **fields), None
 
 
-def _rope_owner(model_or_config: Any) -> Any:
-    """The module of a model whose ``get_rope_index`` computes its 3-D positions (a bare config: ``None``)."""
-    if not hasattr(model_or_config, "modules"):
+def _rope_owner(model_or_config: Any) -> tuple[type, Any] | None:
+    """The class whose ``get_rope_index`` computes the model's 3-D positions and the config it reads:
+    a model's submodule; for a bare config, the class of that name beside the image-text-to-text class
+    transformers maps it to (``None``: not found)."""
+    if hasattr(model_or_config, "modules"):
+        model = base_model_of(model_or_config)
+        owner = next((m for m in model.modules() if callable(getattr(type(m), "get_rope_index", None))), None)
+        return None if owner is None else (type(owner), owner.config)
+    import sys
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+    try:
+        top = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING[type(model_or_config)]
+    except (KeyError, ValueError):
         return None
-    model = base_model_of(model_or_config)
-    return next((m for m in model.modules() if callable(getattr(type(m), "get_rope_index", None))), None)
+    module = vars(sys.modules[top.__module__])
+    owners = [c for c in module.values() if isinstance(c, type) and "get_rope_index" in vars(c)]
+    return (owners[0], model_or_config) if owners else None
 
 
 def image_refusal(scheme: VisionScheme | None, reason: str | None, inputs: str, layout: str) -> str | None:

@@ -143,7 +143,17 @@ class PackingCollator(RowFormat):
             if self.max_length is not None:
                 from padless.planning.plan import plan_packs
 
-                plan = plan_packs(seqs.lengths, self.max_length, strategy=self.strategy, overlong=self.overlong)
+                costs = None
+                if self.max_image_patches is not None:  # a second limit: vision-encoder patches per row
+                    costs = [vision.image_patches(f) for f in features]
+                plan = plan_packs(
+                    seqs.lengths,
+                    self.max_length,
+                    strategy=self.strategy,
+                    overlong=self.overlong,
+                    costs=costs,
+                    max_cost=self.max_image_patches,
+                )
         self._check_verdict()  # checked once: after the input's own errors, before anything is counted
         if plan is not None:
             self._count(plan.stats, seqs.lengths)

@@ -233,6 +233,11 @@ class RowFormat:
     one window for every layer, or layer type -> window (``attention_mask`` is then a dict of masks
     by layer type, which transformers models with ``layer_types`` take as they are). A 4D mask
     replaces the model's own mask, window included: :meth:`for_model` sets this from the model."""
+    max_image_patches: int | None = None
+    """The most vision-encoder patches a row may hold (images of vision-language features, counted by
+    :func:`padless.batching.vision.image_patches`), a second limit beside ``max_length`` so that one row
+    does not collect every large image (:mod:`padless.planning.costs`); ``None``: tokens only. A
+    micro-batch of ``k`` rows then holds at most ``k * max_image_patches``."""
     features: FeatureSpec = field(default_factory=FeatureSpec)
     """Token validation (vocabulary), the separator appended to every sequence (EOS) and per-token
     loss weights; shared with :class:`padless.PaddingCollator`."""
@@ -260,6 +265,10 @@ class RowFormat:
             check_int(self.max_length, "max_length")
         if self.pad_to_multiple_of is not None:
             check_int(self.pad_to_multiple_of, "pad_to_multiple_of")
+        if self.max_image_patches is not None:
+            check_int(self.max_image_patches, "max_image_patches")
+            if self.max_length is None:
+                raise ValueError("max_image_patches bounds planned rows; it needs max_length")
         check_choice(self.strategy, STRATEGIES, "strategy")
         check_choice(self.overlong, OVERLONG_POLICIES, "overlong policy")
         values = list(self.windows.values()) if isinstance(self.windows, dict) else [self.windows]

@@ -158,6 +158,22 @@ def _expected_tokens(tensors: dict[str, torch.Tensor], scheme: VisionScheme, ima
     return None
 
 
+def image_patches(feature: Mapping[str, Any]) -> int:
+    """The vision-encoder patches of a feature's images (0 without images): Qwen-VL's ``image_grid_thw``
+    (``t*h*w`` per image and video), else the patch rows of 2-D ``pixel_values``, else the images'
+    pixels over 14 x 14 (the common ViT patch), the unit of ``max_image_patches``."""
+    total = 0
+    for grid in ("image_grid_thw", "video_grid_thw"):
+        if feature.get(grid) is not None:
+            total += int(torch.as_tensor(np.asarray(feature[grid])).reshape(-1, 3).prod(dim=1).sum())
+    if total or feature.get("pixel_values") is None:
+        return total
+    pixels = _tensor(feature["pixel_values"], "pixel_values", "feature")
+    if pixels.dim() == 2:
+        return int(pixels.shape[0])
+    return int(pixels[..., 0, :, :].numel()) // (14 * 14)
+
+
 def require_whole(docs: dict[int, DocImages], placements: Any, lengths: np.ndarray) -> set[int]:
     """The features with images that were placed, each as one whole piece; raise naming a feature
     with images that the overlong policy truncated or split. Returns the placed ones (a dropped

@@ -11,7 +11,8 @@ calls, agent traces), the user's files, chat templates with assistant-only label
 - ``inputs``: the inputs of ``padless pack``, one reader per form (JSON lines, Parquet, records held
   whole), chosen by ``open_input``; ``shards``: what every reader shares (the shard, its tokens, the
   base class, records -> tokens); ``synthetic``: random token sequences (``--synthetic DIST:N``).
-- ``chat``: chats and agent traces rendered with trained / untrained pieces.
+- ``chat``: chats and agent traces rendered with trained / untrained pieces; ``images``: chats with
+  images rendered through a vision-language model's processor (and an offline Qwen2-VL processor).
 - ``tokenizer``: tokenizers by name, offline; ``encode``: records -> token ids and labels.
 - ``load``: ``load_corpus``, the cached tokenized corpus; ``cache``: the on-disk token cache.
 

@@ -97,7 +97,12 @@ def _content_text(content: Any, here: str) -> str:
             )
         if part.get("type", "text") != "text":
             kinds = sorted({str(p.get("type")) for p in content if isinstance(p, Mapping)})
-            raise RecordError("bad_content", f"{here}: content parts of type {kinds}; only text parts are supported")
+            raise RecordError(
+                "bad_content",
+                f"{here}: content parts of type {kinds}; a tokenizer renders text parts only: "
+                "render chats with images through the model's processor (padless.data.images.render_image_chat, "
+                "or padless' SFTTrainer with processing_class=processor)",
+            )
         if not isinstance(part.get("text"), str):
             raise RecordError(
                 "bad_content", f"{here}: content part {k} has no 'text' string ({fields_hint(part, ('type', 'text'))})"

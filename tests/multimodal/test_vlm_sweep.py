@@ -1,0 +1,178 @@
+"""The multimodal sweep: packed rows of image-text documents (0, 1 and 2 images of different sizes)
+against each document run alone, logits at every position and gradients of every parameter (vision
+tower and projector included), fp32, 1e-5, on sdpa / eager / padless, for the families of
+:data:`quick_vlms.QUICK`; every other image-text-to-text model type of transformers is refused for
+images by the rule, with the reason (its text-only rows are judged by the text rule). 0 contaminated.
+
+With ``PADLESS_SWEEP=1`` the table in docs/integrations/exactness-multimodal.md is rewritten from the run::
+
+    PADLESS_SWEEP=1 OMP_NUM_THREADS=1 python -m pytest tests/multimodal/test_vlm_sweep.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quick_vlms  # noqa: E402
+
+from padless.attention import multimodal  # noqa: E402
+from padless.attention.accept import check_batch  # noqa: E402
+from padless.attention.select import use_backend  # noqa: E402
+from padless.batching.collate import PackingCollator  # noqa: E402
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "exactness-multimodal.md"
+BACKENDS = ("sdpa", "eager", "padless")
+ATOL = 1e-5
+
+
+@dataclass
+class Outcome:
+    model_type: str
+    backend: str
+    status: str  # exact | refused | contaminated
+    detail: str = ""
+    logits: float = 0.0
+    grads: float = 0.0
+
+
+def _inputs(doc):
+    return {k: torch.tensor(v)[None] if isinstance(v, list) else v for k, v in doc.items() if k != "labels"}
+
+
+def _loss(logits, labels):
+    return torch.nn.functional.cross_entropy(
+        logits[:-1], torch.as_tensor(labels)[1:], ignore_index=-100, reduction="sum"
+    )
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def run(model_type: str, backend: str) -> Outcome:
+    model, docs = quick_vlms.QUICK[model_type]("sdpa" if backend == "padless" else backend)
+    model.zero_grad()
+    alone = []
+    for d in docs:
+        logits = model(**_inputs(d)).logits[0]
+        _loss(logits, d["labels"]).backward()
+        alone.append(logits.detach())
+    want = _grads(model)
+    if backend == "padless":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.set_attn_implementation(use_backend("padless"))
+    longest = max(len(d["input_ids"]) for d in docs)
+    try:
+        collator = PackingCollator.for_model(model, max_length=longest + 6)
+        batch = collator(docs)
+        check_batch(model, batch)
+    except ValueError as err:
+        return Outcome(model_type, backend, "refused", str(err))
+    model.zero_grad()
+    logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    total, worst = 0, 0.0
+    for i, d in enumerate(docs):
+        ((_, r, o, n),) = batch.placements.of_feature(i)
+        worst = max(worst, (logits[r, o : o + n].detach() - alone[i]).abs().max().item())
+        total = total + _loss(logits[r, o : o + n], d["labels"])
+    total.backward()
+    got = _grads(model)
+    scale = max(g.abs().max().item() for g in want.values())
+    gworst = (
+        max((got[n] - g).abs().max().item() for n, g in want.items()) / scale
+        if got.keys() == want.keys()
+        else float("inf")
+    )
+    rows = batch["input_ids"].shape[0]
+    detail = f"{len(docs)} documents, {collator.totals['images']} images, {rows} rows"
+    status = "exact" if worst <= ATOL and gworst <= ATOL and any("vis" in n for n in got) else "contaminated"
+    return Outcome(model_type, backend, status, detail, worst, gworst)
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return [run(t, b) for t in quick_vlms.QUICK for b in BACKENDS]
+
+
+def test_no_family_is_contaminated_and_every_one_is_exact_somewhere(outcomes):
+    bad = [o for o in outcomes if o.status == "contaminated"]
+    assert bad == [], bad
+    for t in quick_vlms.QUICK:
+        assert any(o.status == "exact" for o in outcomes if o.model_type == t), [
+            o for o in outcomes if o.model_type == t
+        ]
+
+
+def test_the_sweep_knows_what_is_exact_and_what_is_refused(outcomes):
+    """Guards the sweep itself: every family packs exactly on sdpa and eager; Gemma 3's bidirectional
+    image blocks need a 4D mask, so padless attention is refused for its images, naming why."""
+    status = {(o.model_type, o.backend): o for o in outcomes}
+    for t in quick_vlms.QUICK:
+        for backend in ("sdpa", "eager"):
+            assert status[(t, backend)].status == "exact", status[(t, backend)]
+        if t != "gemma3":
+            assert status[(t, "padless")].status == "exact", status[(t, "padless")]
+    gemma = status[("gemma3", "padless")]
+    assert gemma.status == "refused" and "only a 4D mask carries" in gemma.detail
+
+
+def _config_of(model_type: str):
+    from transformers import CONFIG_MAPPING
+
+    try:
+        return CONFIG_MAPPING[model_type]()
+    except Exception as err:  # noqa: BLE001 (a config that needs arguments: its class name still says the family)
+        return err
+
+
+def verdicts() -> list[tuple[str, str]]:
+    """Every image-text-to-text model type: what the rule says of its images."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    rows = []
+    for model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        config = _config_of(model_type)
+        if isinstance(config, Exception):
+            rows.append((model_type, f"not judged: its default config does not build ({type(config).__name__})"))
+            continue
+        scheme, reason = multimodal.vision_scheme(config)
+        if scheme is not None:
+            rows.append((model_type, "packed with images"))
+        else:
+            assert reason is not None, model_type  # a model type mapped to image-text-to-text reads images
+            rows.append((model_type, "refused for images: not verified by this sweep"))
+    return rows
+
+
+def test_every_image_text_model_type_is_exact_or_refused_with_a_reason():
+    rows = verdicts()
+    assert len(rows) >= 100
+    packed = {t for t, v in rows if v == "packed with images"}
+    assert packed == set(multimodal.FAMILIES) & {t for t, _ in rows}
+    assert packed <= set(quick_vlms.QUICK), "a family the rule accepts must be in the sweep"
+
+
+@pytest.mark.skipif(os.environ.get("PADLESS_SWEEP") != "1", reason="writes the docs table; PADLESS_SWEEP=1")
+def test_write_the_table(outcomes):
+    by = {(o.model_type, o.backend): o for o in outcomes}
+    lines = ["| model type | sdpa | eager | padless | documents |", "|---|---|---|---|---|"]
+    for t in quick_vlms.QUICK:
+        cells = []
+        for b in BACKENDS:
+            o = by[(t, b)]
+            cells.append(f"exact ({max(o.logits, o.grads):.1e})" if o.status == "exact" else o.status)
+        lines.append(f"| {t} | {' | '.join(cells)} | {by[(t, 'sdpa')].detail} |")
+    lines += ["", "| model type | images |", "|---|---|"] + [f"| {t} | {v} |" for t, v in verdicts()]
+    text = DOC.read_text()
+    begin, end = "<!-- sweep:begin -->", "<!-- sweep:end -->"
+    head, rest = text.split(begin, 1)
+    DOC.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + rest.split(end, 1)[1])
