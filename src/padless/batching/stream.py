@@ -61,6 +61,14 @@ def _as_tokens(example: Any, pos: int, vocab_size: int | None = None) -> tuple[n
     if not isinstance(example, Mapping) or "input_ids" not in example:
         what = f"keys {sorted(example)}" if isinstance(example, Mapping) else f"a {type(example).__name__}"
         raise ValueError(f"example {pos} has no 'input_ids' ({what}); stream tokenized examples")
+    from padless.batching.rowformat import VISION_KEYS
+
+    images = [k for k in example if k in VISION_KEYS and k != "token_type_ids" and example[k] is not None]
+    if images:  # never dropped: rows without them would train on image placeholder tokens
+        raise ValueError(
+            f"example {pos} carries image inputs ({', '.join(map(repr, images))}): PackedStream does not carry "
+            "images yet; pack them with padless.PackingCollator.for_model(model)"
+        )
     # Buffered tokens are kept as int32 (half the memory), so ids must fit in it.
     vocab = 2**31 if vocab_size is None else min(vocab_size, 2**31)
     ids, labels = check_tokens(example["input_ids"], example.get("labels"), vocab_size=vocab, where=f"example {pos}")

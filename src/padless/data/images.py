@@ -82,8 +82,10 @@ def load_image(value: Any, *, where: str, base_dir: str | Path | None = None) ->
     )
 
 
-def image_of(part: Mapping[str, Any], where: str) -> Any:
-    """The image value of an image content part, by the forms of the module docstring."""
+def image_of(part: Mapping[str, Any], where: str, given: Any = None) -> Any:
+    """The image value of an image content part, by the forms of the module docstring; a bare
+    ``{"type": "image"}`` takes the next of the record's ``images`` (``given``: an iterator), as TRL's
+    vision datasets lay them out."""
     if part.get("type") == "image_url":
         url = part.get("image_url")
         return url.get("url") if isinstance(url, Mapping) else url
@@ -91,13 +93,22 @@ def image_of(part: Mapping[str, Any], where: str) -> Any:
         if part.get(key) is not None:
             return part[key]
     fields = sorted(k for k in part if k != "type")
+    if not fields and given is not None:
+        value = next(given, None)
+        if value is not None:
+            return value
+        raise ValueError(f"{where}: more image parts than the record's 'images' hold")
     raise ValueError(f"{where}: an image part needs 'image', 'path' or 'url' (it has {fields})")
 
 
-def image_parts(messages: Sequence[Mapping[str, Any]], where: str, base_dir: Any = None) -> tuple[list, list]:
-    """``(messages for the template, images in order)``: each image part's image loaded, the parts
-    checked (a part of an unknown type, a typo'd field: named)."""
+def image_parts(
+    messages: Sequence[Mapping[str, Any]], where: str, base_dir: Any = None, images_field: Sequence[Any] | None = None
+) -> tuple[list, list]:
+    """``(messages for the template, images in order)``: each image part's image loaded (bare parts
+    from ``images_field``, the record's ``images``), the parts checked (a part of an unknown type, a
+    typo'd field: named); every image of ``images_field`` must be used."""
     out, images = [], []
+    given = iter(images_field) if images_field is not None else None
     for m, message in enumerate(messages):
         content = message.get("content") if isinstance(message, Mapping) else None
         if not isinstance(content, list):
@@ -108,7 +119,7 @@ def image_parts(messages: Sequence[Mapping[str, Any]], where: str, base_dir: Any
             here = f"{where}: message {m}, part {p}"
             kind = part.get("type") if isinstance(part, Mapping) else None
             if kind in IMAGE_PART_TYPES:
-                images.append(load_image(image_of(part, here), where=f"{here} ({kind!r})", base_dir=base_dir))
+                images.append(load_image(image_of(part, here, given), where=f"{here} ({kind!r})", base_dir=base_dir))
                 parts.append({"type": "image"})
             elif kind in TEXT_PART_TYPES:
                 if not isinstance(part.get("text"), str):
@@ -120,19 +131,27 @@ def image_parts(messages: Sequence[Mapping[str, Any]], where: str, base_dir: Any
                     f"{', '.join(map(repr, (*TEXT_PART_TYPES, *IMAGE_PART_TYPES)))}"
                 )
         out.append({**message, "content": parts})
+    if given is not None and next(given, None) is not None:
+        raise ValueError(f"{where}: its 'images' hold more images than its messages have image parts; none is dropped")
     return out, images
 
 
 def render_image_chat(
-    messages: Sequence[Mapping[str, Any]], processor: Any, *, where: str = "record", base_dir: Any = None
+    messages: Sequence[Mapping[str, Any]],
+    processor: Any,
+    *,
+    where: str = "record",
+    base_dir: Any = None,
+    images: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     """One chat rendered through ``processor`` (a transformers processor with a chat template and an
     image processor): ``input_ids``, ``labels`` (the assistant turns' tokens trained, everything else
     -100) and the processor's other outputs for this one record (``pixel_values``, ``image_grid_thw``,
     ``mm_token_type_ids`` / ``token_type_ids`` as 1-D lists; ``attention_mask`` dropped: all ones).
     The assistant spans are found by rendering the chat up to each assistant turn (with the generation
-    prompt) and through it, so any chat template works."""
-    chat, images = image_parts(messages, where, base_dir)
+    prompt) and through it, so any chat template works. ``images``: the record's ``images`` field, taken
+    in order by bare ``{"type": "image"}`` parts (TRL's vision datasets)."""
+    chat, images = image_parts(messages, where, base_dir, images)
     if images and getattr(processor, "image_processor", None) is None:
         raise ValueError(f"{where} has {len(images)} image(s), but the processor has no image processor")
 
@@ -162,6 +181,36 @@ def render_image_chat(
             f"{where} has {len(images)} image(s) but the rendered chat holds no image token: the chat template drops image parts"
         )
     return feature
+
+
+def has_images(record: Any) -> bool:
+    """A chat record that carries images (an ``images`` field, or image content parts)."""
+    if not isinstance(record, Mapping):
+        return False
+    if record.get("images"):
+        return True
+    messages = record.get("messages")
+    return isinstance(messages, list) and any(
+        isinstance(m, Mapping) and isinstance(m.get("content"), list)
+        and any(isinstance(p, Mapping) and p.get("type") in IMAGE_PART_TYPES for p in m["content"])
+        for m in messages
+    )  # fmt: skip
+
+
+def render_image_records(records: Any, processor: Any, *, argument: str = "train_dataset") -> list[dict[str, Any]]:
+    """Every chat record of ``records`` (a list or ``datasets.Dataset`` with ``messages`` and optionally
+    ``images``) rendered by :func:`render_image_chat`; a text-only record gets ``None`` image columns (as
+    ``datasets`` lays out a mixed dataset); errors name the 1-based record."""
+    features = []
+    for number, record in enumerate(records, 1):
+        where = f"{argument} record {number}"
+        messages = record.get("messages") if isinstance(record, Mapping) else None
+        if not isinstance(messages, list):
+            fields = sorted(record) if isinstance(record, Mapping) else type(record).__name__
+            raise ValueError(f"{where}: a chat record with images needs a 'messages' list (fields: {fields})")
+        features.append(render_image_chat(messages, processor, where=where, images=record.get("images")))
+    keys = list(dict.fromkeys(k for f in features for k in f))
+    return [{k: f.get(k) for k in keys} for f in features]
 
 
 def _count_images(turns: list) -> int:

@@ -254,6 +254,7 @@ def _pack_split(
     datasets = _datasets()
     if "seq_lengths" in dataset.column_names:
         raise ValueError("the dataset already has a 'seq_lengths' column: it is packed already")
+    _refuse_images(dataset.column_names)
     table = dataset.with_format("arrow")[:]
     columns, lengths = _list_columns(table)
     if not columns:
@@ -400,6 +401,20 @@ def pack_dataset(
     return result
 
 
+def _refuse_images(columns: Any) -> None:
+    """Image columns are refused by name: packed ``datasets`` rows do not carry images yet (the
+    collators and trainers do), and rows without them would train on image placeholder tokens."""
+    from padless.batching.rowformat import VISION_KEYS
+
+    images = [c for c in columns if c in VISION_KEYS and c != "token_type_ids"]
+    if images:
+        raise ValueError(
+            f"the dataset has image columns ({', '.join(map(repr, images))}): pack_dataset does not carry images "
+            "yet; pack vision-language features in the trainer (padless' PackedTrainer / SFTTrainer) or with "
+            "padless.PackingCollator.for_model(model), which place each document's images with it"
+        )
+
+
 STREAM_PLANNERS: dict[str, str] = {"best_fit_decreasing": "buffered", "histogram_best_fit": "buffered",
                                    "wrapped": "wrapped"}  # fmt: skip
 """padless planner -> how an ``IterableDataset`` is packed without ``map_kwargs["batch_size"]``:
@@ -416,6 +431,7 @@ def _pack_stream(
     from padless.planning.buffered import StreamOptions
 
     datasets = _datasets()
+    _refuse_images(dataset.features or {})
     planner, policy = resolve_strategy(strategy, overlong)
     if batch_size is None:
         if planner not in STREAM_PLANNERS:

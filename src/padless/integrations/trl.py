@@ -247,6 +247,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
             if cost_a is not None:
                 check_balance(balance, cost_a)
             self._padless_checked: list[Any] = []
+            train_dataset, args = self._rendered_images(train_dataset, processing_class, args)
             train_dataset = self._checked(train_dataset, "train_dataset", args, trl_kwargs)
             if isinstance(eval_dataset, Mapping):
                 eval_dataset = {
@@ -300,6 +301,30 @@ class PackedSFTTrainer(trl.SFTTrainer):
                 self._packed_rows()
 
     # ------------------------------------------------------------------ data
+
+    def _rendered_images(self, dataset: Any, processor: Any, args: Any) -> tuple[Any, Any]:
+        """A chat dataset with images, ``packing=True`` and a processor: every record rendered through
+        the processor (:func:`padless.data.images.render_image_records`: images expanded into their
+        placeholder tokens, assistant-only labels), handed to TRL as prepared features (TRL's own vision
+        path refuses packing); the packed rows carry each document's images. Anything else: as given."""
+        from padless.data.images import has_images, render_image_records
+
+        if dataset is None or args is None or not getattr(args, "packing", False):
+            return dataset, args
+        first = next(iter(dataset), None)
+        if not has_images(first):
+            return dataset, args
+        if getattr(processor, "image_processor", None) is None:
+            raise ValueError(
+                "SFTTrainer: train_dataset holds images; pass the model's processor as processing_class "
+                "(AutoProcessor.from_pretrained(...)), not its tokenizer"
+            )
+        import dataclasses
+
+        datasets = require("datasets")
+        rendered = datasets.Dataset.from_list(render_image_records(dataset, processor))
+        kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
+        return rendered, dataclasses.replace(args, dataset_kwargs=kwargs)
 
     def _checked(self, dataset: Any, argument: str, args: Any, trl_kwargs: dict[str, Any]) -> Any:
         """``dataset`` after :func:`check_sft_records` (a list made a ``Dataset``), once per dataset; left
