@@ -4,7 +4,7 @@ tower and projector included), fp32, 1e-5, on sdpa / eager / padless, for the fa
 :data:`quick_vlms.QUICK`; every other image-text-to-text model type of transformers is refused for
 images by the rule, with the reason (its text-only rows are judged by the text rule). 0 contaminated.
 
-With ``PADLESS_SWEEP=1`` the table in docs/integrations/exactness-multimodal.md is rewritten from the run::
+With ``PADLESS_SWEEP=1`` the table in docs/exactness-multimodal.md is rewritten from the run::
 
     PADLESS_SWEEP=1 OMP_NUM_THREADS=1 python -m pytest tests/multimodal/test_vlm_sweep.py -q
 """
@@ -28,7 +28,7 @@ from padless.attention.accept import check_batch  # noqa: E402
 from padless.attention.select import use_backend  # noqa: E402
 from padless.batching.collate import PackingCollator  # noqa: E402
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "exactness-multimodal.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "exactness-multimodal.md"
 BACKENDS = ("sdpa", "eager", "padless")
 ATOL = 1e-5
 

@@ -32,8 +32,9 @@ import torch
 
 from padless.attention.adapters import base_model_of
 from padless.devices import compute_target
-from padless.layout import (
+from padless.layout import (  # noqa: F401 (VISION_KEYS re-exported)
     ATTENTION_INPUTS,
+    VISION_KEYS,
     AttentionInputs,
     Layout,
     MaskWindows,
@@ -132,13 +133,6 @@ REDERIVED_KEYS: tuple[str, ...] = ("attention_mask", "position_ids", "token_type
 what the row will say: an ``attention_mask`` of ones (a 0 is padding, which packing would train
 on), ``position_ids`` counting ``0..n-1`` from each document's start, ``token_type_ids`` of zeros,
 a ``length`` equal to the ids'. Anything else a feature carries is refused, never dropped."""
-VISION_KEYS: tuple[str, ...] = (
-    "pixel_values", "image_grid_thw", "video_grid_thw", "pixel_values_videos", "pixel_attention_mask",
-    "image_sizes", "mm_token_type_ids", "image_embeds", "image_attention_mask",
-)  # fmt: skip
-"""Processor outputs of vision-language models: :class:`padless.PackingCollator` and
-:class:`padless.PaddingCollator` carry them with their documents (:mod:`padless.batching.vision`); the
-preference and rollout collators refuse them."""
 
 
 def check_feature_keys(

@@ -61,7 +61,7 @@ def _as_tokens(example: Any, pos: int, vocab_size: int | None = None) -> tuple[n
     if not isinstance(example, Mapping) or "input_ids" not in example:
         what = f"keys {sorted(example)}" if isinstance(example, Mapping) else f"a {type(example).__name__}"
         raise ValueError(f"example {pos} has no 'input_ids' ({what}); stream tokenized examples")
-    from padless.batching.rowformat import VISION_KEYS
+    from padless.layout import VISION_KEYS
 
     images = [k for k in example if k in VISION_KEYS and k != "token_type_ids" and example[k] is not None]
     if images:  # never dropped: rows without them would train on image placeholder tokens

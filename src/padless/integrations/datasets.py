@@ -404,7 +404,7 @@ def pack_dataset(
 def _refuse_images(columns: Any) -> None:
     """Image columns are refused by name: packed ``datasets`` rows do not carry images yet (the
     collators and trainers do), and rows without them would train on image placeholder tokens."""
-    from padless.batching.rowformat import VISION_KEYS
+    from padless.layout import VISION_KEYS
 
     images = [c for c in columns if c in VISION_KEYS and c != "token_type_ids"]
     if images:

@@ -47,3 +47,22 @@ def overlong_error(index: int, length: int, max_length: int, *, more: int = 0, w
         f"{what} {index} has length {length}, longer than max_length {max_length}{also}; "
         "choose overlong='truncate', 'split' or 'drop'"
     )
+
+
+def integer_array(values: object, name: str, unit: str = "") -> np.ndarray:
+    """``values`` as a one-dimensional int64 array, or ``ValueError`` naming ``name`` and the first bad
+    entry (booleans, non-integral floats, other dtypes); ``unit`` is said in the messages ("image
+    patches"). The caller checks the range."""
+    arr = np.asarray(values)
+    said = f" ({unit})" if unit else ""
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
+    if arr.dtype == np.bool_:
+        raise ValueError(f"{name} must be integers{said}, got booleans")
+    if arr.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+        if bad.size:
+            raise ValueError(f"{name} must be integers: {name}[{bad[0]}] = {float(arr[bad[0]])!r}")
+    elif arr.dtype.kind not in "iu" and arr.size:
+        raise ValueError(f"{name} must be integers{said}, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)

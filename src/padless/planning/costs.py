@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from padless.planning._binpack import Rows
-from padless.planning.checks import check_int
+from padless.planning.checks import check_int, integer_array
 
 if TYPE_CHECKING:  # plan.py calls this module: a runtime import back would be a cycle
     from padless.planning.plan import PackPlan
@@ -57,23 +57,12 @@ if TYPE_CHECKING:  # plan.py calls this module: a runtime import back would be a
 
 def validate_costs(costs: Sequence[int] | np.ndarray, num_sequences: int) -> np.ndarray:
     """Costs as int64 ``[num_sequences]``, or ``ValueError`` naming the first bad entry."""
-    arr = np.asarray(costs)
-    if arr.ndim != 1:
-        raise ValueError(f"costs must be one-dimensional (one per sequence), got shape {arr.shape}")
+    arr = integer_array(costs, "costs", "image patches")
     if arr.size != num_sequences:
         raise ValueError(
             f"costs has {arr.size} entries but lengths has {num_sequences}; "
             "give one cost per sequence (0 for a text-only one)"
         )
-    if arr.dtype == np.bool_:
-        raise ValueError("costs must be integers (image patches), got booleans")
-    if arr.dtype.kind == "f":
-        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
-        if bad.size:
-            raise ValueError(f"costs must be integers: costs[{bad[0]}] = {float(arr[bad[0]])!r}")
-    elif arr.dtype.kind not in "iu" and arr.size:
-        raise ValueError(f"costs must be integers (image patches), got dtype {arr.dtype}")
-    arr = arr.astype(np.int64, copy=False)
     if arr.size and arr.min() < 0:
         i = int(np.flatnonzero(arr < 0)[0])
         raise ValueError(f"costs[{i}] = {int(arr[i])}; a cost (image patches) must be >= 0, 0 for text-only")

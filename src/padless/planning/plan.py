@@ -53,7 +53,7 @@ from typing import Literal, get_args
 import numpy as np
 
 from padless.planning import _binpack
-from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, overlong_error
+from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, integer_array, overlong_error
 
 Strategy = Literal["next_fit", "first_fit_decreasing", "best_fit_decreasing", "histogram_best_fit", "wrapped"]
 OverlongPolicy = Literal["error", "truncate", "split", "drop"]
@@ -316,18 +316,7 @@ class PackPlan:
 
 def validate_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     """Lengths as int64 ``[n]``, or ``ValueError`` naming the first bad entry."""
-    arr = np.asarray(lengths)
-    if arr.ndim != 1:
-        raise ValueError(f"lengths must be one-dimensional, got shape {arr.shape}")
-    if arr.dtype == np.bool_:
-        raise ValueError("lengths must be integers, got booleans")
-    if arr.dtype.kind == "f":
-        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
-        if bad.size:
-            raise ValueError(f"lengths must be integers: lengths[{bad[0]}] = {float(arr[bad[0]])!r}")
-    elif arr.dtype.kind not in "iu" and arr.size:
-        raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64, copy=False)
+    arr = integer_array(lengths, "lengths")
     if arr.size and arr.min() < 1:
         i = int(np.flatnonzero(arr < 1)[0])
         raise ValueError(f"sequence {i} has length {int(arr[i])}; every sequence needs at least 1 token")
