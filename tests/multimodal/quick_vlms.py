@@ -69,6 +69,18 @@ def qwen3_vl(attn: str) -> tuple[Any, list[dict]]:
     return _build(T.Qwen3VLForConditionalGeneration, config, attn), _qwen_docs(14, QWEN_IMAGES)
 
 
+def qwen3_5(attn: str) -> tuple[Any, list[dict]]:
+    """Hybrid plus vision: gated DeltaNet layers beside full attention, Qwen3-VL's vision tower."""
+    text = {**TEXT, "head_dim": 8, "layer_types": ["linear_attention", "full_attention"], "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "rope_parameters": {**MROPE, "mrope_interleaved": True, "partial_rotary_factor": 1.0}}  # fmt: skip
+    vision = dict(depth=1, hidden_size=32, out_hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3, num_position_embeddings=64)  # fmt: skip
+    config = T.Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=IMAGE, vision_start_token_id=START,
+                             vision_end_token_id=END, video_token_id=253)  # fmt: skip
+    return _build(T.Qwen3_5ForConditionalGeneration, config, attn), _qwen_docs(14, QWEN_IMAGES)
+
+
 def _fixed_docs(tokens: int, pixels: Callable[[int, torch.Generator], dict], per_token: str | None) -> list[dict]:
     docs = []
     for seed, k in enumerate([0, 1, 2, 1]):
@@ -137,7 +149,7 @@ def _build(cls: type, config: Any, attn: str) -> Any:
 
 
 QUICK: dict[str, Callable[[str], tuple[Any, list[dict]]]] = {
-    "qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl, "gemma3": gemma3, "llava": llava,
+    "qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl, "qwen3_5": qwen3_5, "gemma3": gemma3, "llava": llava,
     "idefics3": idefics3, "smolvlm": smolvlm,
 }  # fmt: skip
 """Model type -> builder: the quick subset CI runs."""

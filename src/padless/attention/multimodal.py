@@ -104,6 +104,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "qwen2_vl": _QWEN,
     "qwen2_5_vl": _QWEN,
     "qwen3_vl": _QWEN,
+    "qwen3_5": _QWEN,  # hybrid: its gated DeltaNet layers run per document (padless.attention.mixers)
     "gemma3": dict(positions="text", blocks="image_runs", token_keys=("token_type_ids",)),
     "llava": dict(positions="text"),
     "smolvlm": dict(positions="text", image_keys=("pixel_values", "pixel_attention_mask"), image_dim=1),
