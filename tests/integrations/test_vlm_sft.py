@@ -71,3 +71,34 @@ def test_images_without_a_processor_are_named(tmp_path):
     args = SFTConfig(output_dir=str(tmp_path), packing=True, max_length=64, use_cpu=True, bf16=False, report_to=[])
     with pytest.raises(ValueError, match="pass the model's processor as processing_class"):
         SFTTrainer(model=_model(processor), args=args, train_dataset=records, processing_class=processor.tokenizer)
+
+
+def test_lora_on_the_language_model_with_images(tmp_path):
+    """LoRA on the language model's attention (peft): the rule answers from the model the adapter
+    wraps, the packed rows carry the images, only the adapter trains."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig
+    from trl import SFTConfig
+
+    from padless.data.images import offline_processor, sample_images
+    from padless.integrations.trl import SFTTrainer
+
+    processor = offline_processor()
+    pics = sample_images(4, seed=4)
+    records = [
+        {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"What is {i}?"}]},
+                      {"role": "assistant", "content": f"It is {i}."}], "images": [pics[i]]}
+        for i in range(4)
+    ]  # fmt: skip
+    args = SFTConfig(output_dir=str(tmp_path), packing=True, max_length=96, per_device_train_batch_size=2,
+                     max_steps=2, learning_rate=1e-2, use_cpu=True, bf16=False, report_to=[],
+                     gradient_checkpointing=False, save_strategy="no")  # fmt: skip
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=r".*language_model.*\.(q_proj|v_proj)", task_type="CAUSAL_LM")
+    trainer = SFTTrainer(model=_model(processor), args=args, train_dataset=records, processing_class=processor,
+                         peft_config=lora)  # fmt: skip
+    assert "images packed with their documents (qwen2_vl)" in trainer.start_line()
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.data_collator.totals["images"] >= 4
+    moved = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert moved and all("lora_" in n for n in moved)
