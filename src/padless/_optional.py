@@ -15,12 +15,17 @@ EXTRAS: dict[str, str] = {
     "pyarrow": "data",
     "matplotlib": "bench",
     "gguf": "bench",
+    "PIL": "vision",
     "accelerate": "trainer",
     "trl": "trl",
     "peft": "peft",
     "ray": "ray",
 }
 """Top-level package -> the padless extra that installs it."""
+
+
+DISTRIBUTIONS: dict[str, str] = {"PIL": "pillow"}
+"""Import name -> the distribution an extra lists, where they differ."""
 
 
 def require(module: str, purpose: str | None = None) -> ModuleType:

@@ -28,12 +28,12 @@ def test_core_dependencies_are_what_the_core_needs():
 
 
 def test_every_optional_package_belongs_to_the_extra_its_error_names():
-    from padless._optional import EXTRAS
+    from padless._optional import DISTRIBUTIONS, EXTRAS
 
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert {"data", "bench", "trainer", "trl", "all", "dev"} <= set(extras)
     for package, extra in EXTRAS.items():
-        assert package in {_name(r) for r in extras[extra]}, (package, extra)
+        assert DISTRIBUTIONS.get(package, package) in {_name(r) for r in extras[extra]}, (package, extra)
     assert set(re.search(r"\[(.*)\]", extras["all"][0]).group(1).split(",")) == set(extras) - {"all", "dev"}
 
 

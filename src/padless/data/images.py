@@ -48,8 +48,10 @@ CHATML_IMAGES = (
 def load_image(value: Any, *, where: str, base_dir: str | Path | None = None) -> Any:
     """An RGB ``PIL.Image`` from a path, bytes, a base64 data URI, a PIL image or a datasets Image
     dict; ``ValueError`` naming ``where`` otherwise (a missing or unreadable file, a URL: no network)."""
-    from PIL import Image, UnidentifiedImageError
+    from padless._optional import require
 
+    Image = require("PIL.Image", "padless.data.images")
+    UnidentifiedImageError = Image.UnidentifiedImageError
     if isinstance(value, Image.Image):
         return value.convert("RGB")
     if isinstance(value, Mapping) and ("bytes" in value or "path" in value):
@@ -281,6 +283,9 @@ def offline_processor(*, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112)
 def sample_images(n: int, *, seed: int = 0, sizes: Sequence[int] = (56, 84, 112, 168)) -> list[Any]:
     """``n`` deterministic RGB images of varied sizes: crops of the photo matplotlib ships
     (``grace_hopper.jpg``) and generated gradients with rectangles, alternately."""
+    from padless._optional import require
+
+    require("PIL", "padless.data.images.sample_images")
     from PIL import Image, ImageDraw
 
     rng = np.random.default_rng(seed)
