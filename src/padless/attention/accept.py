@@ -114,7 +114,7 @@ def _check_images(batch: Mapping[str, Any], verdict: Any, docs: list[list[int]])
     own 3-D rope index; returns the bidirectional image blocks its 4D mask must carry (``None``: none)."""
     from padless.attention import multimodal
 
-    given = [k for k in multimodal.IMAGE_KEYS if batch.get(k) is not None]
+    given = multimodal.image_inputs(batch)
     if not given:
         return None
     if verdict.images_reason is not None:

@@ -223,31 +223,24 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, **kw
             f"padless attention got value heads of size {value.shape[-1]} and query heads of size {dim}; it needs "
             "them equal (check_exact refuses such models: v_head_dim != qk_head_dim); use backend 'sdpa'"
         )
-    if attention_mask is not None and _bidirectional(module, kwargs) and kwargs.get("position_ids") is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward  # a vision encoder (below)
+    if _bidirectional(module, kwargs):
+        if not _outside_the_rows(kwargs, batch, length):
+            raise ValueError("padless attention is causal only; this layer asks for bidirectional attention")
+        # a layer outside the packed rows: a vision encoder attending within each image (its images its
+        # own batch entries, or Qwen-VL splitting by image itself off flash-attention), which may be
+        # handed the text rows' boundaries through **kwargs; run as transformers' sdpa backend runs it,
+        # mask included, without them. The rule refuses models whose token layers attend both ways.
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        own = {k: v for k, v in kwargs.items() if k not in _PACKED_KWARGS}
         return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **own
         )
     if attention_mask is not None:
         raise ValueError(
             f"padless attention got an attention_mask of shape {tuple(attention_mask.shape)} that it would have to "
             "ignore; send position_ids (and cu_seq_lens_q/k) instead, or use backend 'sdpa' for a 4D mask"
         )
-    is_causal = kwargs.get("is_causal")
-    if not (getattr(module, "is_causal", True) if is_causal is None else is_causal):
-        if _outside_the_rows(kwargs, batch, length):
-            # a layer outside the packed rows: a vision encoder attending within each image (its images
-            # its own batch entries, or Qwen-VL splitting by image itself off flash-attention), which may
-            # be handed the text rows' boundaries through **kwargs; run as transformers' sdpa backend runs
-            # it, without them. The rule refuses models whose token layers attend both ways.
-            from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-            own = {k: v for k, v in kwargs.items() if k not in _PACKED_KWARGS}
-            return sdpa_attention_forward(
-                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **own
-            )
-        raise ValueError("padless attention is causal only; this layer asks for bidirectional attention")
     for name, what in _REFUSED_KWARGS.items():
         if kwargs.get(name) is not None:
             raise ValueError(f"padless attention cannot apply {what} ({name}); use attn_implementation='eager'")

@@ -143,7 +143,7 @@ def _read(model_or_config: Any, device: Any, dtype: Any) -> ModelFacts:
     inner = base_model_of(model_or_config) if is_model else None
     backend = getattr(getattr(inner, "config", None), "_attn_implementation", None)
     name = f"{type(inner).__name__} ({backend})" if inner is not None else type(model_or_config).__name__
-    vision, vision_reason = vision_scheme(model_or_config)
+    vision, vision_reason = vision_scheme(model_or_config, modules if has_modules else None)
     return ModelFacts(
         config=config,
         model_class=model_class,

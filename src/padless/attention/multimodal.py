@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from padless.attention.adapters import base_model_of
+from padless.attention.rules import config_of
 
 Positions = Literal["text", "rope3d"]
 Blocks = Literal["image_runs", "prefix"] | None
@@ -120,7 +121,7 @@ def is_vision_model(model_or_config: Any) -> bool:
     separate vision config)."""
     import inspect
 
-    config = _top_config(model_or_config)
+    config = config_of(model_or_config)
     if getattr(config, "vision_config", None) is not None:
         return True
     if hasattr(model_or_config, "forward"):
@@ -134,18 +135,20 @@ def is_vision_model(model_or_config: Any) -> bool:
     return True
 
 
-def _top_config(model_or_config: Any) -> Any:
-    if hasattr(model_or_config, "config") and hasattr(model_or_config, "forward"):
-        return base_model_of(model_or_config).config
-    return model_or_config
+def image_inputs(inputs: Mapping[str, Any]) -> list[str]:
+    """The keys of a feature or batch that carry images or videos (:data:`IMAGE_KEYS` set to a value)."""
+    return [k for k in IMAGE_KEYS if inputs.get(k) is not None]
 
 
-def vision_scheme(model_or_config: Any) -> tuple[VisionScheme | None, str | None]:
+def vision_scheme(
+    model_or_config: Any, modules: Sequence[tuple[str, Any]] | None = None
+) -> tuple[VisionScheme | None, str | None]:
     """``(scheme, None)`` where padless packs this model's images exactly, else ``(None, why not)``;
-    ``(None, None)`` for a model without a vision tower (text only: nothing to say)."""
+    ``(None, None)`` for a model without a vision tower (text only: nothing to say). ``modules``: the
+    model's ``named_modules()`` where the caller listed them already (:func:`padless.attention.facts.model_facts`)."""
     if model_or_config is None or not is_vision_model(model_or_config):
         return None, None
-    config = _top_config(model_or_config)
+    config = config_of(model_or_config)
     family = getattr(config, "model_type", None)
     fields = FAMILIES.get(family)
     if fields is None:
@@ -160,7 +163,7 @@ def vision_scheme(model_or_config: Any) -> tuple[VisionScheme | None, str | None
         image_token_id = getattr(config, "image_token_index", None)
     fields.setdefault("tokens_per_image", getattr(config, "mm_tokens_per_image", None))
     if fields["positions"] == "rope3d":
-        owner = _rope_owner(model_or_config)
+        owner = _rope_owner(model_or_config, modules)
         if owner is None:
             return (
                 None,
@@ -173,13 +176,13 @@ def vision_scheme(model_or_config: Any) -> tuple[VisionScheme | None, str | None
     return VisionScheme(family=family, image_token_id=image_token_id, **fields), None
 
 
-def _rope_owner(model_or_config: Any) -> tuple[type, Any] | None:
+def _rope_owner(model_or_config: Any, modules: Sequence[tuple[str, Any]] | None = None) -> tuple[type, Any] | None:
     """The class whose ``get_rope_index`` computes the model's 3-D positions and the config it reads:
-    a model's submodule; for a bare config, the class of that name beside the image-text-to-text class
-    transformers maps it to (``None``: not found)."""
+    a model's submodule (among ``modules``, its ``named_modules()``, when given); for a bare config, the
+    class of that name beside the image-text-to-text class transformers maps it to (``None``: not found)."""
     if hasattr(model_or_config, "modules"):
-        model = base_model_of(model_or_config)
-        owner = next((m for m in model.modules() if callable(getattr(type(m), "get_rope_index", None))), None)
+        found = (m for _, m in modules) if modules is not None else base_model_of(model_or_config).modules()
+        owner = next((m for m in found if callable(getattr(type(m), "get_rope_index", None))), None)
         return None if owner is None else (type(owner), owner.config)
     import sys
 
@@ -237,8 +240,8 @@ def block_ids(tokens: np.ndarray, scheme: VisionScheme, row_docs: Sequence[Seque
 
 def rope_positions(batch: Mapping[str, Any], scheme: VisionScheme, row_docs: Sequence[Sequence[int]]) -> np.ndarray:
     """``[3, R, L]``: each document's own 3-D rope index, recomputed from a batch's ``input_ids``,
-    ``mm_token_type_ids`` and grids as the model consumes them (images in token order), for checking
-    a batch built elsewhere (:func:`padless.check_batch`)."""
+    ``mm_token_type_ids`` and grids as the model consumes them (images in token order): the positions
+    the packing collator sends, and what :func:`padless.check_batch` compares a batch's with."""
     host = lambda v: np.asarray(v.detach().cpu() if hasattr(v, "detach") else v)  # noqa: E731
     ids = host(batch["input_ids"])
     types_ = host(batch["mm_token_type_ids"]) if batch.get("mm_token_type_ids") is not None else np.zeros_like(ids)

@@ -53,7 +53,7 @@ class PaddingCollator:
     """Validation and separator handling, shared with :class:`PackingCollator`."""
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        seqs = self.features.prepare(features, vision.carried_by_padding(features))
+        seqs = self.features.prepare(features, vision.carried_keys(features))
         width = round_up(int(seqs.lengths.max()), self.pad_to_multiple_of)
         input_ids = np.full((len(seqs.input_ids), width), self.pad_token_id, dtype=np.int64)
         labels = np.full_like(input_ids, IGNORE_INDEX)
@@ -124,9 +124,9 @@ class PackingCollator(RowFormat):
         ``token_type_ids`` only for a family that reads them or a batch with images (elsewhere they
         must be zeros)."""
         scheme = self.verdict.vision if self.verdict is not None else None
-        reads_types = scheme is not None and "token_type_ids" in scheme.token_keys
-        images = any(f.get(k) is not None for f in features for k in vision.IMAGE_KEYS)
-        return tuple(k for k in vision.ALL_VISION_KEYS if k != "token_type_ids" or reads_types or images)
+        return vision.carried_keys(
+            features, reads_token_types=scheme is not None and "token_type_ids" in scheme.token_keys
+        )
 
     def _pack(self, features: Sequence[Mapping[str, Any]]) -> tuple[Any, ...]:
         prepacked = ["seq_lengths" in f for f in features]

@@ -26,16 +26,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from padless.attention.multimodal import IMAGE_KEYS, PER_TOKEN_KEYS, VisionScheme, block_ids, rope_positions  # noqa: F401 (re-exported)
+from padless.attention.multimodal import (  # noqa: F401 (IMAGE_KEYS, block_ids re-exported)
+    IMAGE_KEYS,
+    PER_TOKEN_KEYS,
+    VisionScheme,
+    block_ids,
+    image_inputs,
+    rope_positions,
+)
 from padless.layout import position_ids_from_lengths
 
 VIDEO_KEYS: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 """Qwen-VL's video inputs: concatenated like images (``second_per_grid_ts`` one value per video)."""
-
-
-def vision_keys(feature: Mapping[str, Any], known: Sequence[str]) -> list[str]:
-    """The keys of ``feature`` that are vision inputs (``known``: the collator's list of them)."""
-    return [k for k in feature if k in known]
 
 
 def _tensor(value: Any, key: str, where: str) -> torch.Tensor:
@@ -254,12 +256,19 @@ def _concat(parts: list[torch.Tensor], key: str, dim: int, order: list[int]) -> 
     return torch.cat(parts, dim=0)
 
 
-def carried_by_padding(features: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
-    """The vision keys a padded batch of ``features`` carries: all of them where some feature holds
-    images (``token_type_ids`` then mark image tokens), else all but ``token_type_ids`` (which a text
-    batch re-derives: zeros)."""
-    images = any(f.get(k) is not None for f in features for k in IMAGE_KEYS)
-    return tuple(k for k in ALL_VISION_KEYS if images or k != "token_type_ids")
+def carried_keys(features: Sequence[Mapping[str, Any]], reads_token_types: bool = False) -> tuple[str, ...]:
+    """The vision keys a batch of ``features`` carries: all of them where some feature holds images
+    (``token_type_ids`` then mark image tokens) or the model's family reads ``token_type_ids``
+    (``reads_token_types``), else all but ``token_type_ids`` (which a text batch re-derives: zeros)."""
+    keep = reads_token_types or any(image_inputs(f) for f in features)
+    return tuple(k for k in ALL_VISION_KEYS if keep or k != "token_type_ids")
+
+
+def _image_axis(key: str, tensor: torch.Tensor) -> int:
+    """The axis images are stacked on: 1 for per-sample tensors (Idefics3's ``pixel_values``
+    ``[1, images, C, H, W]`` and ``pixel_attention_mask`` ``[1, images, H, W]``), else 0."""
+    per_sample = {"pixel_values": 5, "pixel_attention_mask": 4}
+    return 1 if per_sample.get(key) == tensor.dim() else 0
 
 
 def padded_vision(features: Sequence[Mapping[str, Any]], lengths: Sequence[int], width: int) -> dict[str, Any]:
@@ -269,7 +278,7 @@ def padded_vision(features: Sequence[Mapping[str, Any]], lengths: Sequence[int],
     feature order, along the image axis of per-sample tensors (``[1, images, ...]``, zero-padded as the
     processor pads them) or else the first."""
     out: dict[str, Any] = {}
-    carried = carried_by_padding(features)
+    carried = carried_keys(features)
     keys = list(dict.fromkeys(k for f in features for k in f if k in carried and f[k] is not None))
     for key in keys:
         where = [i for i, f in enumerate(features) if f.get(key) is not None]
@@ -281,12 +290,7 @@ def padded_vision(features: Sequence[Mapping[str, Any]], lengths: Sequence[int],
             out[key] = torch.from_numpy(values)
             continue
         parts = [_tensor(features[i][key], key, f"feature {i}") for i in where]
-        dim = (
-            1
-            if key in ("pixel_values", "pixel_attention_mask") and parts[0].dim() == (5 if key == "pixel_values" else 4)
-            else 0
-        )
-        out[key] = _concat(parts, key, dim, where)
+        out[key] = _concat(parts, key, _image_axis(key, parts[0]), where)
     return out
 
 
@@ -323,10 +327,5 @@ def row_vision(pieces: Sequence[Sequence[int]], features: Mapping[int, Mapping[s
                     "(overlong='drop')"
                 )
             parts.append(_float32(_tensor(f[key], key, f"sequence {i}")))
-        dim = (
-            1
-            if key in ("pixel_values", "pixel_attention_mask") and parts[0].dim() == (5 if key == "pixel_values" else 4)
-            else 0
-        )
-        out[key] = _concat(parts, key, dim, [int(i) for i, _, _ in pieces])
+        out[key] = _concat(parts, key, _image_axis(key, parts[0]), [int(i) for i, _, _ in pieces])
     return out

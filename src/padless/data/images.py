@@ -159,7 +159,7 @@ def render_image_chat(
 
     def encode(turns: list, *, prompt: bool) -> dict[str, Any]:
         text = processor.apply_chat_template(turns, tokenize=False, add_generation_prompt=prompt)
-        shown = [im for im in images[: _count_images(turns)]] or None
+        shown = images[: _count_images(turns)] or None
         kwargs = {"return_mm_token_type_ids": True} if "mm_token_type_ids" in _returns(processor) else {}
         return dict(processor(text=[text], images=shown, return_tensors="pt", **kwargs))
 

@@ -210,9 +210,9 @@ class IsolationGuard:
 def _image_pieces(model: Any, batch: Mapping[str, Any]) -> np.ndarray | None:
     """Per placed piece, whether it holds image placeholder tokens (``None``: the batch carries no images)."""
     from padless.attention.facts import model_facts
-    from padless.attention.multimodal import IMAGE_KEYS
+    from padless.attention.multimodal import image_inputs
 
-    if not any(batch.get(k) is not None for k in IMAGE_KEYS):
+    if not image_inputs(batch):
         return None
     placements = batch.placements
     scheme = model_facts(model).vision
