@@ -351,21 +351,3 @@ def test_rows_bounded_by_image_patches_too():
         torch.testing.assert_close(logits[r, o : o + n], alone[i], rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="max_image_patches bounds planned rows; it needs max_length"):
         PackingCollator.for_model(model, max_image_patches=28)
-
-
-def test_paths_that_do_not_carry_images_yet_refuse_them_by_name():
-    """pack_dataset, PackedRows and PackedStream do not carry images yet: a feature or column with
-    them is refused by name, never packed without them."""
-    from datasets import Dataset
-
-    from padless.batching.rows import PackedRows
-    from padless.batching.stream import PackedStream
-    from padless.integrations.datasets import pack_dataset
-
-    features = [{"input_ids": [1, 2, 3], "pixel_values": [[0.1]]}, {"input_ids": [4, 5], "pixel_values": [[0.2]]}]
-    with pytest.raises(ValueError, match=r"image columns \('pixel_values'\): pack_dataset does not carry images"):
-        pack_dataset(Dataset.from_list(features), 8)
-    with pytest.raises(ValueError, match=r"feature 0 carries image inputs \('pixel_values'\)"):
-        PackedRows(features, 8)
-    with pytest.raises(ValueError, match=r"example 0 carries image inputs \('pixel_values'\): PackedStream"):
-        list(PackedStream(iter(features), 8))

@@ -67,7 +67,10 @@ class PackedRows:
     """A map-style dataset of packed rows planned once over ``features``.
 
     Item ``r`` is ``{"input_ids", "labels", "seq_lengths"}``: the documents of row ``r``
-    concatenated, and their lengths. :attr:`plan` keeps the statistics (truncated/dropped counts).
+    concatenated, and their lengths, plus a vision-language dataset's image inputs in document order
+    (:mod:`padless.batching.image_rows`; a document with images is placed whole, and
+    ``max_image_patches`` bounds the vision-encoder patches of a row). :attr:`plan` keeps the
+    statistics (truncated/dropped counts); :attr:`dropped_images` the dropped documents that held images.
     """
 
     def __init__(
@@ -78,13 +81,33 @@ class PackedRows:
         strategy: str = "best_fit_decreasing",
         overlong: str = OVERLONG_DEFAULT,
         seed: int = 0,
+        max_image_patches: int | None = None,
     ) -> None:
+        from padless.batching import vision
+        from padless.batching.image_rows import require_whole
         from padless.batching.rowformat import FeatureSpec
         from padless.planning.plan import plan_packs
 
-        self.sequences = FeatureSpec().prepare(features)
-        self.plan = plan_packs(self.sequences.lengths, max_length, strategy=strategy, overlong=overlong, seed=seed)
-        validated = [{"input_ids": i, "labels": lab} for i, lab in zip(self.sequences.input_ids, self.sequences.labels)]
+        carried = vision.carried_keys(features)
+        self.sequences = FeatureSpec().prepare(features, carried)
+        costs = [vision.image_patches(f) for f in features] if max_image_patches is not None else None
+        self.plan = plan_packs(
+            self.sequences.lengths,
+            max_length,
+            strategy=strategy,
+            overlong=overlong,
+            seed=seed,
+            costs=costs,
+            max_cost=max_image_patches,
+        )
+        held = np.array([bool(vision.image_inputs(f)) for f in features], dtype=bool)
+        p = self.plan
+        require_whole(p.index, p.start, p.length, self.sequences.lengths, held, lambda i: f"feature {i}")
+        self.dropped_images = int(held[p.dropped].sum())
+        validated = [
+            {"input_ids": i, "labels": lab, **({k: f[k] for k in carried if f.get(k) is not None} if h else {})}
+            for i, lab, f, h in zip(self.sequences.input_ids, self.sequences.labels, features, held)
+        ]
         self._rows = PackedRowView(validated)  # assembles a row from its (sequence, start, length) pieces
 
     def __len__(self) -> int:

@@ -11,6 +11,11 @@ Rows are features that :class:`padless.PackingCollator` places without re-planni
 ``labels`` (the row's documents concatenated; labels unshifted, the collator masks each document's
 first one) and ``seq_lengths`` (the documents' lengths), int64 arrays (or the stream's ``dtype``).
 
+Examples may carry a vision-language processor's outputs (``pixel_values``, ``image_grid_thw``,
+``mm_token_type_ids``...): a row carries its documents' images concatenated in document order
+(:mod:`padless.batching.image_rows`); a document with images is placed whole and an overlong one is
+refused unless ``overlong="drop"`` (counted in :attr:`PackedStream.dropped_images`).
+
 Exact resume: :meth:`PackedStream.state_dict` holds *positions*, never tokens: the number of examples
 read, ``(position, start, length)`` of every piece still buffered or decided but not yet yielded (at
 most ``buffer_size`` plus one round of rows), the counters, and where to re-open the source (a
@@ -48,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from padless.batching.image_rows import IMAGE_COLUMNS, PER_TOKEN_COLUMNS, concat_images, holds_images
 from padless.layout import Piece, build_row, check_tokens
 from padless.planning.buffered import StreamCounts, StreamOptions, StreamPlanner
 
@@ -61,18 +67,52 @@ def _as_tokens(example: Any, pos: int, vocab_size: int | None = None) -> tuple[n
     if not isinstance(example, Mapping) or "input_ids" not in example:
         what = f"keys {sorted(example)}" if isinstance(example, Mapping) else f"a {type(example).__name__}"
         raise ValueError(f"example {pos} has no 'input_ids' ({what}); stream tokenized examples")
-    from padless.layout import VISION_KEYS
-
-    images = [k for k in example if k in VISION_KEYS and k != "token_type_ids" and example[k] is not None]
-    if images:  # never dropped: rows without them would train on image placeholder tokens
-        raise ValueError(
-            f"example {pos} carries image inputs ({', '.join(map(repr, images))}): PackedStream does not carry "
-            "images yet; pack them with padless.PackingCollator.for_model(model)"
-        )
     # Buffered tokens are kept as int32 (half the memory), so ids must fit in it.
     vocab = 2**31 if vocab_size is None else min(vocab_size, 2**31)
     ids, labels = check_tokens(example["input_ids"], example.get("labels"), vocab_size=vocab, where=f"example {pos}")
     return ids.astype(np.int32), labels.astype(np.int32)
+
+
+def _images_of(example: Mapping[str, Any], pos: int, n: int) -> dict[str, Any] | None:
+    """An example's image inputs (image columns and per-token columns, :mod:`padless.batching.image_rows`),
+    ``None`` without images; per-token columns checked to hold one value per token."""
+    columns = {k: v for k, v in example.items() if k in IMAGE_COLUMNS and holds_images(v)}
+    if not columns:
+        return None
+    for k in PER_TOKEN_COLUMNS:
+        if example.get(k) is not None:
+            values = np.asarray(example[k]).reshape(-1)
+            if values.size != n:
+                raise ValueError(
+                    f"example {pos}'s {k!r} has {values.size} values for {n} tokens; it needs one per token"
+                )
+            columns[k] = values.astype(np.int64)
+    return columns
+
+
+def _row_images(row: tuple[Piece, ...], store: dict[int, list[Any]], dtype: Any) -> dict[str, Any]:
+    """A row's image inputs by the rule of :mod:`padless.batching.image_rows` (``{}`` without images):
+    per-token columns along the row (0 for documents without images), image columns concatenated in
+    document order. A document with images is placed whole, so its pieces are never cut (checked)."""
+    held = [(p, s, n) for p, s, n in row if store[p][3] is not None]
+    if not held:
+        return {}
+    out: dict[str, Any] = {}
+    for p, s, n in held:
+        if s != 0 or n != store[p][0].size:
+            raise AssertionError(f"example {p} holds images but a piece of it was cut; the stream places it whole")
+    keys = list(dict.fromkeys(k for p, _, _ in held for k in store[p][3]))
+    for key in keys:
+        if key in PER_TOKEN_COLUMNS:
+            images = [store[p][3] for p, _, _ in row]
+            parts = [
+                im[key] if im is not None and key in im else np.zeros(n, dtype=np.int64)
+                for im, (_, _, n) in zip(images, row)
+            ]
+            out[key] = np.concatenate(parts).astype(dtype)
+        else:
+            out[key] = concat_images([store[p][3][key] for p, _, _ in held if key in store[p][3]], key)
+    return out
 
 
 def _worker() -> tuple[int, int]:
@@ -163,6 +203,8 @@ class PackedStream:
         self.options = StreamOptions(max_length=max_length, **options)
         self._planner = StreamPlanner(self.options)  # the live (or last) pass
         self._resume: dict[str, Any] | None = None
+        self.dropped_images = 0
+        """Examples with images the overlong policy dropped in the live (or last) pass; their images left with them."""
         self._live: tuple[_Reader, deque[tuple[int, Any]]] | None = None
 
     @property
@@ -177,8 +219,9 @@ class PackedStream:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         worker, workers = _worker()
         reader = _Reader(self.source, worker, workers)
+        self.dropped_images = 0
         planner = StreamPlanner(self.options)
-        store: dict[int, list[Any]] = {}  # position -> [input_ids, labels, pieces not yet yielded]
+        store: dict[int, list[Any]] = {}  # position -> [input_ids, labels, pieces not yet yielded, images or None]
         state, self._resume = self._resume, None
         start, snap = 0, None
         if state is not None:
@@ -212,7 +255,7 @@ class PackedStream:
                             f"example {pos} has {ids.size} tokens, fewer than the state buffered: "
                             "is it the source the state was saved from?"
                         )
-                    store[pos] = [ids[:kept], labels[:kept], need[pos][0]]
+                    store[pos] = [ids[:kept], labels[:kept], need[pos][0], _images_of(example, pos, ids.size)]
         while True:
             while planner.pending:
                 yield self._row(planner.pop(), store)
@@ -221,10 +264,19 @@ class PackedStream:
                 break
             pos = planner.consumed
             ids, labels = _as_tokens(example, pos, self.vocab_size)
+            images = _images_of(example, pos, ids.size)
+            if images is not None and ids.size > self.options.max_length:
+                if self.options.overlong != "drop":
+                    raise ValueError(
+                        f"example {pos} holds images and {ids.size} tokens, more than max_length="
+                        f"{self.options.max_length}: a document with images is placed whole (cutting it would cut "
+                        "its images); raise max_length, drop it (overlong='drop') or shorten its text"
+                    )
+                self.dropped_images += 1
             rounds = planner.rounds
             kept, made = planner.add(ids.size)
             if made:
-                store[pos] = [ids[:kept], labels[:kept], made]
+                store[pos] = [ids[:kept], labels[:kept], made, images]
             if planner.rounds != rounds and reader.kind == "stateful":
                 self._snapshot(reader, snapshots, planner)
         planner.finish()
@@ -242,11 +294,12 @@ class PackedStream:
 
     def _row(self, row: tuple[Piece, ...], store: dict[int, list[Any]]) -> dict[str, np.ndarray]:
         ids, labels, seq_lengths = build_row(row, lambda p: (store[p][0], store[p][1]), dtype=self.dtype)
+        images = _row_images(row, store, self.dtype)
         for p, _, _ in row:  # forget an example once its last piece has left
             store[p][2] -= 1
             if not store[p][2]:
                 del store[p]
-        return {"input_ids": ids, "labels": labels, "seq_lengths": seq_lengths}
+        return {"input_ids": ids, "labels": labels, "seq_lengths": seq_lengths, **images}
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands: positions, counters and a source snapshot; JSON-serialisable when the

@@ -35,6 +35,12 @@ What was truncated or dropped is counted and logged at the end of each pass over
 stream is read lazily, so an overlong or empty sequence is refused when it is read, naming its
 position; the packed stream is one shard (``datasets`` gives further ``DataLoader`` workers nothing).
 
+Vision-language columns travel with their documents (:mod:`padless.batching.image_rows`): a row's
+``pixel_values``, ``image_grid_thw`` and the like are its documents' images concatenated in document
+order (null for a row without images), per-token columns (``mm_token_type_ids``) are packed like
+``input_ids``; a document with images is placed whole (a plan that would cut it is refused naming it),
+and one the overlong policy drops takes its images with it (counted in the warning).
+
 Every token of every column lands in exactly one row, in order within its sequence. An empty sequence
 is refused naming its row, as the collators refuse it. The rows train exactly with :class:`padless.PackingCollator`
 on any backend padless accepts, and with TRL's own ``SFTTrainer(padding_free=True)`` where that path
@@ -193,16 +199,23 @@ def _check_map_kwargs(map_kwargs: Mapping[str, Any] | None) -> int | None:
 
 
 def _list_columns(table: Any) -> tuple[list[Any], np.ndarray]:
-    """The table's columns as single list arrays, and the per-row lengths they share."""
+    """The table's token columns as single list arrays, and the per-row lengths they share (image
+    columns, :data:`padless.batching.image_rows.IMAGE_COLUMNS`, are left to :func:`_image_columns`)."""
+    from padless.batching.image_rows import IMAGE_COLUMNS, PER_TOKEN_COLUMNS
+
     pa = _require("pyarrow")
     columns, lengths = [], None
     for name, column in zip(table.column_names, table.columns):
-        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        if name in IMAGE_COLUMNS:
+            continue
+        array = _single(column)
         if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
             raise ValueError(
                 f"column {name!r} is {array.type}, not a list per row; pack_dataset packs token columns "
                 "only (select them first: dataset.select_columns([...]))"
             )
+        if array.null_count and name in PER_TOKEN_COLUMNS and lengths is not None:
+            array = _zeros_where_null(array, lengths)  # a document without images marks no image token
         if array.null_count:
             raise ValueError(f"column {name!r} has {array.null_count} missing rows")
         own = np.diff(np.asarray(array.offsets, dtype=np.int64))
@@ -216,6 +229,57 @@ def _list_columns(table: Any) -> tuple[list[Any], np.ndarray]:
             )
         columns.append(array)
     return columns, (np.zeros(0, dtype=np.int64) if lengths is None else lengths)
+
+
+def _zeros_where_null(array: Any, lengths: np.ndarray) -> Any:
+    """A per-token list column with its null rows (documents without images) filled with zeros, as many
+    as the row's tokens."""
+    pa = _require("pyarrow")
+    null = np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    flat = array.flatten()  # the non-null rows' values, in order
+    own = np.where(null, 0, np.diff(np.asarray(array.offsets, dtype=np.int64)))
+    starts = np.where(null, len(flat), np.concatenate(([0], np.cumsum(own)[:-1])))
+    values = pa.concat_arrays(
+        [flat, pa.array(np.zeros(int(lengths.max(initial=0)), dtype=flat.type.to_pandas_dtype()))]
+    )
+    pieces = pa.LargeListViewArray.from_arrays(pa.array(starts), pa.array(lengths), values).flatten()
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pieces, type=array.type)
+
+
+def _single(column: Any) -> Any:
+    return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+
+
+def _image_columns(table: Any) -> dict[str, Any]:
+    """The table's image columns (one value per document: its processor output, null or empty without
+    images), as single arrays."""
+    from padless.batching.image_rows import IMAGE_COLUMNS
+
+    return {name: _single(c) for name, c in zip(table.column_names, table.columns) if name in IMAGE_COLUMNS}
+
+
+def _with_images(images: dict[str, Any], n: int) -> np.ndarray:
+    """``[n]`` bool: the documents some image column holds images for."""
+    pc = _require("pyarrow.compute")
+    held = np.zeros(n, dtype=bool)
+    for array in images.values():
+        held |= pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False) > 0
+    return held
+
+
+def _pack_images(images: dict[str, Any], plan: PackPlan, lengths: np.ndarray, name: Any) -> tuple[list[Any], int]:
+    """The image columns packed like the plan's rows (each row its documents' images in order, null
+    without), and the documents with images the plan dropped; refuses a plan that cuts one."""
+    from padless.batching.image_rows import pack_image_column, require_whole
+
+    if not images:
+        return [], 0
+    held = _with_images(images, lengths.size)
+    require_whole(plan.index, plan.start, plan.length, lengths, held, name)
+    rows = np.repeat(np.arange(plan.num_rows), np.diff(plan.row_offsets))
+    packed = [pack_image_column(a, key, plan.index, rows, plan.num_rows) for key, a in images.items()]
+    return packed, int(held[plan.dropped].sum())
 
 
 def _refuse_empty(lengths: np.ndarray, column: str) -> None:
@@ -254,13 +318,15 @@ def _pack_split(
     datasets = _datasets()
     if "seq_lengths" in dataset.column_names:
         raise ValueError("the dataset already has a 'seq_lengths' column: it is packed already")
-    _refuse_images(dataset.column_names)
     table = dataset.with_format("arrow")[:]
     columns, lengths = _list_columns(table)
     if not columns:
         raise ValueError("the dataset has no columns to pack")
-    _refuse_empty(lengths, table.column_names[0])
+    images = _image_columns(table)
+    names = [n for n in table.column_names if n not in images]
+    _refuse_empty(lengths, names[0])
     plan = plan_lengths(lengths, seq_length, strategy, overlong=overlong, batch_size=batch_size)
+    packed_images, dropped_images = _pack_images(images, plan, lengths, lambda d: f"row {d} of the dataset")
     cum = np.concatenate(([0], np.cumsum(plan.length)))
     row_offsets = cum[plan.row_offsets]  # token offset of every row
     if row_offsets[-1] >= 2**31 and any(pa.types.is_list(c.type) for c in columns):
@@ -269,7 +335,8 @@ def _pack_split(
         )
     packed = [_pack_column(c, plan, row_offsets) for c in columns]
     docs = pa.ListArray.from_arrays(pa.array(plan.row_offsets.astype(np.int32)), pa.array(plan.length.astype(np.int32)))
-    out = pa.Table.from_arrays([*packed, docs], names=[*table.column_names, "seq_lengths"])
+    out = pa.Table.from_arrays([*packed, *packed_images, docs], names=[*names, *images, "seq_lengths"])
+    out = out.select([*table.column_names, "seq_lengths"])
     features = datasets.Features({**dataset.features, "seq_lengths": datasets.List(datasets.Value("int32"))})
     info = datasets.DatasetInfo(features=features)
     # A fingerprint from the input's and the arguments: left to datasets, it would pickle every token to hash it.
@@ -281,7 +348,7 @@ def _pack_split(
     result = datasets.Dataset(
         datasets.table.InMemoryTable(out), info=info, split=dataset.split, fingerprint=fingerprint
     )
-    _log(plan)
+    _log(plan, dropped_images)
     return _restore_format(result, dataset.format), plan
 
 
@@ -293,8 +360,14 @@ def _restore_format(packed: Any, fmt: Mapping[str, Any]) -> Any:
     return packed.with_format(**fmt)
 
 
-def _log(plan: PackPlan) -> None:
+def _log(plan: PackPlan, dropped_images: int = 0) -> None:
     _log_stats(plan.stats, plan.max_length)
+    _log_dropped_images(dropped_images)
+
+
+def _log_dropped_images(documents: int, what: str = "pack_dataset") -> None:
+    if documents:
+        logger.warning("%s: %d dropped documents held images; their images left with them", what, documents)
 
 
 def _log_stats(s: Any, max_length: int, what: str = "pack_dataset") -> None:
@@ -401,20 +474,6 @@ def pack_dataset(
     return result
 
 
-def _refuse_images(columns: Any) -> None:
-    """Image columns are refused by name: packed ``datasets`` rows do not carry images yet (the
-    collators and trainers do), and rows without them would train on image placeholder tokens."""
-    from padless.layout import VISION_KEYS
-
-    images = [c for c in columns if c in VISION_KEYS and c != "token_type_ids"]
-    if images:
-        raise ValueError(
-            f"the dataset has image columns ({', '.join(map(repr, images))}): pack_dataset does not carry images "
-            "yet; pack vision-language features in the trainer (padless' PackedTrainer / SFTTrainer) or with "
-            "padless.PackingCollator.for_model(model), which place each document's images with it"
-        )
-
-
 STREAM_PLANNERS: dict[str, str] = {"best_fit_decreasing": "buffered", "histogram_best_fit": "buffered",
                                    "wrapped": "wrapped"}  # fmt: skip
 """padless planner -> how an ``IterableDataset`` is packed without ``map_kwargs["batch_size"]``:
@@ -431,7 +490,6 @@ def _pack_stream(
     from padless.planning.buffered import StreamOptions
 
     datasets = _datasets()
-    _refuse_images(dataset.features or {})
     planner, policy = resolve_strategy(strategy, overlong)
     if batch_size is None:
         if planner not in STREAM_PLANNERS:
@@ -490,11 +548,14 @@ class _StreamJob:
         self.source, self.seq_length, self.strategy, self.planner = source, seq_length, strategy, planner
         self.overlong, self.policy, self.batch_size, self.buffer_size = overlong, policy, batch_size, buffer_size
         self.names = names
+        self.dropped_images = 0
+        """Documents with images the overlong policy dropped in the last pass."""
 
     def rows(self) -> Any:
         from padless.planning.buffered import StreamCounts
 
         counts = StreamCounts()
+        self.dropped_images = 0
         names = self.names
         store: dict[int, list[Any]] = {}  # position -> [columns, pieces not yet yielded]
 
@@ -515,6 +576,14 @@ class _StreamJob:
                         "Choose overlong='truncate' (the same cut, counted), 'split' (keep every "
                         "token, as separate documents) or 'drop'"
                     )
+                if n > self.seq_length and _holds_images(columns):
+                    if self.policy != "drop":
+                        raise ValueError(
+                            f"example {pos} holds images and {n} tokens, longer than seq_length="
+                            f"{self.seq_length}: a document with images is placed whole (cutting it would cut "
+                            "its images); raise seq_length, drop it (overlong='drop') or shorten its text"
+                        )
+                    self.dropped_images += 1
                 yield pos, columns, n
 
         if self.batch_size is not None:
@@ -530,6 +599,7 @@ class _StreamJob:
             counts.max_per_row = max(counts.max_per_row, len(row))
             yield _stream_row(row, store, names or [])
         _log_stats(counts.plan_stats(self.seq_length), self.seq_length, "pack_dataset (streaming)")
+        _log_dropped_images(self.dropped_images, "pack_dataset (streaming)")
 
     def _buffered(self, examples: Any, store: dict[int, list[Any]], counts: Any) -> Any:
         from padless.planning.buffered import StreamOptions, StreamPlanner
@@ -607,9 +677,17 @@ def _stream_columns(pos: int, example: Any, names: list[str]) -> tuple[dict[str,
     if not isinstance(example, Mapping) or list(example) != names:
         got = list(example) if isinstance(example, Mapping) else type(example).__name__
         raise ValueError(f"example {pos} has columns {got}, the stream {names}")
-    columns, n = {}, None
+    from padless.batching.image_rows import IMAGE_COLUMNS, PER_TOKEN_COLUMNS
+
+    columns, n, unmarked = {}, None, []
     for name in names:
         value = example[name]
+        if name in IMAGE_COLUMNS:  # one value per document (None: no images), packed by _stream_row
+            columns[name] = value
+            continue
+        if value is None and name in PER_TOKEN_COLUMNS:  # a document without images marks no image token
+            unmarked.append(name)
+            continue
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or getattr(value, "ndim", 1) != 1:
             raise ValueError(
                 f"column {name!r} of example {pos} is a {type(value).__name__}, not a list per row; "
@@ -625,6 +703,8 @@ def _stream_columns(pos: int, example: Any, names: list[str]) -> tuple[dict[str,
                 "every column must match the first, row by row"
             )
         columns[name] = values
+    for name in unmarked:
+        columns[name] = [0] * (n or 0)
     if not n:
         raise ValueError(
             f"example {pos} of the stream is an empty sequence ({names[0]!r} has no tokens); every "
@@ -634,16 +714,40 @@ def _stream_columns(pos: int, example: Any, names: list[str]) -> tuple[dict[str,
     return columns, n
 
 
+def _holds_images(columns: Mapping[str, Any]) -> bool:
+    from padless.batching.image_rows import IMAGE_COLUMNS, holds_images
+
+    return any(holds_images(v) for k, v in columns.items() if k in IMAGE_COLUMNS)
+
+
 def _stream_row(row: tuple[tuple[int, int, int], ...], store: dict[int, list[Any]], names: list[str]) -> dict[str, Any]:
-    """The row's pieces, every column concatenated alike, plus ``seq_lengths``; an example is
-    forgotten once its last piece has left."""
+    """The row's pieces, every token column concatenated alike, image columns by the rule of
+    :mod:`padless.batching.image_rows`, plus ``seq_lengths``; an example is forgotten once its last
+    piece has left."""
+    from padless.batching.image_rows import IMAGE_COLUMNS, concat_images, holds_images
+
+    tokens = [name for name in names if name not in IMAGE_COLUMNS]
     out: dict[str, Any] = {name: [] for name in names}
     for pos, start, n in row:
         columns = store[pos][0]
-        for name in names:
+        for name in tokens:
             out[name].extend(columns[name][start : start + n])
+        if _holds_images(columns):
+            full = len(columns[tokens[0]])
+            if start != 0 or n != full:
+                raise ValueError(
+                    f"example {pos} holds images and the stream's plan cuts it to tokens [{start}, {start + n}) of "
+                    f"{full}: a document with images is placed whole; raise seq_length, or choose a strategy "
+                    "that keeps documents whole (not 'wrapped')"
+                )
+            for name in names:
+                if name in IMAGE_COLUMNS and holds_images(columns[name]):
+                    out[name].append(columns[name])
         store[pos][1] -= 1
         if not store[pos][1]:
             del store[pos]
+    for name in names:
+        if name in IMAGE_COLUMNS:
+            out[name] = concat_images(out[name], name) if out[name] else None
     out["seq_lengths"] = [n for _, _, n in row]
     return out
