@@ -38,7 +38,7 @@ FLAGS = {"input": "INPUT", "out": "--out", "synthetic": "--synthetic", "vocab_si
          "max_length": "--max-length", "overlong": "--overlong", "rows_per_shard": "--rows-per-shard",
          "max_shards": "--max-shards", "shard_rows": "--shard-rows", "num_workers": "--num-workers",
          "ray_address": "--ray-address", "engine": "--engine", "tokenizer": "--tokenizer", "train_on": "--train-on",
-         "system_prompt": "--system-prompt", "seed": "--seed"}  # fmt: skip
+         "system_prompt": "--system-prompt", "seed": "--seed", "processor": "--processor"}  # fmt: skip
 KINDS = {"input_ids": "pre-tokenized ('input_ids')", "messages": "chats ('messages')", "text": "text ('text')"}
 
 
@@ -122,6 +122,13 @@ def add_pack_arguments(parser: Any) -> None:
         help="token ids lie in [0, this): checked for pre-tokenized INPUT, drawn for --synthetic "
         "(default: the --tokenizer's vocabulary; 50257 for --synthetic)",
     )
+    parser.add_argument(
+        "--processor",
+        default=None,
+        metavar="NAME",
+        help="render chats with images through this vision-language processor (a hub name or folder; 'offline': "
+        "the Qwen2-VL processor padless builds from offline parts); each row carries its documents' images (default: none; chats go through --tokenizer, text parts only)",
+    )
     parser.add_argument("--seed", type=int_in(0), default=0, help="seed of --synthetic")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     add_data_arguments(parser, "INPUT")
@@ -147,6 +154,8 @@ def _describe(args: Any) -> tuple[str | None, str, list[str]]:
     if args.system_prompt != SYSTEM_PROMPT_DEFAULT and kind in ("input_ids", "text"):
         raise ValueError(f"--system-prompt {args.system_prompt} applies to chats; {args.input} holds {KINDS[kind]}")
     lines = [f"input: {args.input}" + (f", {KINDS[kind]}" if kind else "")]
+    if args.processor is not None:
+        return None, "assistant", [*lines, *_processor_lines(args, kind)]
     name, origin = tokenizer_choice(args)
     if kind != "input_ids" or args.vocab_size is None:  # pre-tokenized ids with --vocab-size need no tokenizer
         tok, tok_line = load_named_tokenizer(name, origin)
@@ -160,6 +169,32 @@ def _describe(args: Any) -> tuple[str | None, str, list[str]]:
         lines.append(train_line)
     lines.append(overlong_line(args.overlong, args.max_length))
     return name, train_on, lines
+
+
+def _processor_lines(args: Any, kind: str | None) -> list[str]:
+    """What ``--processor`` does, checked against the other flags."""
+    if kind != "messages":
+        raise ValueError(
+            f"--processor renders chats ('messages' records) with their images; {args.input} holds {KINDS.get(kind, kind)}"
+        )
+    if args.train_on not in ("auto", "assistant"):
+        raise ValueError(
+            f"--processor trains the assistant turns; --train-on {args.train_on} applies to chats rendered by a tokenizer"
+        )
+    if getattr(args, "tokenizer", None) is not None:
+        raise ValueError("--processor brings its own tokenizer; leave out --tokenizer")
+    from padless.data.shards import cached_processor
+
+    processor = cached_processor(args.processor)
+    where = (
+        "built offline: GPT-2's tokenizer + Qwen-VL's special tokens" if args.processor == "offline" else args.processor
+    )
+    return [
+        f"processor: {type(processor).__name__} ({where}); its chat template renders the chats and expands "
+        f"each image into its tokens; vocabulary {len(processor.tokenizer):,}",
+        "trained: the assistant turns (every other token is masked)",
+        overlong_line(args.overlong, args.max_length) + "; a document with images is placed whole",
+    ]
 
 
 def _changed(exc: JobMismatch) -> str:
@@ -189,9 +224,11 @@ def run_pack(args: Any) -> int:
     tokenizer, train_on, lines = _describe(args)
     if lines:
         print("\n".join(lines), flush=True)
-    data = (
+    data: dict[str, Any] = (
         {} if tokenizer is None else {"tokenizer": tokenizer, "train_on": train_on, "system_prompt": args.system_prompt}
     )
+    if args.processor is not None:
+        data = {"processor": args.processor, "train_on": "assistant"}
     try:
         src = open_input(
             args.input,
@@ -236,7 +273,19 @@ def run_pack(args: Any) -> int:
         f"{args.max_length} tokens, {plural(len(summary['shards']), 'shard')} in {args.out}\n"
         f"  efficiency {s['efficiency']:.2%} ({s['relative_gap']:.2%} over the lower bound); truncated "
         f"{s['truncated_sequences']:,}, split {s['split_sequences']:,}, dropped {s['dropped_sequences']:,}\n"
+        f"{_images_line(summary)}"
         f"  {run['engine']} engine, {plural(run['workers'], 'worker')}, {run['wall_s']:.1f} s, peak RSS "
         f"{run['peak_rss_mib']:,.0f} MiB"
     )
     return 0
+
+
+def _images_line(summary: dict[str, Any]) -> str:
+    """``  images: 37 documents with images, their images in their rows; 2 dropped with their images``."""
+    held, dropped = int(summary.get("image_documents", 0)), int(summary.get("dropped_image_documents", 0))
+    if not held:
+        return ""
+    gone = f"; {plural(dropped, 'document')} with images dropped as overlong, their images with them" if dropped else ""
+    return (
+        f"  images: {plural(held - dropped, 'document')} with images, each row carrying its documents' images{gone}\n"
+    )

@@ -100,8 +100,9 @@ def _content_text(content: Any, here: str) -> str:
             raise RecordError(
                 "bad_content",
                 f"{here}: content parts of type {kinds}; a tokenizer renders text parts only: "
-                "render chats with images through the model's processor (padless.data.images.render_image_chat, "
-                "or padless' SFTTrainer with processing_class=processor)",
+                "render chats with images through the model's processor: processor=NAME (load_corpus, "
+                "padless pack; 'offline' for the Qwen2-VL processor built offline), or padless' SFTTrainer "
+                "with processing_class=processor",
             )
         if not isinstance(part.get("text"), str):
             raise RecordError(

@@ -94,7 +94,9 @@ def image_of(part: Mapping[str, Any], where: str, given: Any = None) -> Any:
     for key in ("image", "path", "url"):
         if part.get(key) is not None:
             return part[key]
-    fields = sorted(k for k in part if k != "type")
+    fields = sorted(
+        k for k in part if k != "type" and part[k] is not None
+    )  # Arrow fills a struct's other keys with None
     if not fields and given is not None:
         value = next(given, None)
         if value is not None:
@@ -153,7 +155,7 @@ def render_image_chat(
     The assistant spans are found by rendering the chat up to each assistant turn (with the generation
     prompt) and through it, so any chat template works. ``images``: the record's ``images`` field, taken
     in order by bare ``{"type": "image"}`` parts (TRL's vision datasets)."""
-    chat, images = image_parts(messages, where, base_dir, images)
+    chat, images = image_parts(_calls_written(messages, processor, where), where, base_dir, images)
     if images and getattr(processor, "image_processor", None) is None:
         raise ValueError(f"{where} has {len(images)} image(s), but the processor has no image processor")
 
@@ -183,6 +185,32 @@ def render_image_chat(
             f"{where} has {len(images)} image(s) but the rendered chat holds no image token: the chat template drops image parts"
         )
     return feature
+
+
+def _calls_written(messages: Sequence[Any], processor: Any, where: str) -> list[Any]:
+    """The messages with their ``tool_calls`` checked, and written into the assistant's content as
+    Hermes-style blocks when the processor's chat template does not render calls itself (as
+    :mod:`padless.data.chat` does for tokenizers): a call is never left out of the rendering."""
+    from padless.data.chat import _tool_calls, tool_call_text
+
+    template = getattr(processor, "chat_template", None)
+    renders_calls = isinstance(template, str) and "tool_calls" in template
+    out = []
+    for m, message in enumerate(messages):
+        if isinstance(message, Mapping) and message.get("tool_calls"):
+            calls = _tool_calls(message["tool_calls"], message.get("role"), f"{where}: message {m}")
+            if renders_calls:
+                message = {**message, "tool_calls": calls}
+            else:
+                blocks = "\n".join(tool_call_text(c) for c in calls)
+                content = message.get("content")
+                if isinstance(content, list):
+                    content = [*content, {"type": "text", "text": blocks}]
+                else:
+                    content = f"{content}\n{blocks}" if isinstance(content, str) and content.strip() else blocks
+                message = {k: v for k, v in message.items() if k != "tool_calls"} | {"content": content}
+        out.append(message)
+    return out
 
 
 def has_images(record: Any) -> bool:

@@ -51,8 +51,8 @@ __all__ = [
     "InputShard", "JsonlInput", "PackInput", "ParquetInput", "RecordsInput", "ShardTokens", "SyntheticInput",
     "SyntheticTokens", "iter_shards", "open_input", "scan_lines",
 ]  # fmt: skip
-TextOptions = dict[str, str]
-"""``{"tokenizer", "train_on", "system_prompt"}``: how text and chats are tokenized (fields of
+TextOptions = dict[str, Any]
+"""``{"tokenizer", "train_on", "system_prompt", "processor"}``: how text and chats are tokenized (fields of
 :class:`~padless.data.shards.PackInput`, and part of an input's key when its records are not tokens)."""
 
 
@@ -61,6 +61,11 @@ def _vocab_and_key(
 ) -> tuple[int | None, dict[str, Any]]:
     """Pre-tokenized ids are checked against ``vocab_size`` (default: the tokenizer's vocabulary),
     which joins the key; text and chats are tokenized here, so the text options join it instead."""
+    if text.get("processor") is not None and kind != "messages":
+        raise ValueError(
+            f"processor={text['processor']!r} renders chats ('messages' records) with their images; "
+            f"this input's records are {kind!r}"
+        )
     if kind == "input_ids":
         vocab = len(cached_tokenizer(text["tokenizer"])) if vocab_size is None else vocab_size
         return vocab, {**key, "vocab_size": vocab}
@@ -280,6 +285,7 @@ def open_input(
     system_prompt: str = "template",
     shard_rows: int = 65536,
     progress: bool = True,
+    processor: str | None = None,
 ) -> PackInput:
     """Open ``input`` (a file, a ``datasets`` folder or a built-in corpus) or a ``synthetic`` spec: the
     reader of its form, chosen here once.
@@ -290,7 +296,10 @@ def open_input(
     are tokenized by :mod:`padless.data.encode` (each ends with one end-of-document token; ``train_on``
     and ``system_prompt`` as in :func:`padless.data.load_corpus`). ``synthetic`` draws ids below
     ``vocab_size`` (default 50,257, GPT-2's vocabulary). ``shard_rows``: records per logical shard
-    (JSON lines are cut while the file is hashed).
+    (JSON lines are cut while the file is hashed). ``processor``: chats are rendered through this
+    vision-language processor (``offline`` or a hub name / folder), their images carried into the rows
+    (:func:`padless.data.images.render_image_chat`: images by path relative to the input's folder,
+    bytes, data URIs, or the record's ``images`` column as TRL's vision datasets hold them).
     """
     if (input is None) == (synthetic is None):
         raise ValueError("give exactly one of input and synthetic")
@@ -303,8 +312,14 @@ def open_input(
         raise ValueError("input is empty: name a file, a folder or a built-in corpus")
     if system_prompt not in SYSTEM_PROMPT:
         raise ValueError(f"system_prompt={system_prompt!r} is not one of {', '.join(SYSTEM_PROMPT)}")
-    text = {"tokenizer": tokenizer, "train_on": train_on, "system_prompt": system_prompt}
+    text: TextOptions = {"tokenizer": tokenizer, "train_on": train_on, "system_prompt": system_prompt}
+    if processor is not None:
+        text["processor"] = processor
     path = Path(input).expanduser()
+    if processor is not None and not (path.is_file() or path.is_dir()):
+        raise ValueError(
+            f"processor={processor!r} renders chat files and datasets; {input!r} is a built-in corpus of text"
+        )
     if path.is_file() and path.suffix == ".jsonl":
         return JsonlInput.open(path, shard_rows, vocab_size, text)
     if path.is_file() and path.suffix == ".parquet":

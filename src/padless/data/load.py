@@ -63,6 +63,10 @@ class CorpusReport:
     """Examples cut into several consecutive ones (``overlong="split"``)."""
     system_prompt_added: int = 0
     """Chats that carry a system prompt the chat template added (``system_prompt="template"``)."""
+    image_documents: int = 0
+    """Examples that carry images (chats rendered through a processor)."""
+    images: int = 0
+    """Images in those examples."""
 
     def __str__(self) -> str:
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
@@ -73,8 +77,9 @@ class CorpusReport:
             if self.system_prompt_added
             else ""
         )
+        images = f"{self.image_documents} examples with {self.images} images; " if self.image_documents else ""
         return (
-            f"read {self.read}, kept {self.kept} (selected {self.selected}); skipped: {skipped}; "
+            f"read {self.read}, kept {self.kept} (selected {self.selected}); skipped: {skipped}; {images}"
             f"truncated {self.truncated_examples} examples / {self.truncated_tokens} tokens; {split}{system}"
             f"{self.tokens} tokens, {self.trained_tokens} trained"
         )
@@ -94,6 +99,10 @@ class TokenizedCorpus:
     """Counts of what loading did."""
     from_cache: bool = False
     """Whether the tokens came from the on-disk cache."""
+    vision: list[dict[str, Any]] | None = None
+    """Chats rendered through a processor: per example, the processor's other outputs (``pixel_values``,
+    ``image_grid_thw``, ``mm_token_type_ids``...; ``None`` where an example has no images), which
+    :meth:`features` hands to the collators with the tokens."""
     lengths: np.ndarray = dataclasses.field(init=False, repr=False)
     """``[n]`` int64 token count per example."""
 
@@ -109,8 +118,11 @@ class TokenizedCorpus:
     def __len__(self) -> int:
         return len(self.input_ids)
 
-    def features(self) -> list[dict[str, list[int]]]:
-        """``[{"input_ids": [...], "labels": [...]}, ...]``, what the collators take."""
+    def features(self) -> list[dict[str, Any]]:
+        """``[{"input_ids": [...], "labels": [...]}, ...]``, what the collators take (with each example's
+        images and per-token vision columns, for a corpus rendered through a processor)."""
+        if self.vision is not None:
+            return [{"input_ids": x, "labels": y, **v} for x, y, v in zip(self.input_ids, self.labels, self.vision)]
         return [{"input_ids": x, "labels": y} for x, y in zip(self.input_ids, self.labels)]
 
 
@@ -167,6 +179,7 @@ def load_corpus(
     split: str = "train",
     cache: bool = True,
     progress: bool | None = None,
+    processor: Any = None,
 ) -> TokenizedCorpus:
     """Tokenize a built-in corpus (:data:`CORPORA`, e.g. ``"tweets:all"``) or a data file / dataset.
 
@@ -181,7 +194,17 @@ def load_corpus(
     leaves out a system prompt the chat template adds (counted in the report); ``split`` is the
     ``datasets`` split. Errors name a record by its line in JSON lines and CSV files, else by its
     position, from 1 (:func:`padless.data.records.where`).
+
+    ``processor`` (a vision-language processor, its hub name or folder, or ``"offline"``): chats whose
+    content parts hold images (a path relative to the file, bytes, a data URI; or the record's
+    ``images`` field) are rendered through it (:func:`padless.data.images.render_image_chat`: its chat
+    template, each image expanded into its tokens, the assistant turns trained), and every example
+    keeps its images (:attr:`TokenizedCorpus.vision`). A document with images is never cut:
+    ``overlong="truncate"`` or ``"split"`` refuses one naming it, ``"drop"`` drops it with its images
+    (counted). Such a corpus is not cached (its images are the processor's arrays).
     """
+    if processor is not None:
+        return _image_corpus(name_or_path, processor, max_length, overlong, limit, seed, on_error, split, train_on)
     from padless.data.files import file_fingerprint, read_records
     from padless.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
@@ -263,3 +286,97 @@ def load_corpus(
 def corpus_lengths(name: str, tokenizer: str | PreTrainedTokenizerBase = "gpt2", **options: Any) -> np.ndarray:
     """``[n]`` int64 token lengths of a corpus (EOS included); ``options`` go to :func:`load_corpus`."""
     return load_corpus(name, tokenizer, **options).lengths
+
+
+def _image_corpus(
+    name: Any, processor: Any, max_length: int | None, overlong: str, limit: int | None, seed: int,
+    on_error: str, split: str, train_on: str,
+) -> TokenizedCorpus:  # fmt: skip
+    """:func:`load_corpus` of chats rendered through ``processor``, images kept (see its docstring)."""
+    from padless.data.files import read_records
+    from padless.data.images import render_image_chat
+    from padless.data.records import where
+    from padless.data.shards import cached_processor
+    from padless.planning.checks import check_choice, overlong_error
+    from padless.planning.plan import OVERLONG_POLICIES
+
+    check_choice(overlong, OVERLONG_POLICIES, "overlong policy")
+    if train_on not in ("auto", "assistant"):
+        raise ValueError(f"train_on={train_on!r}: chats rendered through a processor train their assistant turns")
+    if limit is not None:
+        check_int(limit, "limit")
+    if max_length is not None:
+        check_int(max_length, "max_length", 2)
+    proc = cached_processor(processor) if isinstance(processor, str) else processor
+    path = Path(str(name)).expanduser()
+    if split_corpus_name(str(name)) is not None and not path.exists():
+        raise ValueError(f"corpus {name!r} is built-in text without images; processor= renders chat files with images")
+    rows, unit, pre, _ = read_records(str(name), split=split, on_error=on_error)
+    base_dir = path.parent if path.is_file() else path
+    skipped: dict[str, int] = dict(pre)
+    chosen = [rows[i] for i in _subsample(len(rows), limit, seed)]
+    ids, labels, vision = [], [], []
+    truncated = truncated_tokens = pieces = 0
+    for number, record in chosen:
+        at = f"{path.name if path.is_file() else name}, {where(number, unit)}"
+        try:
+            messages = record.get("messages") if isinstance(record, dict) else None
+            if not isinstance(messages, list):
+                fields = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise ValueError(f"{at}: a chat record needs a 'messages' list (fields: {fields})")
+            feature = render_image_chat(messages, proc, where=at, base_dir=base_dir, images=record.get("images"))
+        except ValueError:
+            if on_error == "raise":
+                raise
+            skipped["bad_record"] = skipped.get("bad_record", 0) + 1
+            continue
+        x, y = feature.pop("input_ids"), feature.pop("labels")
+        has_images = any(k in feature for k in ("pixel_values", "pixel_values_videos"))
+        if max_length is not None and len(x) > max_length:
+            if overlong == "error" or (has_images and overlong != "drop"):
+                if overlong == "error":
+                    raise overlong_error(number, len(x), max_length, what=f"{at.rsplit(', ', 1)[0]}, {unit}")
+                raise ValueError(
+                    f"{at} holds images and {len(x)} tokens, above max_length={max_length}: a document with images "
+                    f"is never cut (overlong={overlong!r} would cut its images); raise max_length or use overlong='drop'"
+                )
+            if overlong == "drop":
+                skipped["overlong"] = skipped.get("overlong", 0) + 1
+                continue
+            cuts = (
+                [(0, max_length)]
+                if overlong == "truncate"
+                else [(a, a + max_length) for a in range(0, len(x), max_length)]
+            )
+            truncated += overlong == "truncate"
+            truncated_tokens += len(x) - max_length if overlong == "truncate" else 0
+            pieces += overlong == "split"
+            for a, b in cuts:
+                ids.append(x[a:b])
+                labels.append(y[a:b])
+                vision.append({k: v[a:b] for k, v in feature.items()})  # text only: per-token columns
+            continue
+        ids.append(x)
+        labels.append(y)
+        vision.append(feature)
+    keys = list(dict.fromkeys(k for v in vision for k in v))
+    vision = [{k: v.get(k) for k in keys} for v in vision]
+    with_images = [v for v in vision if v.get("image_grid_thw") is not None or v.get("pixel_values") is not None]
+    report = CorpusReport(
+        read=len(rows) + sum(pre.values()), selected=len(chosen), kept=len(ids), skipped=skipped,
+        truncated_examples=truncated, truncated_tokens=truncated_tokens, boundary_mismatches=0,
+        tokens=sum(map(len, ids)), trained_tokens=sum(sum(1 for t in y if t != IGNORE_INDEX) for y in labels),
+        split_examples=pieces, image_documents=len(with_images), images=sum(_image_count(v) for v in with_images),
+    )  # fmt: skip
+    return TokenizedCorpus(str(name), ids, labels, report, vision=vision)
+
+
+def _image_count(vision: dict[str, Any]) -> int:
+    """Images of one example: rows of ``image_grid_thw``, else the image axis of ``pixel_values``."""
+    from padless.batching.image_rows import image_axis
+
+    grid = vision.get("image_grid_thw")
+    if grid is not None:
+        return len(grid)
+    pixels = np.asarray(vision["pixel_values"])
+    return int(pixels.shape[image_axis("pixel_values", pixels.ndim)])

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from padless._optional import require
 from padless.data.records import RecordError, Unit, record_field, where
 from padless.layout import TokenError, check_tokens
 
@@ -56,6 +57,12 @@ class ShardTokens:
     system_prompt_added: int = 0
     """Chats of the shard that carry a system prompt their chat template added (see
     :class:`padless.data.encode.EncodeCounts`)."""
+    images: Any = None
+    """Chats rendered through a processor: a ``pyarrow.Table`` with one row per sequence, its image
+    columns (:data:`padless.batching.image_rows.IMAGE_COLUMNS`: ``pixel_values``, ``image_grid_thw``...,
+    null for a sequence without images); None otherwise."""
+    token_columns: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per-token vision columns (``mm_token_type_ids``...), int32, flat and aligned with ``ids``."""
 
     @property
     def lengths(self) -> np.ndarray:
@@ -83,6 +90,9 @@ class PackInput(ABC):
     """Labels of chats: ``auto`` | ``all`` | ``assistant`` | ``completion``."""
     system_prompt: str = "template"
     """A system prompt the chat template adds: ``template`` keeps it, ``none`` leaves it out."""
+    processor: str | None = None
+    """Chats are rendered through this vision-language processor (a hub name or folder, or ``offline``:
+    :func:`padless.data.images.offline_processor`), images and all; None: through the tokenizer."""
 
     @property
     def pretokenized(self) -> bool:
@@ -120,6 +130,69 @@ def cached_tokenizer(name: str) -> Any:
     return load_tokenizer(name)
 
 
+@functools.lru_cache(maxsize=2)
+def cached_processor(name: str) -> Any:
+    """One processor per process and name: ``offline`` is :func:`padless.data.images.offline_processor`,
+    anything else goes to ``transformers.AutoProcessor.from_pretrained``."""
+    if name == "offline":
+        from padless.data.images import offline_processor
+
+        return offline_processor()
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(name)
+
+
+def _image_chats(source: PackInput, rows: Sequence[int], records: Sequence[Any]) -> ShardTokens:
+    """Chats rendered through ``source.processor`` (:func:`padless.data.images.render_image_chat`):
+    assistant turns trained, images expanded into their tokens, image paths read relative to the
+    input's folder; the image columns as an Arrow table, the per-token ones flat."""
+    from pathlib import Path
+
+    from padless.batching.image_rows import IMAGE_COLUMNS, PER_TOKEN_COLUMNS, arrow_column
+    from padless.data.images import render_image_chat
+
+    pa = require("pyarrow", "packing images")
+    processor = cached_processor(str(source.processor))
+    here = Path(source.name)
+    base_dir = here.parent if here.is_file() else here
+    features = []
+    for row, record in zip(rows, records):
+        at = source.where(row)
+        messages = record.get("messages") if isinstance(record, Mapping) else None
+        if not isinstance(messages, list):
+            raise ValueError(f"{at}: a chat record needs a 'messages' list")
+        features.append(
+            render_image_chat(messages, processor, where=at, base_dir=base_dir, images=record.get("images"))
+        )
+    keys = list(dict.fromkeys(k for f in features for k in f))
+    unknown = [k for k in keys if k not in ("input_ids", "labels", *IMAGE_COLUMNS, *PER_TOKEN_COLUMNS)]
+    if unknown:
+        raise ValueError(
+            f"{source.name}: the processor {source.processor!r} returns {unknown}, which padless pack does not "
+            f"know how to place; it carries {', '.join((*IMAGE_COLUMNS, *PER_TOKEN_COLUMNS))}"
+        )
+    ids = [f["input_ids"] for f in features]
+    labels = [f["labels"] for f in features]
+    tokens = {
+        k: np.concatenate([np.asarray(f.get(k) or [0] * len(f["input_ids"]), dtype=np.int32) for f in features])
+        for k in keys
+        if k in PER_TOKEN_COLUMNS
+    }
+    table = pa.table({k: arrow_column([f.get(k) for f in features]) for k in keys if k in IMAGE_COLUMNS})
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    flat = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, dtype=np.int32)
+    flat_labels = np.concatenate(labels).astype(np.int32) if ids else flat
+    return ShardTokens(
+        flat,
+        flat_labels,
+        np.concatenate(([0], np.cumsum(lengths))),
+        np.asarray(rows, dtype=np.int64),
+        images=table if table.num_columns else None,
+        token_columns=tokens,
+    )
+
+
 def encode_shard(source: PackInput, rows: Sequence[int], records: Sequence[Any]) -> ShardTokens:
     """The tokens of ``records`` of ``source`` (named ``rows``), one sequence per record.
 
@@ -135,6 +208,8 @@ def encode_shard(source: PackInput, rows: Sequence[int], records: Sequence[Any])
                 f"{source.where(row)} has {field!r}, but the input's first record has {source.kind!r}: "
                 "an input holds one kind of record (write each kind to its own file)"
             )
+    if source.processor is not None:
+        return _image_chats(source, rows, records)
     added = 0
     if source.kind == "input_ids":
         vocab = source.vocab_size if source.vocab_size is not None else INT32_IDS

@@ -20,7 +20,10 @@ map -> plan -> write (:mod:`padless.export.stages`, run by an engine of :mod:`pa
    before it. Rows therefore depend on the input alone: not on the shard size, the engine, the
    number of workers, or the order in which tasks finish.
 4. **write**: output shard ``shard-0000o.parquet`` holds rows ``o * rows_per_shard ...`` with the
-   columns ``input_ids``, ``labels`` and ``seq_lengths`` (each ``list<int32>``); a row read back (by
+   columns ``input_ids``, ``labels`` and ``seq_lengths`` (each ``list<int32>``), and, for chats rendered
+   through a vision-language processor (``--processor``), the row's images: ``pixel_values``,
+   ``image_grid_thw``... of its documents concatenated in document order, per-token columns
+   (``mm_token_type_ids``) placed like the ids (:mod:`padless.batching.image_rows`); a row read back (by
    pyarrow or ``datasets.load_dataset("parquet", ...)``) is a feature that
    :class:`padless.PackingCollator` places as it is. Labels are stored as the input gave them (the
    collator masks each document's first label).
@@ -69,7 +72,8 @@ from padless.planning.slots import plan_histogram
 MAX_ROW_LENGTH = 1 << 24
 """Longest row ``pack_to_parquet`` plans (the histogram holds ``max_length + 1`` counts)."""
 COUNTS = ("sequences", "tokens_in", "truncated_sequences", "truncated_tokens", "split_sequences",
-          "dropped_sequences", "dropped_tokens", "system_prompt_added")  # fmt: skip
+          "dropped_sequences", "dropped_tokens", "system_prompt_added", "image_documents",
+          "dropped_image_documents")  # fmt: skip
 
 
 def records_input(records: Sequence[Any], vocab_size: int | None = None, key: Any = None) -> PackInput:
@@ -298,6 +302,8 @@ def _run(
         "tokens_in": counts["tokens_in"],
         "tokens_out": plan.tokens,
         "system_prompt_added": counts["system_prompt_added"],
+        "image_documents": counts["image_documents"],
+        "dropped_image_documents": counts["dropped_image_documents"],
         # every input token is in a row, or counted as truncated or dropped
         "tokens_accounted": counts["tokens_in"] == plan.tokens + counts["truncated_tokens"] + counts["dropped_tokens"],
         "wall_s": round(state["wall_s"], 3),

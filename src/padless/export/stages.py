@@ -71,6 +71,28 @@ def marker_ok(marker: Path) -> dict[str, Any] | None:
     return data
 
 
+def _save_table(path: Path, table: Any) -> str:
+    import pyarrow.parquet as pq
+
+    atomic_write(path, lambda f: pq.write_table(table, f))
+    return checksum(path)
+
+
+def _with_images(images: Any, n: int) -> np.ndarray:
+    """``[n]`` bool: the sequences whose image columns hold images."""
+    if images is None:
+        return np.zeros(n, dtype=bool)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = np.zeros(n, dtype=bool)
+    for column in images.columns:
+        if not pa.types.is_null(column.type):
+            lengths = pc.fill_null(pc.list_value_length(column), 0)
+            out |= lengths.to_numpy(zero_copy_only=False) > 0
+    return out
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated ``arange(s, s + n)`` for every ``(s, n)`` (each ``n >= 1``), without a Python loop:
     one cumulative sum of steps that are 1 inside a range and jump at each range's first element."""
@@ -94,11 +116,22 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
             f"{source.where(int(toks.rows[empty[0]]))} is an empty sequence; every sequence needs at least one token"
         )
     long = lengths > max_length
+    with_images = _with_images(toks.images, lengths.size)
     counts = {"sequences": int(lengths.size), "tokens_in": int(lengths.sum()), "truncated_sequences": 0,
               "truncated_tokens": 0, "split_sequences": 0, "dropped_sequences": 0, "dropped_tokens": 0,
-              "system_prompt_added": int(toks.system_prompt_added)}  # fmt: skip
+              "system_prompt_added": int(toks.system_prompt_added), "image_documents": int(with_images.sum()),
+              "dropped_image_documents": 0}  # fmt: skip
+    source_seq = np.arange(lengths.size)  # the sequence each piece comes from
     if long.any():
         first = int(np.flatnonzero(long)[0])
+        cut = np.flatnonzero(long & with_images)
+        if cut.size and overlong in ("truncate", "split"):
+            doc = int(cut[0])
+            raise ValueError(
+                f"{source.where(int(toks.rows[doc]))} holds images and {int(lengths[doc])} tokens, above "
+                f"max_length={max_length}: a document with images is placed whole (overlong={overlong!r} would "
+                "cut its images); raise max_length, use overlong='drop' (counted), or shorten its text"
+            )
         if overlong == "error":
             raise overlong_error(
                 int(toks.rows[first]),
@@ -111,8 +144,9 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
             counts.update(truncated_sequences=int(long.sum()), truncated_tokens=int((lengths[long] - max_length).sum()))
             lengths = np.minimum(lengths, max_length)
         elif overlong == "drop":
-            counts.update(dropped_sequences=int(long.sum()), dropped_tokens=int(lengths[long].sum()))
-            starts, lengths = starts[~long], lengths[~long]
+            counts.update(dropped_sequences=int(long.sum()), dropped_tokens=int(lengths[long].sum()),
+                          dropped_image_documents=int((long & with_images).sum()))  # fmt: skip
+            starts, lengths, source_seq = starts[~long], lengths[~long], source_seq[~long]
         elif overlong == "split":  # consecutive pieces of max_length, the rest last
             counts["split_sequences"] = int(long.sum())
             pieces = -(-lengths // max_length)
@@ -120,6 +154,7 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
             k = np.arange(seq.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
             starts = starts[seq] + k * max_length
             lengths = np.minimum(lengths[seq] - k * max_length, max_length)
+            source_seq = seq
         else:
             raise ValueError(f"unknown overlong policy {overlong!r}")
     take = _ranges(starts, lengths)
@@ -130,6 +165,10 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
     files = {f"{stem}.ids.npy": _save(folder / f"{stem}.ids.npy", ids)}
     if toks.labels is not None:
         files[f"{stem}.labels.npy"] = _save(folder / f"{stem}.labels.npy", toks.labels[take])
+    for key, column in toks.token_columns.items():  # per-token vision columns, placed like the ids
+        files[f"{stem}.token.{key}.npy"] = _save(folder / f"{stem}.token.{key}.npy", column[take])
+    if toks.images is not None:  # one row per piece: its document's images (a piece of a cut text: null)
+        files[f"{stem}.images.parquet"] = _save_table(folder / f"{stem}.images.parquet", toks.images.take(source_seq))
     offsets = np.concatenate(([0], np.cumsum(lengths)))
     files[f"{stem}.offsets.npy"] = _save(folder / f"{stem}.offsets.npy", offsets)
     hist = np.bincount(lengths, minlength=max_length + 1)
@@ -183,6 +222,41 @@ def place_shard(work: Path, plan: SlotPlan, index: int) -> dict[str, Any]:
     return marker
 
 
+def _vision_columns(tokens: Path, num_inputs: int) -> tuple[list[str], Any]:
+    """The per-token vision columns and the unified image schema of every token shard (None: no images)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    token_keys: dict[str, None] = {}
+    schemas = []
+    for s in range(num_inputs):
+        for name in json.loads((tokens / f"{s:05d}.json").read_text())["files"]:
+            if name.startswith(f"{s:05d}.token."):
+                token_keys[name[len(f"{s:05d}.token.") : -len(".npy")]] = None
+        if (tokens / f"{s:05d}.images.parquet").exists():
+            schemas.append(pq.read_schema(tokens / f"{s:05d}.images.parquet"))
+    schema = pa.unify_schemas(schemas, promote_options="default") if schemas else None
+    return list(token_keys), schema
+
+
+def _image_rows(path: Path, schema: Any, seq: np.ndarray) -> Any:
+    """Rows ``seq`` of a token shard's image table, in the unified ``schema`` (columns it lacks: null)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = len(seq)
+    if not path.exists():
+        return pa.table({f.name: pa.nulls(n, f.type) for f in schema}, schema=schema)
+    table = pq.read_table(path).take(pa.array(seq))
+    return pa.table(
+        {
+            f.name: table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(n, f.type)
+            for f in schema
+        },
+        schema=schema,
+    )
+
+
 def write_shard(work: Path, out: Path, plan: SlotPlan, rows_per_shard: int, num_inputs: int, o: int) -> dict[str, Any]:
     """Write output shard ``o`` (rows ``o * rows_per_shard`` on) from every token shard; returns its record."""
     pa = require("pyarrow", "writing Parquet shards")
@@ -195,6 +269,9 @@ def write_shard(work: Path, out: Path, plan: SlotPlan, rows_per_shard: int, num_
     labels_out = np.empty_like(ids_out)
     doc_row, doc_off, doc_len = [], [], []
     tokens, place = work / "tokens", work / "place"
+    token_keys, image_schema = _vision_columns(tokens, num_inputs)
+    token_out = {k: np.zeros_like(ids_out) for k in token_keys}
+    image_parts = []
     for s in range(num_inputs):
         rows = np.load(place / f"{s:05d}.row.npy", mmap_mode="r")
         lo, hi = np.searchsorted(rows, [a, b])
@@ -211,6 +288,11 @@ def write_shard(work: Path, out: Path, plan: SlotPlan, rows_per_shard: int, num_
         ids_out[dst] = ids[src]
         label_file = tokens / f"{s:05d}.labels.npy"
         labels_out[dst] = np.load(label_file, mmap_mode="r")[src] if label_file.exists() else ids_out[dst]
+        for key, column in token_out.items():
+            if (tokens / f"{s:05d}.token.{key}.npy").exists():
+                column[dst] = np.load(tokens / f"{s:05d}.token.{key}.npy", mmap_mode="r")[src]
+        if image_schema is not None:
+            image_parts.append(_image_rows(tokens / f"{s:05d}.images.parquet", image_schema, np.asarray(seq)))
         doc_row.append(r)
         doc_off.append(off)
         doc_len.append(n)
@@ -240,6 +322,18 @@ def write_shard(work: Path, out: Path, plan: SlotPlan, rows_per_shard: int, num_
             ),
         }
     )
+    for key, column in token_out.items():
+        table = table.append_column(key, pa.ListArray.from_arrays(tok, pa.array(column)))
+    if image_schema is not None:  # each row: its documents' images, in document order
+        from padless.batching.image_rows import pack_image_column
+
+        placed = pa.concat_tables(image_parts).take(pa.array(by_place)) if image_parts else None
+        for name in image_schema.names:
+            if placed is None or pa.types.is_null(image_schema.field(name).type):
+                table = table.append_column(name, pa.nulls(b - a, image_schema.field(name).type))
+                continue
+            column = placed.column(name).combine_chunks()
+            table = table.append_column(name, pack_image_column(column, name, np.arange(len(column)), r_all, b - a))
     path = out / SHARD_PATTERN.format(o)
     # No dictionary encoding: token ids rarely fit a dictionary page, and trying costs memory.
     atomic_write(path, lambda f: pq.write_table(table, f, row_group_size=ROW_GROUP, use_dictionary=False))
