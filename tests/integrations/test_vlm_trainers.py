@@ -53,3 +53,60 @@ def test_packed_trainer_step_with_images_equals_the_padded_step(tmp_path):
     assert any(n.startswith("model.visual") for n in moved), "the vision tower must train"
     for name, want in padded.items():
         torch.testing.assert_close(packed[name], want, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _records():
+    from datasets import Dataset
+
+    docs = [_qwen_doc(g, i) for i, g in enumerate(QWEN_DOCS)]
+    keys = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+    rows = [{**dict.fromkeys(keys), **{k: v.tolist() if torch.is_tensor(v) else v for k, v in d.items()}} for d in docs]
+    return Dataset.from_list(rows)
+
+
+def test_rows_packed_beforehand_keep_their_images_through_packed_trainer(tmp_path):
+    """pack_dataset's rows (images concatenated in document order) train through PackedTrainer with
+    their images: the step equals Trainer's padded step on the unpacked records."""
+    from transformers import Trainer
+
+    from padless.batching.collate import PaddingCollator
+    from padless.integrations.datasets import pack_dataset
+    from padless.integrations.transformers import PackedTrainer
+
+    records = _records()
+    padded, _ = _step(Trainer, tmp_path / "padded", records, data_collator=PaddingCollator())
+    rows = pack_dataset(records, 32)
+    assert rows.num_rows < records.num_rows and "pixel_values" in rows.column_names
+    packed, trainer = _step(PackedTrainer, tmp_path / "packed", rows, max_length=32, rows_per_batch=rows.num_rows)
+    assert trainer.data_collator.totals["images"] == 4, "every image of the packed rows reached the model"
+    for name, want in padded.items():
+        torch.testing.assert_close(packed[name], want, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_max_image_patches_bounds_every_planned_row(tmp_path):
+    """The trainer's plan takes a second limit: no row holds more vision-encoder patches than
+    max_image_patches (the documents hold 0, 16, 28 and 8 patches); the step is still the padded one."""
+    from transformers import Trainer
+
+    from padless.batching.collate import PaddingCollator
+    from padless.integrations.transformers import PackedTrainer, dataset_image_patches
+
+    records = _records()
+    patches = dataset_image_patches(records)
+    assert patches.tolist() == [0, 16, 28, 8]
+    padded, _ = _step(Trainer, tmp_path / "padded", records, data_collator=PaddingCollator())
+    packed, trainer = _step(
+        PackedTrainer, tmp_path / "packed", records, max_length=64, rows_per_batch=4, max_image_patches=30
+    )
+    assert "at most 30 image patches per row" in trainer.start_line()
+    rows = [row for step in trainer.batch_sampler for row in step if row]
+    assert max(sum(int(patches[i]) for i, _, _ in row) for row in rows) <= 30
+    unbounded = PackedTrainer(model=_qwen2_vl(), args=trainer.args, train_dataset=records, max_length=64)
+    assert max(sum(int(patches[i]) for i, _, _ in row) for step in unbounded.batch_sampler for row in step if row) > 30
+    for name, want in padded.items():
+        torch.testing.assert_close(packed[name], want, rtol=1e-5, atol=1e-6, msg=name)
+    from padless.integrations.datasets import pack_dataset
+
+    with pytest.raises(ValueError, match="rows packed beforehand .* keep theirs"):
+        PackedTrainer(model=_qwen2_vl(), args=trainer.args, train_dataset=pack_dataset(records, 64), max_length=64,
+                      max_image_patches=30)  # fmt: skip

@@ -179,6 +179,11 @@ class DistributedPackedBatchSampler:
     cost_a: Any = None
     """``a`` of the row cost ``a * l + l**2`` (``balance="cost"`` only): a number, or the model's config
     (``12 * hidden_size``), read once and kept as the number."""
+    costs: Sequence[int] | np.ndarray | None = None
+    """A second cost per sequence (its vision-encoder patches: :func:`padless.batching.vision.image_patches`),
+    bounded per row by ``max_cost`` (:func:`padless.plan_packs`); None: tokens only."""
+    max_cost: int | None = None
+    """The most ``costs`` a row may hold (with ``costs``)."""
     _cache: tuple[int, EpochSchedule] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -218,6 +223,8 @@ class DistributedPackedBatchSampler:
                 max_per_row=self.max_per_row,
                 balance=self.balance,
                 cost_a=self.cost_a,
+                costs=self.costs,
+                max_cost=self.max_cost,
             )
             self._cache = (self.epoch, sched)
         return self._cache[1]

@@ -266,9 +266,11 @@ def carried_keys(features: Sequence[Mapping[str, Any]], reads_token_types: bool 
 
 def _image_axis(key: str, tensor: torch.Tensor) -> int:
     """The axis images are stacked on: 1 for per-sample tensors (Idefics3's ``pixel_values``
-    ``[1, images, C, H, W]`` and ``pixel_attention_mask`` ``[1, images, H, W]``), else 0."""
-    per_sample = {"pixel_values": 5, "pixel_attention_mask": 4}
-    return 1 if per_sample.get(key) == tensor.dim() else 0
+    ``[1, images, C, H, W]`` and ``pixel_attention_mask`` ``[1, images, H, W]``), else 0
+    (:func:`padless.batching.image_rows.image_axis`, the one rule)."""
+    from padless.batching.image_rows import image_axis
+
+    return image_axis(key, tensor.dim())
 
 
 def padded_vision(features: Sequence[Mapping[str, Any]], lengths: Sequence[int], width: int) -> dict[str, Any]:

@@ -204,8 +204,12 @@ def _list_columns(table: Any) -> tuple[list[Any], np.ndarray]:
     from padless.batching.image_rows import IMAGE_COLUMNS, PER_TOKEN_COLUMNS
 
     pa = _require("pyarrow")
-    columns, lengths = [], None
-    for name, column in zip(table.column_names, table.columns):
+    columns: dict[str, Any] = {}
+    lengths = None
+    # per-token vision columns last: a null one (a document without images) is filled to the tokens' length
+    named = sorted(zip(table.column_names, table.columns), key=lambda nc: nc[0] in PER_TOKEN_COLUMNS)
+    first = next((n for n, _ in named if n not in IMAGE_COLUMNS), None)
+    for name, column in named:
         if name in IMAGE_COLUMNS:
             continue
         array = _single(column)
@@ -224,11 +228,12 @@ def _list_columns(table: Any) -> tuple[list[Any], np.ndarray]:
         elif not np.array_equal(own, lengths):
             row = int(np.flatnonzero(own != lengths)[0])
             raise ValueError(
-                f"column {name!r} has {int(own[row])} values in row {row} but {table.column_names[0]!r} "
+                f"column {name!r} has {int(own[row])} values in row {row} but {first!r} "
                 f"has {int(lengths[row])}; every column must match the first, row by row"
             )
-        columns.append(array)
-    return columns, (np.zeros(0, dtype=np.int64) if lengths is None else lengths)
+        columns[name] = array
+    ordered = [columns[n] for n in table.column_names if n in columns]
+    return ordered, (np.zeros(0, dtype=np.int64) if lengths is None else lengths)
 
 
 def _zeros_where_null(array: Any, lengths: np.ndarray) -> Any:

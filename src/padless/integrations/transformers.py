@@ -128,6 +128,8 @@ class PrepackedRows:
             }
         if len(key) != 1 or key[0][1] != 0:
             raise ValueError(f"a pre-packed row is read whole, got the pieces {key}")
+        from padless.batching.vision import ALL_VISION_KEYS
+
         row = self.dataset[int(key[0][0])]
         ids = np.asarray(row["input_ids"], dtype=np.int64)
         labels = row.get("labels")
@@ -135,6 +137,8 @@ class PrepackedRows:
             "input_ids": ids,
             "labels": ids if labels is None else np.asarray(labels, dtype=np.int64),
             "seq_lengths": np.asarray(row["seq_lengths"], dtype=np.int64),
+            # a row packed with its images (padless pack, pack_dataset) keeps them, in document order
+            **{k: row[k] for k in ALL_VISION_KEYS if row.get(k) is not None},
         }
 
 
@@ -159,16 +163,28 @@ def packed_batches(
     pad_token_id: int = 0,
     balance: str = "tokens",
     cost_a: float | None = None,
+    max_image_patches: int | None = None,
 ) -> tuple[DistributedPackedBatchSampler, Any]:
     """The batch sampler of this rank's packed rows and the view that turns its keys into rows.
 
     Sequences are planned into rows of ``max_length`` tokens (re-planned every epoch); a dataset packed
     beforehand keeps its rows (one per key, each at most ``max_length`` tokens). ``balance``/``cost_a``:
-    what each step's deal to the ranks evens out (:func:`balance_options`)."""
+    what each step's deal to the ranks evens out (:func:`balance_options`). ``max_image_patches``: a
+    second limit per row, the vision-encoder patches of its documents' images
+    (:func:`dataset_image_patches`), so that one row does not collect every large image."""
     from padless.integrations.datasets import sequence_lengths
 
     lengths = sequence_lengths(dataset)
-    common = dict(num_replicas=world_size, rank=rank, seed=seed, remainder=remainder, balance=balance, cost_a=cost_a)
+    common: dict[str, Any] = dict(num_replicas=world_size, rank=rank, seed=seed, remainder=remainder, balance=balance,
+                                  cost_a=cost_a)  # fmt: skip
+    if max_image_patches is not None:
+        check_int(max_image_patches, "max_image_patches")
+        if is_prepacked(dataset):
+            raise ValueError(
+                "max_image_patches plans rows; rows packed beforehand (seq_lengths) keep theirs: bound them when "
+                "packing (padless.PackedRows(max_image_patches=...)) or pass the sequences unpacked"
+            )
+        common.update(costs=dataset_image_patches(dataset), max_cost=max_image_patches)
     if is_prepacked(dataset):
         if balance == "cost":  # the schedule sees one length per row: it would price a row as one document
             raise ValueError(
@@ -190,6 +206,24 @@ def packed_batches(
     return sampler, view
 
 
+def dataset_image_patches(dataset: Any) -> np.ndarray:
+    """``[n]`` int64: the vision-encoder patches of every sequence's images (0 for text), read from the
+    ``image_grid_thw`` / ``video_grid_thw`` columns where a ``datasets.Dataset`` has them (no pixels read),
+    else per feature (:func:`padless.batching.vision.image_patches`)."""
+    from padless.batching.vision import image_patches
+
+    columns = getattr(dataset, "column_names", None) or []
+    grids = [c for c in ("image_grid_thw", "video_grid_thw") if c in columns]
+    if grids:
+        total = np.zeros(len(dataset), dtype=np.int64)
+        for column in grids:
+            for i, grid in enumerate(dataset[column]):
+                if grid:
+                    total[i] += int(np.asarray(grid, dtype=np.int64).reshape(-1, 3).prod(axis=1).sum())
+        return total
+    return np.fromiter((image_patches(dataset[i]) for i in range(len(dataset))), dtype=np.int64, count=len(dataset))
+
+
 def balance_options(model: Any, balance: object, cost_a: Any) -> dict[str, Any]:
     """``balance`` and ``cost_a`` for :class:`padless.DistributedPackedBatchSampler`, checked
     (:func:`padless.planning.balance.check_balance`): ``"tokens"`` with no ``cost_a``, or ``"cost"`` with
@@ -206,10 +240,14 @@ def balance_options(model: Any, balance: object, cost_a: Any) -> dict[str, Any]:
 
 def balance_said(options: Mapping[str, Any]) -> str:
     """What the start line adds for :func:`balance_options`' ``options``: nothing for ``"tokens"`` (the
-    default), else ``", ranks balanced by cost a*l + l**2 (a=768)"``."""
+    default), else ``", ranks balanced by cost a*l + l**2 (a=768)"``; and ``", at most 1024 image patches
+    per row"`` with ``max_image_patches``."""
+    images = (
+        f", at most {options['max_image_patches']:,} image patches per row" if options.get("max_image_patches") else ""
+    )
     if options.get("balance", "tokens") == "tokens":
-        return ""
-    return f", ranks balanced by cost a*l + l**2 (a={options['cost_a']:g})"
+        return images
+    return f", ranks balanced by cost a*l + l**2 (a={options['cost_a']:g}){images}"
 
 
 def exact_collator(
@@ -479,6 +517,7 @@ PACKED_TRAINER_WORDS: dict[str, str] = {
     "strategy": "PackedTrainer.strategy", "overlong": "PackedTrainer.overlong",
     "overlong policy": "PackedTrainer.overlong", "remainder": "PackedTrainer.remainder",
     "pad_token_id": "PackedTrainer.pad_token_id", "balance": "PackedTrainer.balance", "cost_a": "PackedTrainer.cost_a",
+    "max_image_patches": "PackedTrainer.max_image_patches",
     "backend": "attn_implementation='{backend}' when loading the model",
 }  # fmt: skip
 """Library argument -> ``PackedTrainer`` argument, for :func:`in_trainer_words`."""
@@ -517,7 +556,9 @@ class PackedTrainer(Trainer):
     (:func:`padless.plan_packs`), ``remainder`` (:data:`padless.planning.schedule.REMAINDERS`) and
     ``pad_token_id`` (default: :func:`pad_token_id_for`), ``balance`` (``"tokens"``, default, or ``"cost"``:
     each step's rows dealt so that the ranks' costs ``sum(a * l + l**2)`` are even, docs/balance.md) and
-    ``cost_a`` (``"cost"`` only; default ``12 * hidden_size`` of the model's config). ``data_collator`` may be a
+    ``cost_a`` (``"cost"`` only; default ``12 * hidden_size`` of the model's config), ``max_image_patches``
+    (a vision-language dataset: the most vision-encoder patches a row's images may hold, a second limit of
+    the plan). ``data_collator`` may be a
     :class:`padless.PackingCollator` (default: one for the model's backend); evaluation batches go
     through it too. The plan's seed is ``args.data_seed`` or ``args.seed``.
 
@@ -545,6 +586,7 @@ class PackedTrainer(Trainer):
         pad_token_id: int | None = None,
         balance: str = "tokens",
         cost_a: float | None = None,
+        max_image_patches: int | None = None,
         **trainer_kwargs: Any,
     ) -> None:
         with trainer_words(PACKED_TRAINER_WORDS):
@@ -577,7 +619,13 @@ class PackedTrainer(Trainer):
             )
             self.max_length = max_length
             self.rows_per_batch = rows_per_batch or self.args.per_device_train_batch_size
-            self.plan_options = dict(strategy=strategy, overlong=overlong, remainder=remainder, **balanced)
+            self.plan_options = dict(
+                strategy=strategy,
+                overlong=overlong,
+                remainder=remainder,
+                max_image_patches=max_image_patches,
+                **balanced,
+            )
             self.pad_token_id = pad_token_id_for(model, processing_class) if pad_token_id is None else pad_token_id
             if data_collator is not None:  # the user's collator may not know the model: its batches must fit it
                 from padless.batching.rowformat import check_collator

@@ -83,6 +83,7 @@ SFT_WORDS: dict[str, str] = {
     "strategy": "SFTConfig.packing_strategy", "overlong": "SFTTrainer.overlong",
     "overlong policy": "SFTTrainer.overlong", "rows_per_batch": "SFTConfig.per_device_train_batch_size",
     "truncation_mode": "SFTConfig.truncation_mode", "balance": "SFTTrainer.balance", "cost_a": "SFTTrainer.cost_a",
+    "max_image_patches": "SFTTrainer.max_image_patches",
     "backend": "attn_implementation='{backend}' when loading the model, or in SFTConfig.model_init_kwargs",
 }  # fmt: skip
 """Library argument -> where ``SFTTrainer`` takes it (``SFTConfig`` field or trainer argument), for
@@ -223,7 +224,8 @@ class PackedSFTTrainer(trl.SFTTrainer):
     plus, keyword-only: ``overlong`` (what a sequence longer than ``max_length`` does when packing),
     ``balance`` (``"tokens"``, default, or ``"cost"``: with ``packing=True``, each step's rows dealt so
     that the ranks' costs ``sum(a * l + l**2)`` are even, docs/balance.md) and ``cost_a`` (``"cost"``
-    only; default ``12 * hidden_size`` of the model's config)."""
+    only; default ``12 * hidden_size`` of the model's config) and ``max_image_patches`` (with
+    ``packing=True`` and images: the most vision-encoder patches a row's images may hold)."""
 
     def __init__(
         self,
@@ -237,6 +239,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
         overlong: str | None = None,
         balance: str = "tokens",
         cost_a: float | None = None,
+        max_image_patches: int | None = None,
         **trl_kwargs: Any,
     ) -> None:
         with trainer_words(SFT_WORDS):
@@ -264,10 +267,16 @@ class PackedSFTTrainer(trl.SFTTrainer):
                     )
                 self._padless_mode: str | None = "packed"
                 self._padless_plan = {"strategy": planner, "overlong": policy}
+                self._padless_images = {"max_image_patches": max_image_patches}
             else:
                 padding_free = args is not None and getattr(args, "padding_free", False)
                 self._padless_mode = "padding_free" if padding_free else None
                 self._padless_plan = {}
+                self._padless_images = {}
+                if max_image_patches is not None:
+                    raise ValueError(
+                        "max_image_patches bounds the images of a packed row; it needs SFTConfig(packing=True)"
+                    )
                 if balance != "tokens":
                     raise ValueError(
                         f"balance={balance!r} deals packed rows to the ranks; it needs SFTConfig("
@@ -386,6 +395,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
                 pad_token_id=self._tokenizer.pad_token_id,
                 **self._padless_plan,
                 **self._padless_balance,
+                **self._padless_images,
             )
             self._rows = (self.train_dataset, sampler, view)
         return self._rows[1], self._rows[2]
@@ -410,7 +420,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
             with trainer_words(SFT_WORDS):
                 sampler, _ = self._packed_rows()
             per_row = planned_documents_per_row(self.train_dataset, sampler)
-            rows = f"{self.args.max_length}-token rows{balance_said(self._padless_balance)}"
+            rows = f"{self.args.max_length}-token rows{balance_said({**self._padless_balance, **self._padless_images})}"
             return start_line(
                 self.model, self.data_collator, rows=rows, documents=f"{per_row:.1f} documents per row (planned rows)"
             )

@@ -201,6 +201,8 @@ def schedule_epoch(
     max_per_row: int | None = None,
     balance: Balance = "tokens",
     cost_a: Any = None,
+    costs: Sequence[int] | np.ndarray | None = None,
+    max_cost: int | None = None,
 ) -> EpochSchedule:
     """Plan one epoch of packed rows and deal them to ``world_size`` ranks, ``rows_per_batch`` rows per
     rank and step. A pure function of its arguments: every rank computes the same schedule.
@@ -209,9 +211,12 @@ def schedule_epoch(
     partners each epoch), and the rows and steps after; the random stream is seeded with
     ``(seed, epoch)``, so epochs never share a stream with another seed. ``balance`` evens out row
     tokens (``"tokens"``) or row costs (``"cost"``, with ``cost_a``: a number or the model's config);
-    see the module docstring.
+    see the module docstring. ``costs``/``max_cost``: a second limit per row (one cost per sequence,
+    e.g. its image patches; :func:`padless.plan_packs`), so that one row does not collect every large image.
     """
     lengths = validate_lengths(lengths)
+    if costs is not None and len(costs) != lengths.size:
+        raise ValueError(f"costs has {len(costs)} entries for {lengths.size} sequences; give one per sequence")
     world_size = check_int(world_size, "world_size", 1)
     rows_per_batch = check_int(rows_per_batch, "rows_per_batch", 1)
     epoch = check_int(epoch, "epoch", 0)
@@ -232,6 +237,8 @@ def schedule_epoch(
         overlong=overlong,  # type: ignore[arg-type]
         max_per_row=max_per_row,
         seed=plan_seed,
+        costs=None if costs is None else np.asarray(costs)[perm],
+        max_cost=max_cost,
     )
     plan = _renumber(plan, perm)
     num_rows = plan.num_rows
