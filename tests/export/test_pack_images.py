@@ -10,6 +10,8 @@ import base64
 import io
 import json
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +27,9 @@ from padless.data.inputs import open_input
 from padless.data.load import load_corpus
 from padless.data.shards import cached_processor
 from padless.export.parquet import pack_to_parquet
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from integrations_support import offline_qwen2_vl  # noqa: E402
 
 
 def _png(image) -> bytes:
@@ -63,22 +68,7 @@ def chats(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model():
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    tok = cached_processor("offline").tokenizer
-    ids = dict(zip(("start", "end", "image", "video"), tok.convert_tokens_to_ids(
-        ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])))  # fmt: skip
-    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
-                eos_token_id=tok.eos_token_id, rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0})  # fmt: skip
-    vision = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2,
-                  temporal_patch_size=2, in_chans=3)  # fmt: skip
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["image"],
-                           vision_start_token_id=ids["start"], vision_end_token_id=ids["end"],
-                           video_token_id=ids["video"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return Qwen2VLForConditionalGeneration(config).eval()
+    return offline_qwen2_vl(cached_processor("offline"), bos=True).eval()
 
 
 def _alone(model, feature):
@@ -188,3 +178,17 @@ def test_a_bad_image_and_images_without_a_processor_name_the_line(tmp_path):
         ValueError, match=r"line 2: message 0: content parts of type \['image', 'text'\].*processor=NAME"
     ):
         pack_to_parquet(open_input(str(path)), tmp_path / "out", 64, progress=False)
+
+
+def test_the_docs_snippet_runs(chats, tmp_path, monkeypatch):
+    """docs/vlm.md's snippet of packing ahead of training, on a chats.jsonl with images."""
+    import shutil
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "vlm.md").read_text()
+    code = next(b.split("```", 1)[0] for b in doc.split("```python\n")[1:] if 'load_corpus("chats.jsonl"' in b)
+    for f in chats.parent.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/vlm.md", "exec"), scope)
+    assert scope["rows"].plan.num_rows >= 1 and "6 examples with 10 images" in str(scope["corpus"].report)

@@ -5,29 +5,19 @@ The equality of packed and padded steps with images: tests/integrations/test_vlm
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 pytest.importorskip("trl")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from integrations_support import offline_qwen2_vl  # noqa: E402
 
 
 def _model(processor):
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    tok = processor.tokenizer
-    ids = dict(zip(("start", "end", "image", "video"), tok.convert_tokens_to_ids(
-        ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])))  # fmt: skip
-    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=1024,
-                rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0})  # fmt: skip
-    vision = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2,
-                  temporal_patch_size=2, in_chans=3)  # fmt: skip
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["image"],
-                           vision_start_token_id=ids["start"], vision_end_token_id=ids["end"],
-                           video_token_id=ids["video"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return Qwen2VLForConditionalGeneration(config)
+    return offline_qwen2_vl(processor)
 
 
 def test_sft_trainer_packs_chat_records_with_images(tmp_path, caplog):

@@ -1,7 +1,8 @@
 """The multimodal sweep: packed rows of image-text documents (0, 1 and 2 images of different sizes)
 against each document run alone, logits at every position and gradients of every parameter (vision
 tower and projector included), fp32, 1e-5, on sdpa / eager / padless, for the families of
-:data:`quick_vlms.QUICK`; every other image-text-to-text model type of transformers is refused for
+:data:`quick_vlms.QUICK` (always) and :data:`wide_vlms.WIDE` (with ``PADLESS_SWEEP=1``: the families
+the rule accepts from it, and those it refuses because they are not exact); every other image-text-to-text model type of transformers is refused for
 images by the rule, with the reason (its text-only rows are judged by the text rule). 0 contaminated.
 
 With ``PADLESS_SWEEP=1`` the table in docs/exactness-multimodal.md is rewritten from the run::
@@ -22,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quick_vlms  # noqa: E402
+import wide_vlms  # noqa: E402
 
 from padless.attention import multimodal  # noqa: E402
 from padless.attention.accept import check_batch  # noqa: E402
@@ -31,13 +33,17 @@ from padless.batching.collate import PackingCollator  # noqa: E402
 DOC = Path(__file__).resolve().parents[2] / "docs" / "exactness-multimodal.md"
 BACKENDS = ("sdpa", "eager", "padless")
 ATOL = 1e-5
+SWEEP = os.environ.get("PADLESS_SWEEP") == "1"
+BUILDERS = {**quick_vlms.QUICK, **wide_vlms.WIDE}
+SWEPT = [*quick_vlms.QUICK, *(wide_vlms.WIDE if SWEEP else ())]
+"""The families this run sweeps: the quick ones always, the wide ones with ``PADLESS_SWEEP=1``."""
 
 
 @dataclass
 class Outcome:
     model_type: str
     backend: str
-    status: str  # exact | refused | contaminated
+    status: str  # exact | refused | contaminated | unsupported (no such backend for it) | fails (tried only)
     detail: str = ""
     logits: float = 0.0
     grads: float = 0.0
@@ -57,8 +63,30 @@ def _grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+UNSUPPORTED = "does not support an attention implementation"
+"""What transformers says of a backend a model class does not implement (GOT-OCR2 has no sdpa)."""
+
+
+def _built(model_type: str, backend: str):
+    """The family's tiny model on ``backend``; for padless, built on sdpa (eager where transformers
+    has no sdpa for the family), then swapped."""
+    if backend != "padless":
+        return BUILDERS[model_type](backend)
+    try:
+        return BUILDERS[model_type]("sdpa")
+    except ValueError as err:
+        if UNSUPPORTED not in str(err):
+            raise
+        return BUILDERS[model_type]("eager")
+
+
 def run(model_type: str, backend: str) -> Outcome:
-    model, docs = quick_vlms.QUICK[model_type]("sdpa" if backend == "padless" else backend)
+    try:
+        model, docs = _built(model_type, backend)
+    except ValueError as err:
+        if UNSUPPORTED not in str(err):
+            raise
+        return Outcome(model_type, backend, "unsupported", str(err).split(".")[0])
     model.zero_grad()
     alone = []
     for d in docs:
@@ -100,13 +128,33 @@ def run(model_type: str, backend: str) -> Outcome:
 
 @pytest.fixture(scope="module")
 def outcomes():
-    return [run(t, b) for t in quick_vlms.QUICK for b in BACKENDS]
+    return [run(t, b) for t in SWEPT for b in BACKENDS]
+
+
+def tried(model_type: str, backend: str) -> Outcome:
+    """A wide family the rule refuses, run as if FAMILIES held the scheme it was tried with
+    (:data:`wide_vlms.TRIED`): what keeps it out."""
+    multimodal.FAMILIES[model_type] = wide_vlms.TRIED[model_type][0]
+    try:
+        return run(model_type, backend)
+    except (ValueError, RuntimeError) as err:  # the packed forward itself fails
+        return Outcome(model_type, backend, "fails", f"{type(err).__name__}: {str(err).split(';')[0]}")
+    finally:
+        del multimodal.FAMILIES[model_type]
 
 
 def test_no_family_is_contaminated_and_every_one_is_exact_somewhere(outcomes):
+    """Every family the rule accepts is exact wherever it is not refused; a wide family it does not
+    accept is refused on every backend (or the backend does not exist for it)."""
     bad = [o for o in outcomes if o.status == "contaminated"]
     assert bad == [], bad
-    for t in quick_vlms.QUICK:
+    for t in SWEPT:
+        if t not in multimodal.FAMILIES:
+            assert t in wide_vlms.TRIED, f"{t}: a wide family the rule refuses says why in wide_vlms.TRIED"
+            for o in outcomes:
+                if o.model_type == t:
+                    assert o.status in ("refused", "unsupported"), o
+            continue
         assert any(o.status == "exact" for o in outcomes if o.model_type == t), [
             o for o in outcomes if o.model_type == t
         ]
@@ -126,6 +174,22 @@ def test_the_sweep_knows_what_is_exact_and_what_is_refused(outcomes):
     assert gemma.status == "refused" and "only a 4D mask carries" in gemma.detail
     hybrid = status[("qwen3_5", "padless")]  # its modeling code hands its attention layers no boundaries
     assert hybrid.status == "refused" and "does not pass position_ids" in hybrid.detail
+
+
+@pytest.mark.skipif(not SWEEP, reason="the wide families: PADLESS_SWEEP=1")
+def test_the_wide_sweep_knows_what_is_exact_and_what_is_refused(outcomes):
+    """The wide families the rule accepts are exact on sdpa, eager and padless, except Idefics2 on
+    padless, refused naming its perceiver's cross-attention."""
+    status = {(o.model_type, o.backend): o for o in outcomes}
+    for t in wide_vlms.WIDE:
+        if t in multimodal.FAMILIES:
+            for backend in BACKENDS:
+                o = status[(t, backend)]
+                if (t, backend) == ("idefics2", "padless"):
+                    assert o.status == "refused" and "perceiver resampler cross-attends" in o.detail, o
+                else:
+                    assert o.status == "exact", o
+    assert set(wide_vlms.WIDE) == set(wide_vlms.TRIED) | (set(wide_vlms.WIDE) & set(multimodal.FAMILIES))
 
 
 def _config_of(model_type: str):
@@ -161,19 +225,26 @@ def test_every_image_text_model_type_is_exact_or_refused_with_a_reason():
     assert len(rows) >= 100
     packed = {t for t, v in rows if v == "packed with images"}
     assert packed == set(multimodal.FAMILIES) & {t for t, _ in rows}
-    assert packed <= set(quick_vlms.QUICK), "a family the rule accepts must be in the sweep"
+    assert packed <= set(BUILDERS), "a family the rule accepts must be in the sweep"
 
 
-@pytest.mark.skipif(os.environ.get("PADLESS_SWEEP") != "1", reason="writes the docs table; PADLESS_SWEEP=1")
+@pytest.mark.skipif(not SWEEP, reason="writes the docs table; PADLESS_SWEEP=1")
 def test_write_the_table(outcomes):
     by = {(o.model_type, o.backend): o for o in outcomes}
+    cell = lambda o: f"{o.status} ({max(o.logits, o.grads):.1e})" if o.status in ("exact", "contaminated") else o.status  # noqa: E731
     lines = ["| model type | sdpa | eager | padless | documents |", "|---|---|---|---|---|"]
-    for t in quick_vlms.QUICK:
+    for t in SWEPT:
         cells = []
         for b in BACKENDS:
             o = by[(t, b)]
-            cells.append(f"exact ({max(o.logits, o.grads):.1e})" if o.status == "exact" else o.status)
-        lines.append(f"| {t} | {' | '.join(cells)} | {by[(t, 'sdpa')].detail} |")
+            if t in wide_vlms.TRIED:  # refused; what it would be if the rule accepted it
+                cells.append(f"{o.status}; if accepted: {cell(tried(t, b))}")
+            else:
+                cells.append(cell(o))
+        detail = next((o.detail for b in BACKENDS if (o := by[(t, b)]).status == "exact"), "")
+        if t in wide_vlms.TRIED:
+            detail = f"not accepted: {wide_vlms.TRIED[t][1]}"
+        lines.append(f"| {t} | {' | '.join(cells)} | {detail} |")
     lines += ["", "| model type | images |", "|---|---|"] + [f"| {t} | {v} |" for t, v in verdicts()]
     text = DOC.read_text()
     begin, end = "<!-- sweep:begin -->", "<!-- sweep:end -->"

@@ -73,6 +73,8 @@ class VisionScheme:
     ``[1, images, ...]`` (Idefics3, SmolVLM), concatenated along the image axis."""
     token_keys: tuple[str, ...] = ()
     """Per-token keys the forward needs (:data:`PER_TOKEN_KEYS`)."""
+    needs_mask4d: str | None = None
+    """Why this family's images run only on a backend that takes a 4D mask (``None``: any exact backend)."""
     image_token_id: int | None = None
     """The image placeholder token."""
     tokens_per_image: int | None = None
@@ -101,6 +103,7 @@ class VisionScheme:
 
 
 _QWEN = dict(positions="rope3d", image_keys=("pixel_values", "image_grid_thw"), token_keys=("mm_token_type_ids",))
+_ANYRES = dict(positions="text", image_keys=("pixel_values", "image_sizes"))
 FAMILIES: dict[str, dict[str, Any]] = {
     "qwen2_vl": _QWEN,
     "qwen2_5_vl": _QWEN,
@@ -110,6 +113,19 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "llava": dict(positions="text"),
     "smolvlm": dict(positions="text", image_keys=("pixel_values", "pixel_attention_mask"), image_dim=1),
     "idefics3": dict(positions="text", image_keys=("pixel_values", "pixel_attention_mask"), image_dim=1),
+    "idefics2": dict(
+        positions="text",
+        image_keys=("pixel_values", "pixel_attention_mask"),
+        image_dim=1,
+        needs_mask4d="its perceiver resampler cross-attends its latents to the image features through the model's "
+        "attention implementation, which padless varlen attention (self-attention over packed documents) does not run",
+    ),
+    "llava_next": _ANYRES,
+    "llava_next_video": _ANYRES,  # images as LLaVA-NeXT; its videos are not swept
+    "mistral3": _ANYRES,  # image_sizes: each image's own size inside its padded pixel_values
+    "internvl": dict(positions="text"),
+    "aya_vision": dict(positions="text"),  # Cohere2's sliding layers: windows read from its language model
+    "glm4v": _QWEN,
 }
 """Model type -> the scheme's fields: the families whose packed image-text rows the multimodal sweep
 proves equal to each document alone (logits and gradients)."""
@@ -210,6 +226,8 @@ def image_refusal(scheme: VisionScheme | None, reason: str | None, inputs: str, 
             f"{scheme.family}'s image tokens attend to each other both ways, which only a 4D mask carries; "
             "train images on attn_implementation='sdpa' or 'eager'"
         )
+    if scheme.needs_mask4d is not None and inputs != "mask4d":
+        return f"{scheme.family}: {scheme.needs_mask4d}; train images on attn_implementation='sdpa' or 'eager'"
     return None
 
 

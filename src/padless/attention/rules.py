@@ -217,6 +217,26 @@ def _module_source(model_class: type) -> str:
         return ""
 
 
+def _text_model_class(model_or_config: Any, text_config: Any) -> type | None:
+    """The class of the language model inside a vision-language wrapper (``model.language_model``,
+    e.g. ``MistralModel`` inside ``Mistral3ForConditionalGeneration``), whose module builds the
+    attention masks (sliding windows included); for a config, the class transformers maps its text
+    config to. ``None``: not a wrapper, or unknown."""
+    if hasattr(model_or_config, "forward"):
+        base = base_model_of(model_or_config)
+        inner = getattr(base, "model", base)
+        lm = getattr(inner, "language_model", None) or getattr(base, "language_model", None)
+        return _unsharded_class(type(lm)) if lm is not None and hasattr(lm, "forward") else None
+    if text_config is config_of(model_or_config):
+        return None
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        return MODEL_MAPPING[type(text_config)]
+    except (KeyError, ValueError):
+        return None
+
+
 def attention_rules(model_or_config: Any) -> AttentionRules:
     """Read :class:`AttentionRules` from a transformers model or config (see the module docstring)."""
     config = _text_config(config_of(model_or_config))
@@ -233,6 +253,9 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
     else:
         windows, others = {SLIDING if window is not None else FULL: window}, ()
     marks = _source_marks(model_class) if model_class is not None else _SourceMarks()
+    text_class = _text_model_class(model_or_config, config)
+    if text_class is not None and model_class is not None and text_class.__module__ != model_class.__module__:
+        marks = _source_marks(text_class)  # a vision-language wrapper: its language model builds the masks
     if marks.known and not marks.sliding_mask:
         windows = {t: None for t in windows}  # the model's own mask has no window (see SLIDING_MASK_MARKS)
     mpt_alibi = bool(getattr(get("attn_config"), "alibi", False)) if get("model_type") == "mpt" else False

@@ -21,7 +21,7 @@ The rule every path that packs rows ahead of the collator shares (``pack_dataset
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,8 +37,12 @@ PER_SAMPLE_RANKS: dict[str, int] = {"pixel_values": 5, "pixel_attention_mask": 4
 processors of Idefics3 and SmolVLM); any other rank is image-major, stacked along the first."""
 
 
-def image_axis(key: str, ndim: int) -> int:
-    """The axis ``key``'s images are stacked on: 1 for a per-sample tensor, else 0."""
+def image_axis(key: str, ndim: int, keys: Iterable[str] = ()) -> int:
+    """The axis ``key``'s images are stacked on: 1 for a per-sample tensor, else 0. ``keys``: the
+    other vision keys beside it; with ``image_sizes`` (LLaVA-NeXT's any-resolution tiles,
+    ``pixel_values [images, tiles, C, H, W]``) a 5-D tensor is image-major, not per-sample."""
+    if key == "pixel_values" and "image_sizes" in keys:
+        return 0
     return 1 if PER_SAMPLE_RANKS.get(key) == ndim else 0
 
 
@@ -69,7 +73,7 @@ def require_whole(
         )
 
 
-def concat_images(parts: Sequence[Any], key: str) -> np.ndarray:
+def concat_images(parts: Sequence[Any], key: str, keys: Iterable[str] = ()) -> np.ndarray:
     """The images of a row's documents (numpy, lists or tensors) as one array, stacked along the image
     axis; per-sample tensors of different image sizes are zero-padded to the largest, as their
     processor pads a batch."""
@@ -79,7 +83,7 @@ def concat_images(parts: Sequence[Any], key: str) -> np.ndarray:
         raise ValueError(
             f"{key!r} has {sorted(ranks)} dimensions across a row's documents; one processor makes them all"
         )
-    axis = image_axis(key, arrays[0].ndim)
+    axis = image_axis(key, arrays[0].ndim, keys)
     if axis == 1:
         size = [max(a.shape[d] for a in arrays) for d in range(arrays[0].ndim)]
         arrays = [np.pad(a, [(0, 0), (0, 0), *((0, size[d] - a.shape[d]) for d in range(2, a.ndim))]) for a in arrays]
@@ -124,7 +128,9 @@ def _grouped(array: Any, starts: np.ndarray, counts: np.ndarray, rows: np.ndarra
     )
 
 
-def pack_image_column(array: Any, key: str, docs: np.ndarray, rows: np.ndarray, num_rows: int) -> Any:
+def pack_image_column(
+    array: Any, key: str, docs: np.ndarray, rows: np.ndarray, num_rows: int, keys: Iterable[str] = ()
+) -> Any:
     """An Arrow image column (one value per document, null or empty for one without images) packed into
     ``num_rows`` rows: ``docs`` the placed documents in row order, ``rows`` the row of each (sorted).
     Each row holds its documents' images concatenated along the image axis (null: none)."""
@@ -139,7 +145,7 @@ def pack_image_column(array: Any, key: str, docs: np.ndarray, rows: np.ndarray, 
     counts = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     keep = counts[docs] > 0
     docs, rows = docs[keep], rows[keep]
-    if image_axis(key, arrow_rank(array.type)) == 0:
+    if image_axis(key, arrow_rank(array.type), keys) == 0:
         return _grouped(array, _offsets(array)[docs], counts[docs], rows, num_rows)
     if np.any(counts[docs] != 1):
         raise ValueError(

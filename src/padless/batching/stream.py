@@ -111,7 +111,7 @@ def _row_images(row: tuple[Piece, ...], store: dict[int, list[Any]], dtype: Any)
             ]
             out[key] = np.concatenate(parts).astype(dtype)
         else:
-            out[key] = concat_images([store[p][3][key] for p, _, _ in held if key in store[p][3]], key)
+            out[key] = concat_images([store[p][3][key] for p, _, _ in held if key in store[p][3]], key, keys)
     return out
 
 

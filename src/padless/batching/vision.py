@@ -221,10 +221,13 @@ def packed_vision(
         out[key] = torch.from_numpy(values)
     keys = list(dict.fromkeys(k for f in order for k in docs[f].tensors))
     for key in keys:
-        missing = [f for f in order if key not in docs[f].tensors]
+        # a document holds images, videos or both: each kind's keys come from the documents that hold it
+        group = VIDEO_KEYS if key in VIDEO_KEYS else tuple(k for k in keys if k not in VIDEO_KEYS)
+        holders = [f for f in order if any(k in docs[f].tensors for k in group)]
+        missing = [f for f in holders if key not in docs[f].tensors]
         if missing:
             raise ValueError(f"feature {missing[0]} carries no {key!r} while others of the batch do")
-        out[key] = _concat([docs[f].tensors[key] for f in order], key, scheme.image_dim, order)
+        out[key] = _concat([docs[f].tensors[key] for f in holders], key, scheme.image_dim, holders)
     if scheme.positions != "rope3d":
         return out, None
     text = np.stack([position_ids_from_lengths(d) for d in row_docs])
@@ -264,13 +267,13 @@ def carried_keys(features: Sequence[Mapping[str, Any]], reads_token_types: bool 
     return tuple(k for k in ALL_VISION_KEYS if keep or k != "token_type_ids")
 
 
-def _image_axis(key: str, tensor: torch.Tensor) -> int:
+def _image_axis(key: str, tensor: torch.Tensor, keys: Any = ()) -> int:
     """The axis images are stacked on: 1 for per-sample tensors (Idefics3's ``pixel_values``
     ``[1, images, C, H, W]`` and ``pixel_attention_mask`` ``[1, images, H, W]``), else 0
     (:func:`padless.batching.image_rows.image_axis`, the one rule)."""
     from padless.batching.image_rows import image_axis
 
-    return image_axis(key, tensor.dim())
+    return image_axis(key, tensor.dim(), keys)
 
 
 def padded_vision(features: Sequence[Mapping[str, Any]], lengths: Sequence[int], width: int) -> dict[str, Any]:
@@ -292,7 +295,7 @@ def padded_vision(features: Sequence[Mapping[str, Any]], lengths: Sequence[int],
             out[key] = torch.from_numpy(values)
             continue
         parts = [_tensor(features[i][key], key, f"feature {i}") for i in where]
-        out[key] = _concat(parts, key, _image_axis(key, parts[0]), where)
+        out[key] = _concat(parts, key, _image_axis(key, parts[0], keys), where)
     return out
 
 
@@ -329,5 +332,5 @@ def row_vision(pieces: Sequence[Sequence[int]], features: Mapping[int, Mapping[s
                     "(overlong='drop')"
                 )
             parts.append(_float32(_tensor(f[key], key, f"sequence {i}")))
-        out[key] = _concat(parts, key, _image_axis(key, parts[0]), [int(i) for i, _, _ in pieces])
+        out[key] = _concat(parts, key, _image_axis(key, parts[0], keys), [int(i) for i, _, _ in pieces])
     return out

@@ -379,4 +379,4 @@ def _image_count(vision: dict[str, Any]) -> int:
     if grid is not None:
         return len(grid)
     pixels = np.asarray(vision["pixel_values"])
-    return int(pixels.shape[image_axis("pixel_values", pixels.ndim)])
+    return int(pixels.shape[image_axis("pixel_values", pixels.ndim, vision)])

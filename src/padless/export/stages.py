@@ -333,7 +333,9 @@ def write_shard(work: Path, out: Path, plan: SlotPlan, rows_per_shard: int, num_
                 table = table.append_column(name, pa.nulls(b - a, image_schema.field(name).type))
                 continue
             column = placed.column(name).combine_chunks()
-            table = table.append_column(name, pack_image_column(column, name, np.arange(len(column)), r_all, b - a))
+            table = table.append_column(
+                name, pack_image_column(column, name, np.arange(len(column)), r_all, b - a, image_schema.names)
+            )
     path = out / SHARD_PATTERN.format(o)
     # No dictionary encoding: token ids rarely fit a dictionary page, and trying costs memory.
     atomic_write(path, lambda f: pq.write_table(table, f, row_group_size=ROW_GROUP, use_dictionary=False))

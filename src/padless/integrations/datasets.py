@@ -283,7 +283,7 @@ def _pack_images(images: dict[str, Any], plan: PackPlan, lengths: np.ndarray, na
     held = _with_images(images, lengths.size)
     require_whole(plan.index, plan.start, plan.length, lengths, held, name)
     rows = np.repeat(np.arange(plan.num_rows), np.diff(plan.row_offsets))
-    packed = [pack_image_column(a, key, plan.index, rows, plan.num_rows) for key, a in images.items()]
+    packed = [pack_image_column(a, key, plan.index, rows, plan.num_rows, images) for key, a in images.items()]
     return packed, int(held[plan.dropped].sum())
 
 
@@ -753,6 +753,6 @@ def _stream_row(row: tuple[tuple[int, int, int], ...], store: dict[int, list[Any
             del store[pos]
     for name in names:
         if name in IMAGE_COLUMNS:
-            out[name] = concat_images(out[name], name) if out[name] else None
+            out[name] = concat_images(out[name], name, names) if out[name] else None
     out["seq_lengths"] = [n for _, _, n in row]
     return out
