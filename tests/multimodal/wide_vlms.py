@@ -1,5 +1,5 @@
-"""Tiny vision-language models for the wide multimodal sweep (``PADLESS_SWEEP=1`` only; CI runs
-:data:`quick_vlms.QUICK`), built like :mod:`quick_vlms`: ``builder(attn) -> (model, documents)``, the
+"""Tiny vision-language models for the wide multimodal sweep (CI runs the ones the rule accepts,
+``PADLESS_SWEEP=1`` the refused ones too), built like :mod:`quick_vlms`: ``builder(attn) -> (model, documents)``, the
 model fp32, random, seeded; the documents hold 0, 1 and 2 images, each with as many placeholder
 tokens as the model's own ``get_image_features`` returns features for it (so images of different
 sizes take their own counts where the family allows varied sizes).
