@@ -130,7 +130,8 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
             raise ValueError(
                 f"{source.where(int(toks.rows[doc]))} holds images and {int(lengths[doc])} tokens, above "
                 f"max_length={max_length}: a document with images is placed whole (overlong={overlong!r} would "
-                "cut its images); raise max_length, use overlong='drop' (counted), or shorten its text"
+                f"cut its images); give max_length={int(lengths[doc])} or more, use overlong='drop' (counted), "
+                "or shorten its text"
             )
         if overlong == "error":
             raise overlong_error(
