@@ -16,7 +16,7 @@ both the batching that builds rows and the attention that judges them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -52,6 +52,22 @@ VISION_KEYS: tuple[str, ...] = (
 """Processor outputs of vision-language models: :class:`padless.PackingCollator` and
 :class:`padless.PaddingCollator` carry them with their documents (:mod:`padless.batching.vision`); the
 preference and rollout collators refuse them."""
+PER_TOKEN_COLUMNS: tuple[str, ...] = ("mm_token_type_ids", "token_type_ids")
+"""Vision columns with one value per token: packed like ``input_ids``."""
+IMAGE_COLUMNS: tuple[str, ...] = tuple(k for k in (*VISION_KEYS, "second_per_grid_ts") if k not in PER_TOKEN_COLUMNS)
+"""Vision columns with values per image (or patch): concatenated per row along the image axis."""
+PER_SAMPLE_RANKS: dict[str, int] = {"pixel_values": 5, "pixel_attention_mask": 4}
+"""Key -> the rank of a per-sample tensor ``[1, images, ...]``, stacked along its second axis (the
+processors of Idefics3 and SmolVLM); any other rank is image-major, stacked along the first."""
+
+
+def image_axis(key: str, ndim: int, keys: Iterable[str] = ()) -> int:
+    """The axis ``key``'s images are stacked on: 1 for a per-sample tensor, else 0. ``keys``: the
+    other vision keys beside it; with ``image_sizes`` (LLaVA-NeXT's any-resolution tiles,
+    ``pixel_values [images, tiles, C, H, W]``) a 5-D tensor is image-major, not per-sample."""
+    if key == "pixel_values" and "image_sizes" in keys:
+        return 0
+    return 1 if PER_SAMPLE_RANKS.get(key) == ndim else 0
 
 
 def _as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -10,10 +10,10 @@ The rule every path that packs rows ahead of the collator shares (``pack_dataset
     image_grid_thw [[t,h,w]]     None           [[..], [..]] ->  [[a's], [c's], [c's]]
     mm_token_type_ids  (per token: placed like input_ids; 0 for a document without images)
 
-- image columns (:data:`IMAGE_COLUMNS`) are concatenated along the image axis: the first one, or the
-  second for per-sample tensors ``[1, images, ...]`` (:data:`PER_SAMPLE_RANKS`: Idefics3 and SmolVLM);
+- image columns (:data:`padless.layout.IMAGE_COLUMNS`) are concatenated along the image axis: the first one, or the
+  second for per-sample tensors ``[1, images, ...]`` (:data:`padless.layout.PER_SAMPLE_RANKS`: Idefics3 and SmolVLM);
   a row without images holds ``None``;
-- per-token columns (:data:`PER_TOKEN_COLUMNS`) are token columns: one value per token, packed like
+- per-token columns (:data:`padless.layout.PER_TOKEN_COLUMNS`) are token columns: one value per token, packed like
   ``input_ids``;
 - a document with images is placed whole: a plan that truncates or splits one is refused naming it
   (:func:`require_whole`), and one the overlong policy drops takes its images with it (counted).
@@ -26,24 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from padless.layout import VISION_KEYS
+from padless.layout import IMAGE_COLUMNS, PER_SAMPLE_RANKS, PER_TOKEN_COLUMNS, image_axis
 
-PER_TOKEN_COLUMNS: tuple[str, ...] = ("mm_token_type_ids", "token_type_ids")
-"""Vision columns with one value per token: packed like ``input_ids``."""
-IMAGE_COLUMNS: tuple[str, ...] = tuple(k for k in (*VISION_KEYS, "second_per_grid_ts") if k not in PER_TOKEN_COLUMNS)
-"""Vision columns with values per image (or patch): concatenated per row along the image axis."""
-PER_SAMPLE_RANKS: dict[str, int] = {"pixel_values": 5, "pixel_attention_mask": 4}
-"""Key -> the rank of a per-sample tensor ``[1, images, ...]``, stacked along its second axis (the
-processors of Idefics3 and SmolVLM); any other rank is image-major, stacked along the first."""
-
-
-def image_axis(key: str, ndim: int, keys: Iterable[str] = ()) -> int:
-    """The axis ``key``'s images are stacked on: 1 for a per-sample tensor, else 0. ``keys``: the
-    other vision keys beside it; with ``image_sizes`` (LLaVA-NeXT's any-resolution tiles,
-    ``pixel_values [images, tiles, C, H, W]``) a 5-D tensor is image-major, not per-sample."""
-    if key == "pixel_values" and "image_sizes" in keys:
-        return 0
-    return 1 if PER_SAMPLE_RANKS.get(key) == ndim else 0
+__all__ = [
+    "IMAGE_COLUMNS", "PER_SAMPLE_RANKS", "PER_TOKEN_COLUMNS", "arrow_rank", "concat_images", "holds_images",
+    "image_axis", "pack_image_column", "require_whole",
+]  # fmt: skip
 
 
 def holds_images(value: Any) -> bool:
@@ -162,30 +150,3 @@ def pack_image_column(
         pa.array(np.arange(num_rows + 1, dtype=itype)), images, type=array.type,
         mask=pa.array(empty) if empty.any() else None,
     )  # fmt: skip
-
-
-def arrow_column(values: Sequence[Any]) -> Any:
-    """One document's processor output per entry (an array, list or tensor; ``None`` without images) as
-    an Arrow list column of the array's dtype (``pixel_values [P, D]`` float32 -> ``list<list<float>>``,
-    as ``datasets`` stores it); every array of the column has the same rank."""
-    import pyarrow as pa
-
-    arrays = [
-        None if v is None else np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v) for v in values
-    ]
-    present = [a for a in arrays if a is not None]
-    if not present:
-        return pa.nulls(len(arrays))
-    if len({a.ndim for a in present}) != 1 or present[0].ndim == 0:
-        raise ValueError(
-            f"an image column holds arrays of ranks {sorted({a.ndim for a in present})}; one processor makes them all"
-        )
-    ndim = present[0].ndim
-    child = pa.array(np.concatenate([a.ravel() for a in present]))
-    for k in range(ndim - 1, 0, -1):  # the inner levels: regular lists of shape[k] values
-        sizes = np.concatenate([np.full(int(np.prod(a.shape[:k])), a.shape[k], dtype=np.int64) for a in present])
-        child = pa.ListArray.from_arrays(pa.array(np.concatenate(([0], np.cumsum(sizes))).astype(np.int32)), child)
-    sizes = np.array([0 if a is None else a.shape[0] for a in arrays], dtype=np.int64)
-    missing = np.array([a is None for a in arrays])
-    offsets = pa.array(np.concatenate(([0], np.cumsum(sizes))).astype(np.int32))
-    return pa.ListArray.from_arrays(offsets, child, mask=pa.array(missing) if missing.any() else None)

@@ -11,7 +11,8 @@ where ``X`` is a local path (relative to the JSONL file's folder), raw bytes, a 
 expand each image into its placeholder tokens (``processor(text=..., images=...)``) and trains the
 assistant turns only; the feature it returns is what :class:`padless.PackingCollator` packs with its
 images (:mod:`padless.batching.vision`). Every problem names the record, the message, the part and the
-field. :func:`offline_processor` builds a real ``Qwen2VLProcessor`` from parts that ship offline.
+field. :func:`offline_processor` builds a real ``Qwen2VLProcessor`` from parts that ship offline;
+:func:`arrow_column` stores a processor's arrays as Arrow list columns (``padless pack``).
 """
 
 from __future__ import annotations
@@ -339,3 +340,30 @@ def sample_images(n: int, *, seed: int = 0, sizes: Sequence[int] = (56, 84, 112,
             draw.rectangle((x0, y0, x0 + 8, y0 + 8), fill=tuple(int(c) for c in rng.integers(0, 255, 3)))
         out.append(image)
     return out
+
+
+def arrow_column(values: Sequence[Any]) -> Any:
+    """One document's processor output per entry (an array, list or tensor; ``None`` without images) as
+    an Arrow list column of the array's dtype (``pixel_values [P, D]`` float32 -> ``list<list<float>>``,
+    as ``datasets`` stores it); every array of the column has the same rank."""
+    import pyarrow as pa
+
+    arrays = [
+        None if v is None else np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v) for v in values
+    ]
+    present = [a for a in arrays if a is not None]
+    if not present:
+        return pa.nulls(len(arrays))
+    if len({a.ndim for a in present}) != 1 or present[0].ndim == 0:
+        raise ValueError(
+            f"an image column holds arrays of ranks {sorted({a.ndim for a in present})}; one processor makes them all"
+        )
+    ndim = present[0].ndim
+    child = pa.array(np.concatenate([a.ravel() for a in present]))
+    for k in range(ndim - 1, 0, -1):  # the inner levels: regular lists of shape[k] values
+        sizes = np.concatenate([np.full(int(np.prod(a.shape[:k])), a.shape[k], dtype=np.int64) for a in present])
+        child = pa.ListArray.from_arrays(pa.array(np.concatenate(([0], np.cumsum(sizes))).astype(np.int32)), child)
+    sizes = np.array([0 if a is None else a.shape[0] for a in arrays], dtype=np.int64)
+    missing = np.array([a is None for a in arrays])
+    offsets = pa.array(np.concatenate(([0], np.cumsum(sizes))).astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, child, mask=pa.array(missing) if missing.any() else None)

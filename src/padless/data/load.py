@@ -373,7 +373,7 @@ def _image_corpus(
 
 def _image_count(vision: dict[str, Any]) -> int:
     """Images of one example: rows of ``image_grid_thw``, else the image axis of ``pixel_values``."""
-    from padless.batching.image_rows import image_axis
+    from padless.layout import image_axis
 
     grid = vision.get("image_grid_thw")
     if grid is not None:

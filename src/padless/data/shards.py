@@ -149,8 +149,8 @@ def _image_chats(source: PackInput, rows: Sequence[int], records: Sequence[Any])
     input's folder; the image columns as an Arrow table, the per-token ones flat."""
     from pathlib import Path
 
-    from padless.batching.image_rows import IMAGE_COLUMNS, PER_TOKEN_COLUMNS, arrow_column
-    from padless.data.images import render_image_chat
+    from padless.data.images import arrow_column, render_image_chat
+    from padless.layout import IMAGE_COLUMNS, PER_TOKEN_COLUMNS
 
     pa = require("pyarrow", "packing images")
     processor = cached_processor(str(source.processor))
