@@ -29,7 +29,7 @@ import numpy as np
 from padless.layout import IMAGE_COLUMNS, PER_SAMPLE_RANKS, PER_TOKEN_COLUMNS, image_axis
 
 __all__ = [
-    "IMAGE_COLUMNS", "PER_SAMPLE_RANKS", "PER_TOKEN_COLUMNS", "arrow_rank", "concat_images", "holds_images",
+    "IMAGE_COLUMNS", "PER_SAMPLE_RANKS", "PER_TOKEN_COLUMNS", "arrow_rank", "concat_images", "documents_with_images", "holds_images",
     "image_axis", "pack_image_column", "require_whole",
 ]  # fmt: skip
 
@@ -37,6 +37,19 @@ __all__ = [
 def holds_images(value: Any) -> bool:
     """A document's image column holds images: set and not empty."""
     return value is not None and len(value) > 0
+
+
+def documents_with_images(columns: Iterable[Any], n: int) -> np.ndarray:
+    """``[n]`` bool: the documents that some Arrow image column (one value per document, null or empty
+    without images; an all-null column of type null holds none) holds images for."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    held = np.zeros(n, dtype=bool)
+    for column in columns:
+        if not pa.types.is_null(column.type):
+            held |= pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False) > 0
+    return held
 
 
 def require_whole(

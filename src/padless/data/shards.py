@@ -59,7 +59,7 @@ class ShardTokens:
     :class:`padless.data.encode.EncodeCounts`)."""
     images: Any = None
     """Chats rendered through a processor: a ``pyarrow.Table`` with one row per sequence, its image
-    columns (:data:`padless.batching.image_rows.IMAGE_COLUMNS`: ``pixel_values``, ``image_grid_thw``...,
+    columns (:data:`padless.layout.IMAGE_COLUMNS`: ``pixel_values``, ``image_grid_thw``...,
     null for a sequence without images); None otherwise."""
     token_columns: dict[str, np.ndarray] = field(default_factory=dict)
     """Per-token vision columns (``mm_token_type_ids``...), int32, flat and aligned with ``ids``."""

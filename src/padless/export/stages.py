@@ -30,6 +30,7 @@ import numpy as np
 
 from padless._optional import require
 from padless.atomic import atomic_write
+from padless.batching.image_rows import documents_with_images
 from padless.data.shards import InputShard, PackInput
 from padless.planning.checks import overlong_error
 from padless.planning.slots import SlotPlan, by_row
@@ -78,21 +79,6 @@ def _save_table(path: Path, table: Any) -> str:
     return checksum(path)
 
 
-def _with_images(images: Any, n: int) -> np.ndarray:
-    """``[n]`` bool: the sequences whose image columns hold images."""
-    if images is None:
-        return np.zeros(n, dtype=bool)
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    out = np.zeros(n, dtype=bool)
-    for column in images.columns:
-        if not pa.types.is_null(column.type):
-            lengths = pc.fill_null(pc.list_value_length(column), 0)
-            out |= lengths.to_numpy(zero_copy_only=False) > 0
-    return out
-
-
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated ``arange(s, s + n)`` for every ``(s, n)`` (each ``n >= 1``), without a Python loop:
     one cumulative sum of steps that are 1 inside a range and jump at each range's first element."""
@@ -116,7 +102,7 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
             f"{source.where(int(toks.rows[empty[0]]))} is an empty sequence; every sequence needs at least one token"
         )
     long = lengths > max_length
-    with_images = _with_images(toks.images, lengths.size)
+    with_images = documents_with_images(toks.images.columns if toks.images is not None else (), lengths.size)
     counts = {"sequences": int(lengths.size), "tokens_in": int(lengths.sum()), "truncated_sequences": 0,
               "truncated_tokens": 0, "split_sequences": 0, "dropped_sequences": 0, "dropped_tokens": 0,
               "system_prompt_added": int(toks.system_prompt_added), "image_documents": int(with_images.sum()),

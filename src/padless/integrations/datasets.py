@@ -264,23 +264,14 @@ def _image_columns(table: Any) -> dict[str, Any]:
     return {name: _single(c) for name, c in zip(table.column_names, table.columns) if name in IMAGE_COLUMNS}
 
 
-def _with_images(images: dict[str, Any], n: int) -> np.ndarray:
-    """``[n]`` bool: the documents some image column holds images for."""
-    pc = _require("pyarrow.compute")
-    held = np.zeros(n, dtype=bool)
-    for array in images.values():
-        held |= pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False) > 0
-    return held
-
-
 def _pack_images(images: dict[str, Any], plan: PackPlan, lengths: np.ndarray, name: Any) -> tuple[list[Any], int]:
     """The image columns packed like the plan's rows (each row its documents' images in order, null
     without), and the documents with images the plan dropped; refuses a plan that cuts one."""
-    from padless.batching.image_rows import pack_image_column, require_whole
+    from padless.batching.image_rows import documents_with_images, pack_image_column, require_whole
 
     if not images:
         return [], 0
-    held = _with_images(images, lengths.size)
+    held = documents_with_images(images.values(), lengths.size)
     require_whole(plan.index, plan.start, plan.length, lengths, held, name)
     rows = np.repeat(np.arange(plan.num_rows), np.diff(plan.row_offsets))
     packed = [pack_image_column(a, key, plan.index, rows, plan.num_rows, images) for key, a in images.items()]
