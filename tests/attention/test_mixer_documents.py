@@ -1,5 +1,6 @@
 """Where the documents of a packed forward lie, seen from a layer inside it
-(padless.attention.mixer_documents): each source, the padding rule, and refusals."""
+(padless.attention.mixer_documents): the boundaries sent, a peer's positions (only without padding or a
+cache), nothing from the model's own 3-D positions, and refusals."""
 
 from __future__ import annotations
 
@@ -19,14 +20,30 @@ def offsets(found: Documents) -> list[int] | None:
     return None if found.cu_seqlens is None else found.cu_seqlens.tolist()
 
 
-def test_position_ids_among_the_layer_arguments_are_inferred():
-    found = layer_documents(HIDDEN, {"position_ids": RESTARTS})
-    assert offsets(found) == EXPECTED and not found.explicit
+def forward_given(**given):
+    """What the model-forward hook records for a forward given ``given``."""
+    return mixer_documents._MODEL_FORWARD.set(mixer_documents._Forward(**given))
+
+
+def test_position_ids_among_the_layer_arguments_are_not_read():
+    """A layer's own position ids are not a source: only boundaries sent are (or a peer's batch given
+    to the model)."""
+    assert layer_documents(HIDDEN, {"position_ids": RESTARTS}) == Documents(None, False)
 
 
 def test_cu_seq_lens_among_the_layer_arguments_are_sent():
     cu = torch.tensor(EXPECTED, dtype=torch.int32)
     found = layer_documents(HIDDEN, {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu})
+    assert found.cu_seqlens is cu and found.explicit
+
+
+def test_cu_seq_lens_given_to_the_model_are_sent():
+    cu = torch.tensor(EXPECTED, dtype=torch.int32)
+    token = forward_given(cu_seqlens=cu, position_ids=RESTARTS[None].expand(4, -1, -1))
+    try:
+        found = layer_documents(HIDDEN, {})
+    finally:
+        mixer_documents._MODEL_FORWARD.reset(token)
     assert found.cu_seqlens is cu and found.explicit
 
 
@@ -38,32 +55,53 @@ def test_packed_documents_context_is_sent(kind):
     assert offsets(found) == EXPECTED and found.explicit
 
 
-def test_model_positions_count_only_without_a_padding_mask():
-    token = mixer_documents._MODEL_POSITIONS.set((RESTARTS, False))
+@pytest.mark.parametrize(
+    ("given", "read"),
+    [
+        ({}, True),  # a peer's batch: [B, L] positions alone
+        ({"padded": True}, False),  # a left-padded batch restarts positions too
+        ({"cached": True}, False),  # transformers reads no documents with a cache either
+    ],
+)
+def test_a_peers_positions_count_only_without_a_padding_mask_or_cache(given, read):
+    before = mixer_documents.inferred_forwards()
+    token = forward_given(position_ids=RESTARTS, **given)
     try:
-        assert offsets(layer_documents(HIDDEN, {})) == EXPECTED
+        found = layer_documents(HIDDEN, {})
     finally:
-        mixer_documents._MODEL_POSITIONS.reset(token)
-    token = mixer_documents._MODEL_POSITIONS.set((RESTARTS, True))  # a left-padded batch, say
+        mixer_documents._MODEL_FORWARD.reset(token)
+    assert found == (Documents(found.cu_seqlens, False) if read else Documents(None, False))
+    assert (offsets(found) == EXPECTED) is read
+    assert mixer_documents.inferred_forwards() == before + read  # counted, for the trainers to say
+
+
+def test_multi_axis_rotary_positions_mark_no_documents():
+    """The model's own 3-D rope positions (Qwen3.5 with images) do not step by 1 across image tokens:
+    never read as documents."""
+    token = forward_given(position_ids=RESTARTS[None].expand(3, -1, -1))
     try:
         assert layer_documents(HIDDEN, {}) == Documents(None, False)
     finally:
-        mixer_documents._MODEL_POSITIONS.reset(token)
+        mixer_documents._MODEL_FORWARD.reset(token)
 
 
 def test_a_row_of_one_document_is_not_packed():
-    assert layer_documents(HIDDEN, {"position_ids": torch.arange(6).expand(2, -1)}).cu_seqlens is None
+    token = forward_given(position_ids=torch.arange(6).expand(2, -1))
+    try:
+        assert layer_documents(HIDDEN, {}).cu_seqlens is None
+    finally:
+        mixer_documents._MODEL_FORWARD.reset(token)
     assert layer_documents(HIDDEN, {}) == Documents(None, False)
 
 
-def test_multi_axis_rotary_positions_read_the_text_axis():
-    found = layer_documents(HIDDEN, {"position_ids": RESTARTS[None].expand(4, -1, -1)})  # [4, B, L], Qwen3.5
-    assert offsets(found) == EXPECTED
-
-
-def test_positions_of_another_length_are_refused():
-    with pytest.raises(ValueError, match="cover 5 tokens but a token-mixing layer got 6"):
-        layer_documents(HIDDEN, {"position_ids": RESTARTS[:, :5]})
+def test_positions_of_another_length_are_the_models_own_forward():
+    token = forward_given(position_ids=RESTARTS[:, :5])  # a cached or chunked forward of a peer's row
+    try:
+        assert layer_documents(HIDDEN, {}) == Documents(None, False)
+    finally:
+        mixer_documents._MODEL_FORWARD.reset(token)
+    with packed_documents(position_ids=RESTARTS[:, :5]), pytest.raises(ValueError, match="cover 5 tokens"):
+        layer_documents(HIDDEN, {})
 
 
 def test_boundaries_of_another_size_are_refused():

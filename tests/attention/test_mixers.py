@@ -411,13 +411,27 @@ def test_left_padded_generation_runs_unchanged(family):
     assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False), plain)
 
 
-def test_packed_row_with_a_cache_is_refused():
+def test_boundaries_sent_with_a_cache_are_refused():
     model = build("bamba", "sdpa")
-    enable_per_document_mixers(model)
-    batch = packed_batch("sdpa")
+    collator = padless.PackingCollator.for_model(model, max_length=64)
+    batch = collator(make_features(LENGTHS, vocab_size=VOCAB, seed=0))
+    assert "cu_seq_lens_q" in batch  # sent beside the 4D mask: the mixers read them
     batch["use_cache"] = True
     with pytest.raises(ValueError, match="use_cache=False"):
         packed_logits(model, batch, "sdpa")
+
+
+def test_restarted_positions_with_a_cache_run_the_models_own_code():
+    """A peer's batch of position ids alone, with a cache: transformers itself reads no documents then
+    (its packed-row rule needs no cache), and neither do the mixers: the model's own code, bit for bit."""
+    model = build("bamba", "sdpa")
+    batch = packed_batch("sdpa")
+    batch.pop("attention_mask")
+    inputs = {k: v for k, v in batch.items() if k not in ("labels", "use_cache")}
+    with torch.no_grad():
+        plain = model(**inputs, use_cache=True).logits
+        enable_per_document_mixers(model)
+        assert torch.equal(model(**inputs, use_cache=True).logits, plain)
 
 
 def test_enable_is_idempotent_and_disable_restores():
@@ -546,6 +560,7 @@ def test_for_model_patches_the_mixers_and_packs_exactly(family, attn):
     padless.PackingCollator.for_model(model, max_length=32)  # idempotent
     assert all(m.how == PER_DOCUMENT for m in mixer_layers(model))
     batch = collator(make_features(LENGTHS, vocab_size=VOCAB, seed=3))
+    assert "cu_seq_lens_q" in batch and batch["attention_mask"].ndim == 4  # boundaries beside the mask
     padless.check_batch(model, batch)
     assert max_diff(model, batch, attn) <= EXACT
 

@@ -1,6 +1,6 @@
 """Pure state-space / recurrent models (Mamba, Mamba2, Falcon-Mamba, RWKV, xLSTM: no attention, no
 position embeddings, ``position_ids`` only through ``**kwargs``) pack exactly through
-``PackingCollator.for_model``: the restarted ``position_ids`` the batch carries as a keyword
+``PackingCollator.for_model``: the boundaries the batch is sent (``cu_seq_lens_q/k`` as keywords)
 reach the per-document mixers, and the same batch is contaminated once the mixers are disabled."""
 
 from __future__ import annotations
@@ -33,15 +33,16 @@ def _packed(model, batch) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", SSM)
-def test_for_model_packs_exactly_through_position_ids(family):
+def test_for_model_packs_exactly_through_the_boundaries_sent(family):
     model = build(family, None)
     assert mixer_refusal(model) is not None and not attention_free(model)
     with pytest.raises(ValueError, match="takes no position_ids"):  # unpatched: refused as before
         padless.check_exact(model, model.config._attn_implementation)
     collator = padless.PackingCollator.for_model(model, max_length=32)
-    assert collator.attention == "position_ids" and attention_free(model)
+    assert collator.attention == "varlen" and attention_free(model)
     batch = collator(make_features(LENGTHS, vocab_size=VOCAB, seed=5))
     assert "attention_mask" not in batch and batch["use_cache"] is False  # a 2D mask would read as padding
+    assert "cu_seq_lens_q" in batch
     rows = [lengths_from_position_ids(row.numpy()) for row in batch["position_ids"]]
     assert len(rows) > 1 and max(map(len, rows)) > 1  # several rows, documents sharing one
     padless.check_batch(model, batch)
@@ -68,7 +69,7 @@ def test_every_backend_name_is_exact_and_a_bare_config_is_not(family):
         padless.check_exact(model, "eager", layout="shared_prompt")
 
 
-def test_packed_gradients_equal_alone_through_position_ids():
+def test_packed_gradients_equal_alone_through_the_boundaries_sent():
     model = build("mamba2", None).train()
     collator = padless.PackingCollator.for_model(model, max_length=64)
     batch = collator(make_features(LENGTHS, vocab_size=VOCAB, seed=6))

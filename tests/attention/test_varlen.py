@@ -274,18 +274,48 @@ def test_right_padding_mask_is_accepted(registered):
 
 
 def test_model_level_refusals(registered):
+    """Boundaries sent together with what padless attention cannot split by document are refused."""
     model = build_model("tiny-llama", attn_implementation=registered)
     _, input_ids, position_ids, varlen = _packed_batch(model.config.vocab_size)
     with torch.no_grad():
-        with pytest.raises(ValueError, match="padding before a real token"):
-            model(input_ids=input_ids[:, :6], attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]] * 2))
         with pytest.raises(ValueError, match="attention_mask of shape"):
-            model(input_ids=input_ids, position_ids=position_ids, attention_mask=additive_block_causal_mask(LENGTHS))
+            mask = additive_block_causal_mask(LENGTHS)
+            model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **varlen)
         with pytest.raises(ValueError, match="do not restart"):
             model(input_ids=input_ids, **varlen)  # positions would run on across documents
         prefill = model(input_ids=input_ids[:1, :5], use_cache=True)
-        with pytest.raises(ValueError, match="KV-cache"):
-            model(input_ids=input_ids[:1, 5:6], cache=prefill.cache, use_cache=True)
+        cu = torch.tensor([0, 1], dtype=torch.int32)
+        sent = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 1, "max_length_k": 1}
+        with pytest.raises(ValueError, match="cache or cross-attention"):
+            model(input_ids=input_ids[:1, 5:6], cache=prefill.cache, use_cache=True, **sent)
+
+
+@pytest.mark.parametrize("family", ["tiny-gpt2", "tiny-llama"])
+def test_forwards_without_documents_run_as_sdpa(registered, family):
+    """No boundaries sent: a left-padded batch, a KV-cache step and ``generate`` run the model's own
+    semantics (transformers' sdpa mask and attention), equal to the sdpa model bit for bit."""
+    reference = build_model(family)
+    model = build_model(family, attn_implementation=registered)
+    ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :4] = 0  # left padding
+    with torch.no_grad():
+        assert torch.equal(
+            model(input_ids=ids, attention_mask=mask).logits, reference(input_ids=ids, attention_mask=mask).logits
+        )
+        step = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+        assert torch.equal(
+            model.generate(input_ids=ids, attention_mask=mask, **step),
+            reference.generate(input_ids=ids, attention_mask=mask, **step),
+        )
+        prefill, prefill_ref = model(input_ids=ids[:1], use_cache=True), reference(input_ids=ids[:1], use_cache=True)
+        nxt = ids[:1, :1]
+        torch.testing.assert_close(
+            model(input_ids=nxt, cache=prefill.cache, use_cache=True).logits,
+            reference(input_ids=nxt, cache=prefill_ref.cache, use_cache=True).logits,
+            atol=1e-6,
+            rtol=1e-5,
+        )
 
 
 class _Layer(torch.nn.Module):
@@ -299,9 +329,11 @@ def _direct_inputs(lengths=(3, 4, 2)):
 
 
 def test_packed_documents_context_for_models_that_forward_nothing():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     q, k, v, q3, k3, v3, cu = _direct_inputs()
-    with pytest.raises(ValueError, match="packed_documents"):
-        padless_attention(_Layer(), q, k, v, None)
+    out, _ = padless_attention(_Layer(), q, k, v, None)  # nothing sent: one causal sequence, as sdpa runs it
+    assert torch.equal(out, sdpa_attention_forward(_Layer(), q, k, v, None, dropout=0.0, scaling=None)[0])
     position_ids = torch.from_numpy(position_ids_from_lengths([3, 4, 2]))[None]
     with packed_documents(position_ids=position_ids):
         out, weights = padless_attention(_Layer(), q, k, v, None)
@@ -327,14 +359,18 @@ def test_a_bidirectional_layer_outside_the_packed_rows_runs_as_sdpa():
     torch.testing.assert_close(out, sdpa_attention_forward(layer, q, k, v, mask, dropout=0.0, scaling=None)[0])
 
 
+_SENT = {"cu_seq_lens_q": torch.tensor([0, 3, 7, 9], dtype=torch.int32)}
+_SENT["cu_seq_lens_k"] = _SENT["cu_seq_lens_q"]
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"is_causal": False, "position_ids": torch.zeros(1, 9, dtype=torch.long)}, "causal only"),
-        ({"s_aux": torch.zeros(2)}, "attention sinks"),
+        ({"is_causal": False, **_SENT}, "causal only"),
+        ({"s_aux": torch.zeros(2), **_SENT}, "attention sinks"),
         ({"cu_seq_lens_q": torch.tensor([0, 9], dtype=torch.int32)}, "both cu_seq_lens_q and cu_seq_lens_k"),
         ({"cu_seq_lens_q": torch.tensor([0, 9]), "cu_seq_lens_k": torch.tensor([0, 4, 9])}, "differ"),
-        ({"position_ids": torch.zeros(3, 1, 9, dtype=torch.long)}, r"\[batch, length\]"),
+        ({"position_ids": torch.zeros(3, 1, 9, dtype=torch.long), **_SENT}, r"\[batch, length\]"),
     ],
 )
 def test_adapter_refusals(kwargs, match):

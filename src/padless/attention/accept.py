@@ -58,12 +58,13 @@ def _remember(mask: Any, window: Any) -> None:
 
 
 def carried_inputs(batch: Mapping[str, Any]) -> str:
-    """What ``batch`` carries for attention (:data:`padless.layout.AttentionInputs`)."""
-    if "cu_seq_lens_q" in batch or "cu_seq_lens_k" in batch:
-        return "varlen"
+    """What ``batch`` carries for attention (:data:`padless.layout.AttentionInputs`): a 4D mask first
+    (a hybrid's batch carries ``cu_seq_lens_q/k`` beside it, for its token mixers)."""
     mask = batch.get("attention_mask")
     if isinstance(mask, Mapping) or getattr(mask, "ndim", 0) == 4:
         return "mask4d"
+    if "cu_seq_lens_q" in batch or "cu_seq_lens_k" in batch:
+        return "varlen"
     if mask is not None:
         return "padding"
     return "position_ids"
@@ -100,12 +101,40 @@ def check_batch(model: Any, batch: Mapping[str, Any]) -> None:
     docs = row_documents(batch)
     # where this forward runs (autocast counts), for this batch's longest document
     verdict = select.check_exact(model, backend, max_length=max(max(r) for r in docs))
-    reason = mismatch(verdict, kind, subject="batch", use_cache=batch.get("use_cache", True))
+    reason = mismatch(
+        verdict, kind, subject="batch", use_cache=batch.get("use_cache", True), boundaries=_sends_boundaries(batch)
+    )
     if reason is not None:
         raise ValueError(reason)
+    _check_boundaries(batch, docs)
     blocks = _check_images(batch, verdict, docs)
     if kind == "mask4d":
         _check_masks(batch["attention_mask"], verdict.windows, docs, verdict.mask_dtype, blocks)
+
+
+def _sends_boundaries(batch: Mapping[str, Any]) -> bool:
+    """The batch tells a hybrid's token mixers where its documents lie: ``cu_seq_lens_q/k``, or (a
+    peer's batch) ``[B, L]`` text position ids, whose restarts the mixers read where nothing is sent
+    (:mod:`padless.attention.mixer_documents`); multi-axis rotary positions alone tell them nothing."""
+    if "cu_seq_lens_q" in batch:
+        return True
+    positions = batch.get("position_ids")
+    return positions is not None and getattr(positions, "ndim", 0) == 2
+
+
+def _check_boundaries(batch: Mapping[str, Any], docs: list[list[int]]) -> None:
+    """``cu_seq_lens_q/k`` sent beside the position ids must start the same documents."""
+    cu, cu_k = batch.get("cu_seq_lens_q"), batch.get("cu_seq_lens_k")
+    if cu is None and cu_k is None:
+        return
+    if cu is None or cu_k is None or not np.array_equal(_host(cu), _host(cu_k)):
+        raise ValueError(f"the batch's cu_seq_lens_q and cu_seq_lens_k differ (or one is missing); {_FIX}")
+    expected = np.concatenate([[0], np.cumsum([n for row in docs for n in row])])
+    if not np.array_equal(_host(cu).astype(np.int64), expected):
+        raise ValueError(
+            f"the batch's cu_seq_lens_q ({_host(cu).size - 1} documents) do not start the documents its "
+            f"position_ids restart at ({expected.size - 1}); {_FIX}"
+        )
 
 
 def _check_images(batch: Mapping[str, Any], verdict: Any, docs: list[list[int]]) -> np.ndarray | None:

@@ -20,6 +20,7 @@ mask), lets right padding through (harmless for causal attention) and refuses an
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -193,17 +194,24 @@ def padless_attention(
 _PACKED_KWARGS = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
-def _outside_the_rows(kwargs: dict, batch: int, length: int) -> bool:
-    """The layer's ``[batch, length]`` tokens are not the packed rows the boundaries describe (or none
-    were sent): a vision encoder's patches, handed the text rows' kwargs."""
-    pos = kwargs.get("position_ids")
-    if pos is not None:
-        return pos.shape[-1] != length or pos.numel() // pos.shape[-1] not in (1, batch)
+def boundaries_sent(kwargs: dict[str, Any]) -> bool:
+    """The forward says where its documents lie: ``cu_seq_lens_q/k`` among the layer's kwargs, a
+    shared-prompt tree, or a :func:`packed_documents` context around it."""
+    return (
+        sent_boundaries(kwargs) is not None or kwargs.get("tree_cu_seqlens") is not None or _CONTEXT.get() is not None
+    )
+
+
+def _covers_rows(kwargs: dict, batch: int, length: int) -> bool:
+    """The boundaries sent describe this layer's ``[batch, length]`` tokens (a vision encoder handed
+    the text rows' kwargs gets other tokens)."""
     cu = sent_boundaries(kwargs)
     if cu is not None:
-        return int(host_values([cu])[0][-1]) != batch * length
+        return int(host_values([cu])[0][-1]) == batch * length
     context = _CONTEXT.get()
-    return context is None or context[0] is None or context[0].shape[-1] != length
+    if context is not None and context[0] is not None:
+        return context[0].shape[-1] == length
+    return context is not None
 
 
 def _bidirectional(module: Any, kwargs: dict) -> bool:
@@ -211,35 +219,65 @@ def _bidirectional(module: Any, kwargs: dict) -> bool:
     return not (getattr(module, "is_causal", True) if is_causal is None else is_causal)
 
 
+def _positions_mark_documents(attention_mask: Any, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
+    """No boundaries sent, and the call is one transformers' own packed-row rule reads documents from:
+    ``[B, L]`` (or ``[1, L]``) text position ids, no mask, no cache (queries and keys alike). A plain
+    forward's positions count ``0..L-1``: one document per row, plain causal attention."""
+    pos = kwargs.get("position_ids")
+    return (
+        attention_mask is None
+        and key.shape[2] == query.shape[2]
+        and pos is not None
+        and pos.ndim == 2
+        and pos.shape[-1] == query.shape[2]
+        and pos.shape[0] in (1, query.shape[0])
+    )
+
+
+def own_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs) -> tuple[torch.Tensor, None]:
+    """A call without packed documents (a plain or left-padded forward, a KV-cache step, cross-attention,
+    a vision encoder) run as the model runs it on transformers' own backends: its module's
+    ``eager_attention_forward`` where the call needs what sdpa lacks (soft-capping, sinks, a position
+    bias), else sdpa with the mask transformers built (:func:`padless_mask` hands it through)."""
+    own = {k: v for k, v in kwargs.items() if k not in _PACKED_KWARGS or k == "position_ids"}
+    if any(own.get(k) is not None for k in ("softcap", "s_aux", "position_bias")):
+        eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+        if eager is not None:
+            return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **own)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **own)
+
+
 def _attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs) -> tuple[torch.Tensor, None]:
     batch, heads, length, dim = query.shape
+    sent = boundaries_sent(kwargs)
+    if _bidirectional(module, kwargs):
+        if sent and _covers_rows(kwargs, batch, length):
+            raise ValueError("padless attention is causal only; this layer asks for bidirectional attention")
+        # a layer outside the packed rows: a vision encoder attending within each image, which may be
+        # handed the text rows' boundaries through **kwargs. The rule refuses models whose token
+        # layers attend both ways.
+        return own_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    if not sent and not _positions_mark_documents(attention_mask, query, key, kwargs):
+        # no packed documents here: the model's own semantics, mask and cache included
+        return own_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     if key.shape[2] != length:
         raise ValueError(
-            f"padless attention got {length} queries but {key.shape[2]} keys: a KV-cache (generation) step or "
-            "cross-attention, where packed documents do not apply; generate with attn_implementation='sdpa'"
+            f"padless attention got {length} queries but {key.shape[2]} keys together with packed document "
+            "boundaries: a cache or cross-attention cannot be split by document; send use_cache=False "
+            "(padless' collators do)"
         )
     if value.shape[-1] != dim:
         raise ValueError(
             f"padless attention got value heads of size {value.shape[-1]} and query heads of size {dim}; it needs "
             "them equal (check_exact refuses such models: v_head_dim != qk_head_dim); use backend 'sdpa'"
         )
-    if _bidirectional(module, kwargs):
-        if not _outside_the_rows(kwargs, batch, length):
-            raise ValueError("padless attention is causal only; this layer asks for bidirectional attention")
-        # a layer outside the packed rows: a vision encoder attending within each image (its images its
-        # own batch entries, or Qwen-VL splitting by image itself off flash-attention), which may be
-        # handed the text rows' boundaries through **kwargs; run as transformers' sdpa backend runs it,
-        # mask included, without them. The rule refuses models whose token layers attend both ways.
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        own = {k: v for k, v in kwargs.items() if k not in _PACKED_KWARGS}
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **own
-        )
     if attention_mask is not None:
         raise ValueError(
-            f"padless attention got an attention_mask of shape {tuple(attention_mask.shape)} that it would have to "
-            "ignore; send position_ids (and cu_seq_lens_q/k) instead, or use backend 'sdpa' for a 4D mask"
+            f"padless attention got document boundaries and an attention_mask of shape "
+            f"{tuple(attention_mask.shape)} (padding, or a mask pattern of the model's own) that it would have "
+            "to ignore; send position_ids and cu_seq_lens_q/k without a mask, or use backend 'sdpa' for a 4D mask"
         )
     for name, what in _REFUSED_KWARGS.items():
         if kwargs.get(name) is not None:
@@ -274,34 +312,41 @@ def padless_mask(
     batch_size: int,
     q_length: int,
     kv_length: int,
-    q_offset: int = 0,
+    q_offset: Any = 0,
     kv_offset: int = 0,
     mask_function: Callable | None = None,
     attention_mask: torch.Tensor | None = None,
     **kwargs: Any,
-) -> None:
-    """transformers' mask interface for the padless backend: builds no mask. A 2D ``attention_mask``
-    is accepted only if every row is right-padded (``1 ... 1 0 ... 0``): later padding never reaches a
-    real token under causal attention. Anything padless cannot honour raises."""
+) -> torch.Tensor | None:
+    """transformers' mask interface for the padless backend. A call that packed rows make (no padding
+    mask, no cache: queries and keys the same tokens, no mask pattern of the model's own) gets no mask:
+    :func:`padless_attention` separates the documents it is sent, with no dense ``L x L`` mask. Any
+    other call (left padding, a cache, chunked attention, a model's own mask pattern) gets the mask
+    transformers' sdpa backend builds, and the attention runs it as sdpa does (:func:`own_attention`)."""
     config = kwargs.get("config")
-    if kwargs.get("use_vmap"):
-        raise ValueError(
-            "this model adds its own mask pattern (or_mask_function/and_mask_function) that padless attention "
-            "cannot honour; use attn_implementation='sdpa' or 'eager'"
-        )
-    if getattr(config, "attention_chunk_size", None) is not None:
-        raise ValueError("padless attention has no chunked attention; use attn_implementation='sdpa' or 'eager'")
-    if attention_mask is None:
+    plain = (
+        attention_mask is None
+        and q_length == kv_length
+        and not torch.is_tensor(q_offset)
+        and q_offset == 0
+        and kv_offset == 0
+        and not kwargs.get("use_vmap")
+        and getattr(config, "attention_chunk_size", None) is None
+    )
+    if plain:
         return None
-    keep = attention_mask[:, -kv_length:].bool()  # [B, kv_length]
-    later_real = keep[:, 1:] & ~keep[:, :-1]  # a real token right after padding
-    if bool(later_real.any()):
-        row = int(later_real.any(dim=1).nonzero()[0, 0])
-        raise ValueError(
-            f"attention_mask row {row} has padding before a real token (left or inner padding), which padless "
-            "attention would ignore; pack rows with position_ids instead, or use attn_implementation='sdpa'"
-        )
-    return None
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    return sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_function or causal_mask_function,
+        attention_mask=attention_mask,
+        **kwargs,
+    )
 
 
 def register_padless_attention(name: str = BACKEND_NAME) -> str:

@@ -1,12 +1,20 @@
 """Where the documents of a packed forward lie, as seen from a token-mixing layer inside it.
 
-Decoder layers do not pass ``position_ids`` to their mixers, gradient checkpointing re-runs a layer
-in backward outside the model's forward, and left padding restarts position ids too: this module
-answers "which documents does this layer's input hold?" in each of those cases, for
-:mod:`padless.attention.mixers`. Sources, first found wins: ``cu_seq_lens_q`` or ``position_ids``
-among the layer's own arguments; what the enclosing decoder layer resolved; a
-:func:`padless.attention.backend.packed_documents` context; the ``position_ids`` given to the model's forward (captured
-by a hook on each transformers base model).
+One source: the boundaries the forward was **sent**. ``cu_seq_lens_q`` among the layer's own
+arguments (transformers 5 decoder layers hand their ``**kwargs`` to the mixer), else the
+``cu_seq_lens_q`` the enclosing model's forward was given (a hook on each transformers base model
+holds them for the forward's duration, for decoder layers that do not pass them on) or a
+:func:`padless.attention.backend.packed_documents` context. padless' collators send them with every
+packed batch. Gradient checkpointing re-runs a decoder layer in backward, outside the model's
+forward: the decoder layer resolves its documents once and its checkpoint function carries them.
+
+A forward sent none runs the model's own code (:mod:`padless.attention.mixers`): a plain forward,
+``generate`` with a cache, a left-padded batch, the model's own 3-D rotary positions. The one other
+reading, kept for a peer's batch that carries restarted ``[B, L]`` text positions alone (TRL's
+``padding_free``, transformers' ``DataCollatorWithFlattening``): the position ids given to the model,
+without a padding mask or a cache, start a document wherever a position is not its predecessor + 1
+(transformers' own packed-row rule for attention). :func:`inferred_forwards` counts those forwards,
+for the trainers to say so.
 """
 
 from __future__ import annotations
@@ -23,12 +31,28 @@ import torch
 from padless.attention.backend import _CONTEXT, cu_seqlens_from_position_ids, sent_boundaries
 from padless.attention.varlen import _LastValue
 
-_MODEL_POSITIONS: ContextVar[tuple[Any, bool]] = ContextVar("padless_model_positions", default=(None, False))
-"""The ``position_ids`` the model's forward was given, and whether it was given a 2D padding mask."""
+
+@dataclass(frozen=True)
+class _Forward:
+    """What the enclosing model's forward was given, as far as documents are concerned."""
+
+    cu_seqlens: Any = None
+    """``cu_seq_lens_q`` sent to the forward (``None``: none sent)."""
+    position_ids: Any = None
+    """The ``position_ids`` it was given."""
+    padded: bool = False
+    """It was given a 2D ``attention_mask`` with some padding."""
+    cached: bool = False
+    """It was given a cache (``past_key_values`` / ``cache``) or ``use_cache=True``."""
+
+
+_MODEL_FORWARD: ContextVar[_Forward] = ContextVar("padless_model_forward", default=_Forward())
 _LAYER_DOCUMENTS: ContextVar[Any] = ContextVar("padless_layer_documents", default=None)
 """The :class:`Documents` the enclosing decoder layer resolved (``None``: no enclosing layer)."""
 _FROM_POSITIONS = _LastValue()  # position_ids -> cu_seqlens, once per forward
 _CHECKED = _LastValue()  # cu_seqlens checked against the layer's tokens, once per forward
+_INFERRED = [0]
+_CACHE_KWARGS = ("past_key_values", "cache", "cache_params")
 
 
 @dataclass(frozen=True)
@@ -38,44 +62,59 @@ class Documents:
     cu_seqlens: torch.Tensor | None
     """``[N + 1]`` offsets over the flat ``B * L`` tokens; ``None``: one document per row."""
     explicit: bool
-    """Sent as boundaries (``cu_seq_lens_q``, :func:`padless.attention.backend.packed_documents`), not inferred from
-    ``position_ids`` restarts (which also happen under left padding)."""
+    """Sent as boundaries (``cu_seq_lens_q``, :func:`padless.attention.backend.packed_documents`), not read
+    from a peer's restarted ``position_ids``."""
+
+
+def inferred_forwards() -> int:
+    """How many layer calls in this process found their documents in a peer's restarted position ids
+    (no boundaries sent): the trainers report it."""
+    return _INFERRED[0]
 
 
 def layer_documents(hidden: torch.Tensor, call: dict[str, Any]) -> Documents:
     """The documents of a layer's input ``hidden`` ``[B, L, ...]``; ``call``: the layer's arguments by
-    name. Sources, first found wins: ``cu_seq_lens_q`` or ``position_ids`` among ``call``; the
-    documents the enclosing decoder layer resolved (see :func:`_hook_checkpointed_layers`); a
-    :func:`padless.attention.backend.packed_documents` context; the ``position_ids`` given to the model's forward. A new
-    document starts wherever a position is not its predecessor + 1, unless a 2D padding mask was given
-    (transformers' rule: position_ids mark packed documents only without a mask)."""
-    cu = sent_boundaries(call) if "cu_seq_lens_q" in call else None
-    explicit = cu is not None
-    pos = call.get("position_ids")
-    if cu is None and pos is None:
+    name. The boundaries sent (see the module docstring), else a peer's ``[B, L]`` position ids given
+    to the model without a padding mask or cache, else ``Documents(None, False)``: no packed documents,
+    the layer runs its own code."""
+    batch, length = hidden.shape[:2]
+    cu = sent_boundaries(call)
+    if cu is None:
         enclosing = _LAYER_DOCUMENTS.get()
         if enclosing is not None:
             return enclosing
-        context = _CONTEXT.get()
-        if context is not None:
-            pos, cu, _ = context
-            explicit = True
-        else:
-            pos = _MODEL_POSITIONS.get()[0]
-    batch, length = hidden.shape[:2]
-    if cu is None and pos is not None:
-        pos = _text_positions(pos)
+        cu = _forward_boundaries(batch, length)
+    if cu is not None:
+        return Documents(_CHECKED.get(cu, (batch, length), lambda: _checked(cu, hidden)), True)
+    forward = _MODEL_FORWARD.get()
+    pos = forward.position_ids
+    if pos is None or forward.padded or forward.cached or pos.ndim != 2 or pos.shape[-1] != length:
+        return Documents(None, False)  # a plain, padded, cached or multi-axis-position forward: its own code
+    if pos.shape[0] not in (1, batch):
+        return Documents(None, False)
+    cu = _FROM_POSITIONS.get(pos, batch, lambda: cu_seqlens_from_position_ids(pos, batch))
+    checked = _CHECKED.get(cu, (batch, length), lambda: _checked(cu, hidden))
+    if checked is not None:
+        _INFERRED[0] += 1
+    return Documents(checked, False)
+
+
+def _forward_boundaries(batch: int, length: int) -> torch.Tensor | None:
+    """``cu_seqlens`` sent to the enclosing forward: a :func:`packed_documents` context, else the
+    ``cu_seq_lens_q`` given to the model's forward."""
+    context = _CONTEXT.get()
+    if context is not None:
+        pos, cu, _ = context
+        if cu is not None:
+            return cu
+        if pos.ndim == 3:
+            pos = pos[0]  # multi-axis rotary positions given to the context: the text axis first
         if pos.shape[-1] != length:
             raise ValueError(
-                f"position_ids cover {pos.shape[-1]} tokens but a token-mixing layer got {length}; "
-                "packed documents cannot be told apart (a chunked or cached forward of a packed row)"
+                f"packed_documents positions cover {pos.shape[-1]} tokens but a token-mixing layer got {length}"
             )
-        if not explicit and _MODEL_POSITIONS.get()[1]:
-            return Documents(None, False)  # the model got a padding mask: restarts are padding, not packing
-        cu = _FROM_POSITIONS.get(pos, batch, lambda: cu_seqlens_from_position_ids(pos, batch))
-    if cu is None:
-        return Documents(None, explicit)
-    return Documents(_CHECKED.get(cu, (batch, length), lambda: _checked(cu, hidden)), explicit)
+        return _FROM_POSITIONS.get(pos, batch, lambda: cu_seqlens_from_position_ids(pos, batch))
+    return _MODEL_FORWARD.get().cu_seqlens
 
 
 def _checked(cu: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -93,37 +132,36 @@ def _checked(cu: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
     return cu
 
 
-def _capture_model_positions(model: Any) -> None:
-    """Hook every transformers base model inside ``model`` so that the ``position_ids`` its forward is
-    given are visible to the mixers below it (the decoder layers do not pass them to the mixers)."""
+def _capture_model_forward(model: Any) -> None:
+    """Hook every transformers base model inside ``model`` so that the boundaries (and position ids)
+    its forward is given are visible to the mixers below it, whose decoder layers may not pass them on."""
     from transformers import PreTrainedModel
 
     for module in model.modules():
-        if not isinstance(module, PreTrainedModel) or getattr(module, "_padless_positions_hook", False):
+        if not isinstance(module, PreTrainedModel) or getattr(module, "_padless_forward_hook", False):
             continue
         params = inspect.signature(module.forward).parameters
-        declared = "position_ids" in params
-        if not declared and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) and not (
+            {"position_ids", "cu_seq_lens_q"} & set(params)
+        ):
             continue
-        hook = _ModelPositionsHook(list(params), declared)
+        hook = _ModelForwardHook(list(params))
         module.register_forward_pre_hook(hook.before, with_kwargs=True)
         module.register_forward_hook(hook.after, with_kwargs=True, always_call=True)
-        module._padless_positions_hook = True
+        module._padless_forward_hook = True
 
 
 @contextmanager
-def _no_positions() -> Iterator[None]:
-    token, layer_token = _MODEL_POSITIONS.set((None, False)), _LAYER_DOCUMENTS.set(None)
+def _no_documents() -> Iterator[None]:
+    """Inside: no forward's documents are visible (a per-document call of a layer holds whole documents)."""
+    token, layer_token = _MODEL_FORWARD.set(_Forward()), _LAYER_DOCUMENTS.set(None)
+    context_token = _CONTEXT.set(None)
     try:
         yield
     finally:
+        _CONTEXT.reset(context_token)
         _LAYER_DOCUMENTS.reset(layer_token)
-        _MODEL_POSITIONS.reset(token)
-
-
-def _text_positions(pos: torch.Tensor) -> torch.Tensor:
-    # multi-axis rotary positions ([3 or 4, B, L], Qwen3.5 text): the first axis runs along the text
-    return pos[0] if pos.ndim == 3 else pos
+        _MODEL_FORWARD.reset(token)
 
 
 def _hook_checkpointed_layers(model: Any, mixer_names: list[str]) -> None:
@@ -151,31 +189,34 @@ def _hook_checkpointed_layers(model: Any, mixer_names: list[str]) -> None:
         layer._padless_documents_hook = True
 
 
-class _ModelPositionsHook:
-    """Sets what a base model's forward was given (position ids, a padding mask?) for its duration.
-    Hooks are small classes, not closures, so a patched model still pickles."""
+class _ModelForwardHook:
+    """Sets what a base model's forward was given for its duration: an inner model (a VLM's language
+    model, MambaModel inside MambaForCausalLM) keeps what the outer one was given where it is given
+    nothing itself. Hooks are small classes, not closures, so a patched model still pickles."""
 
-    def __init__(self, names: list[str], declared: bool = True) -> None:
+    def __init__(self, names: list[str]) -> None:
         self.names = names  # the forward's parameter names, for positional arguments
-        self.declared = declared
-        """The forward names ``position_ids``; ``False``: it takes them through ``**kwargs`` (Mamba,
-        RWKV, xLSTM), and a call without them leaves what an enclosing model was given."""
         self.tokens: list[Any] = []
 
     def before(self, module: Any, args: tuple, kwargs: dict) -> None:
         given = dict(zip(self.names, args, strict=False)) | kwargs
-        if not self.declared and "position_ids" not in given:
-            self.tokens.append(None)  # e.g. MambaModel inside MambaForCausalLM, which keeps the kwarg
-            return
+        outer = _MODEL_FORWARD.get()
         mask = given.get("attention_mask")
         padded = _is_tensor(mask) and mask.ndim == 2 and not bool(mask.all())
-        self.tokens.append(_MODEL_POSITIONS.set((given.get("position_ids"), padded)))
+        cached = given.get("use_cache") is True or any(given.get(k) is not None for k in _CACHE_KWARGS)
+        cu = given.get("cu_seq_lens_q")
+        pos = given.get("position_ids")
+        state = _Forward(
+            cu_seqlens=cu if cu is not None else outer.cu_seqlens,
+            position_ids=pos if pos is not None else outer.position_ids,
+            padded=padded or outer.padded,
+            cached=cached or outer.cached,
+        )
+        self.tokens.append(_MODEL_FORWARD.set(state))
 
     def after(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         if self.tokens:
-            token = self.tokens.pop()
-            if token is not None:
-                _MODEL_POSITIONS.reset(token)
+            _MODEL_FORWARD.reset(self.tokens.pop())
 
 
 class _LayerDocumentsHook:

@@ -14,11 +14,12 @@ right-padded (:mod:`padless.attention.per_document`); the cost follows the docum
 attention. These layers are causal, so trailing padding cannot change the tokens before it;
 tests/attention/test_mixers.py checks packed == alone for every family, padding inside groups.
 
-Where a forward's documents come from is :mod:`padless.attention.mixer_documents`: boundaries sent
-(``cu_seq_lens_q``, :func:`padless.attention.backend.packed_documents`), or restarts of ``position_ids``, which count
-only without a 2D padding mask (transformers' own rule; left-padded generation restarts them too).
-A forward with one document per row, or with padding, runs the layer unchanged; a packed row that
-comes with a cache or recurrent state is refused (the state would span documents).
+Where a forward's documents come from is :mod:`padless.attention.mixer_documents`: the boundaries
+it was sent (``cu_seq_lens_q``, :func:`padless.attention.backend.packed_documents`; padless' collators
+send them with every packed batch), or, for a peer's batch that carries ``[B, L]`` position ids
+alone, their restarts. A forward sent no boundaries (a plain forward, ``generate``, padding, the
+model's own 3-D positions) runs the layer's own code, unchanged; boundaries sent with a cache or
+recurrent state are refused (the state would span documents).
 
 The per-document torch path is the default on every device, CUDA included. Opt-in and
 **unverified**: ``enable_per_document_mixers(model, kernels=True)`` on CUDA, where the kernel package
@@ -39,7 +40,7 @@ from typing import Any
 
 import torch
 
-from padless.attention.mixer_documents import _capture_model_positions, _hook_checkpointed_layers, layer_documents
+from padless.attention.mixer_documents import _capture_model_forward, _hook_checkpointed_layers, layer_documents
 from padless.attention.per_document import CACHE_ARGS, MASK_ARGS, run_per_document, run_with_boundaries
 from padless.attention.transformers_compat import TOKEN_MIXER_CLASSES
 from padless.devices import device_of
@@ -162,7 +163,7 @@ def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25, kernels
             + ", ".join(unknown)
             + "; packed rows would leak across documents in them, so train this model with padded batches"
         )
-    _capture_model_positions(model)
+    _capture_model_forward(model)
     _hook_checkpointed_layers(model, [m.name for m in layers])
     names = []
     for info in layers:
@@ -244,15 +245,14 @@ def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     hidden = arguments[hidden_name]
     documents = layer_documents(hidden, arguments)
     cu = documents.cu_seqlens
-    if cu is None or (not documents.explicit and _padding_mask(arguments)):
-        # transformers' own rule: restarted position_ids mark packed documents only without a
-        # padding mask (left-padded generation restarts them too)
+    if cu is None or (not documents.explicit and (_padding_mask(arguments) or _has_cache(arguments))):
+        # no packed documents: the layer's own code, unchanged (a plain forward, generate, padding)
         return base.forward(self, *args, **kwargs)
     if _has_cache(arguments):
         raise ValueError(
-            f"{base.__name__} got a packed row (documents restart inside it) together with a cache or recurrent "
-            "state, which would hold the state of several documents; call the model with use_cache=False "
-            "(padless' collators send it)"
+            f"{base.__name__} was sent packed document boundaries together with a cache or recurrent state, which "
+            "would hold the state of several documents; call the model with use_cache=False (padless' collators "
+            "send it)"
         )
     original = functools.partial(base.forward, self)
     if kernels and hidden.device.type == "cuda" and kernels_available(kind):  # opt-in, unverified

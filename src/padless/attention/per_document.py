@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from padless.attention.mixer_documents import _no_positions
+from padless.attention.mixer_documents import _no_documents
 from padless.attention.varlen import _LastValue
 
 CACHE_ARGS = ("cache", "cache_params", "past_key_values", "past_key_value", "layer_past", "state")
@@ -119,7 +119,7 @@ def run_per_document(
     plan = _PLANS.get(cu_seqlens, (max_padding, hidden.device), lambda: _plan(cu_seqlens, max_padding, hidden.device))
     base = _document_arguments(arguments)
     outputs = []
-    with _no_positions():  # a layer nested inside (none known) must not see the row's documents
+    with _no_documents():  # a layer nested inside (none known) must not see the row's documents
         for group in plan:
             outputs.append(forward(**{k: _regroup(v, group, batch, length) for k, v in base.items()}))
     flat = torch.cat([g.flat for g in plan])  # every token of the row exactly once

@@ -87,8 +87,8 @@ def model_inputs(model_or_config: Any, backend: str) -> AttentionInputs:
 
 def _inputs(facts: ModelFacts, backend: str) -> AttentionInputs:
     inputs = backend_inputs(backend)
-    if facts.attention_free:  # no attention runs: restarted position_ids reach the mixers
-        return "position_ids"
+    if facts.attention_free:  # no attention runs: the mixers read the boundaries sent (cu_seq_lens_q/k)
+        return "varlen"
     rules = facts.rules
     if inputs == "mask4d" and rules.chunk_size is not None and rules.masks_from_position_ids:
         return "position_ids"
@@ -205,6 +205,7 @@ def decide(facts: ModelFacts, backend: str, *, max_length: int | None = None, la
         mask_dtype=facts.weights_dtype,
         positions_alone=facts.rules.masks_from_position_ids,
         attention_free=facts.attention_free,
+        boundaries=bool(facts.mixer_layers),
         model_class=facts.base_class or "this model",
         vision=facts.vision if reason is None and images_reason is None else None,
         images_reason=images_reason,

@@ -62,6 +62,10 @@ class Verdict:
     backend: the model builds per-document masks, windows included, from them."""
     attention_free: bool = False
     """No attention runs (:func:`padless.attention.facts.attention_free`)."""
+    boundaries: bool = False
+    """The batch carries ``cu_seq_lens_q/k`` and ``max_length_q/k`` whatever its attention inputs: the
+    model's token mixers (gated DeltaNet, Mamba, short convolutions) read the documents from them
+    (:mod:`padless.attention.mixer_documents`), never from the positions or a mask."""
     model_class: str = ""
     """The class name of the model an adapter wraps, for messages."""
     vision: VisionScheme | None = None
@@ -89,14 +93,23 @@ def mismatch(
     windows: Any = _UNSEEN,
     mask_dtype: Any = _UNSEEN,
     use_cache: Any = False,
+    boundaries: Any = _UNSEEN,
 ) -> str | None:
     """Why what is carried does not fit an exact ``verdict`` (``None``: it fits): ``carried`` attention
     inputs (a collator's :attr:`padless.batching.rowformat.RowFormat.attention`, or what a batch holds:
     :func:`padless.attention.accept.carried_inputs`), and for a 4D mask its ``windows`` and
     ``mask_dtype`` where known from settings (a batch's masks are compared entry by entry by
-    :func:`padless.check_batch`). ``use_cache``: the batch's flag (position ids alone need ``False``)."""
+    :func:`padless.check_batch`). ``use_cache``: the batch's flag (position ids alone need ``False``).
+    ``boundaries``: whether ``cu_seq_lens_q/k`` are carried (a batch's keys; a collator sends them where
+    its verdict says so)."""
     batch = subject == "batch"
     fix = BATCH_FIX if batch else COLLATOR_FIX
+    if verdict.boundaries and boundaries is False:
+        return (
+            f"this {subject} carries no document boundaries (cu_seq_lens_q/k), and {verdict.model_class}'s token-mixing "
+            f"layers read the documents from them alone (a forward without them runs each layer over the whole row); "
+            f"{fix}"
+        )
     if carried == "position_ids" and verdict.backend_inputs == "mask4d" and not verdict.attention_free:
         if verdict.positions_alone:  # transformers builds per-document masks, windows included, from them
             if use_cache is not False:

@@ -428,7 +428,8 @@ class RowFormat:
         ``use_cache=False`` (a cache silently turns off transformers' packed-row handling) and, for rows
         of plain documents (``row_docs``: each row's document lengths, the trailing pad the last one),
         what :attr:`attention` carries: the 4D block-causal mask (with :attr:`windows`) or
-        ``cu_seq_lens_q/k`` and ``max_length_q/k``. ``row_docs=None``: the caller adds the attention
+        ``cu_seq_lens_q/k`` and ``max_length_q/k`` (sent beside a 4D mask too where the model's token
+        mixers read them: :attr:`sends_boundaries`). ``row_docs=None``: the caller adds the attention
         inputs (a shared-prompt tree). ``blocks``: ``[R, L]`` bidirectional image blocks the 4D mask
         carries (:func:`padless.batching.vision.block_ids`)."""
         batch: dict[str, Any] = {
@@ -448,11 +449,23 @@ class RowFormat:
                 batch["attention_mask"] = {t: made[w] for t, w in self.windows.items()}
             else:
                 batch["attention_mask"] = mask(self.windows)
-        elif self.attention == "varlen":
-            docs = np.concatenate([np.asarray(d, dtype=np.int64) for d in row_docs])
-            cu = torch.from_numpy(cu_seqlens_from_lengths(docs)).to(torch.int32)
-            batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(docs.max()), max_length_k=int(docs.max()))
+        if self.attention == "varlen" or self.sends_boundaries:
+            batch.update(boundary_inputs(row_docs))
         return batch
+
+    @property
+    def sends_boundaries(self) -> bool:
+        """Whether every batch carries ``cu_seq_lens_q/k`` and ``max_length_q/k`` beside its attention
+        inputs: the verdict's model has token mixers, which read the documents from them alone."""
+        return self.verdict is not None and self.verdict.boundaries
+
+
+def boundary_inputs(row_docs: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """``cu_seq_lens_q/k`` (int32 offsets over the flat ``R * L`` tokens) and ``max_length_q/k`` of
+    rows holding documents of these lengths (each row's trailing pad its last document)."""
+    docs = np.concatenate([np.asarray(d, dtype=np.int64) for d in row_docs])
+    cu = torch.from_numpy(cu_seqlens_from_lengths(docs)).to(torch.int32)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": int(docs.max()), "max_length_k": int(docs.max())}
 
 
 def check_collator(model: Any, collator: _Format, *, device: Any = None, dtype: Any = None) -> _Format:
