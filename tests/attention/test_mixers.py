@@ -15,8 +15,10 @@ from conftest import make_features
 from padless.attention import mixers
 from padless.attention.backend import packed_documents
 from padless.attention.mixers import (
+    _SCAN_FUNCTIONS,
     KERNEL,
     PER_DOCUMENT,
+    SCAN,
     MixerInfo,
     disable_per_document_mixers,
     enable_per_document_mixers,
@@ -27,6 +29,7 @@ from padless.layout import lengths_from_position_ids
 from padless.models.factory import tiny_config
 
 VOCAB = 128
+SCANNED_KINDS = set(_SCAN_FUNCTIONS)
 EXACT, CONTAMINATED = 1e-5, 1e-3
 # initializer_range 0.1 (not 0.02): with tiny weights a short convolution's leak is below 1e-3
 _COMMON = dict(
@@ -270,7 +273,7 @@ def test_packed_equals_alone(family, attn):
     names = enable_per_document_mixers(model)
     layers = mixer_layers(model)
     assert names == [m.name for m in layers] and names
-    assert all(m.how == PER_DOCUMENT for m in layers)
+    assert all(m.how == (SCAN if m.kind in SCANNED_KINDS else PER_DOCUMENT) for m in layers)
     if family not in NO_ATTENTION:  # the family's own pattern: softmax attention beside the mixers
         attention = [n for n, m in model.named_modules() if type(m).__name__.endswith("Attention") and n not in names]
         assert attention, f"{family}: the tiny config has no attention layer"
@@ -558,7 +561,7 @@ def test_for_model_patches_the_mixers_and_packs_exactly(family, attn):
     collator = padless.PackingCollator.for_model(model, max_length=32)
     assert mixer_refusal(model) is None
     padless.PackingCollator.for_model(model, max_length=32)  # idempotent
-    assert all(m.how == PER_DOCUMENT for m in mixer_layers(model))
+    assert all(m.how == SCAN for m in mixer_layers(model))
     batch = collator(make_features(LENGTHS, vocab_size=VOCAB, seed=3))
     assert "cu_seq_lens_q" in batch and batch["attention_mask"].ndim == 4  # boundaries beside the mask
     padless.check_batch(model, batch)
@@ -617,7 +620,7 @@ def test_kernel_path_is_opt_in():
     assert {getattr(model.get_submodule(m.name), mixers._MARK)[2] for m in mixer_layers(model)} == {False}
     enable_per_document_mixers(model, kernels=True)
     assert {getattr(model.get_submodule(m.name), mixers._MARK)[2] for m in mixer_layers(model)} == {True}
-    assert all(m.how == PER_DOCUMENT for m in mixer_layers(model))  # on the CPU whatever is asked
+    assert all(m.how == SCAN for m in mixer_layers(model))  # on the CPU whatever is asked
 
 
 def test_padless_attention_refuses_value_heads_at_run_time_too():

@@ -35,17 +35,32 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from padless.attention import scans
 from padless.attention.mixer_documents import _capture_model_forward, _hook_checkpointed_layers, layer_documents
 from padless.attention.per_document import CACHE_ARGS, MASK_ARGS, run_per_document, run_with_boundaries
 from padless.attention.transformers_compat import TOKEN_MIXER_CLASSES
 from padless.devices import device_of
 
-PER_DOCUMENT, KERNEL = "per_document", "kernel_cu_seqlens"
+SCAN, PER_DOCUMENT, KERNEL = "scan", "per_document", "kernel_cu_seqlens"
+
+_SCAN_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    # kind -> the functions of the layer's module its forward calls (transformers' torch fallbacks, or
+    # the CUDA kernels where installed), replaced during a packed forward by padless.attention.scans
+    "gated_deltanet": ("causal_conv1d_fn", "torch_chunk_gated_delta_rule"),
+    "mamba2": ("causal_conv1d_fn", "mamba2_chunk_scan", "mamba2_split_conv1d_scan_combined"),
+    "short_conv": ("causal_conv1d_fn",),
+}
+"""Kinds run by one chunked scan over the whole packed row (:mod:`padless.attention.scans`): the layer's
+own forward runs, with the functions it calls by these names swapped for document-aware ones. A layer
+whose module lacks one of them falls back to :data:`PER_DOCUMENT`."""
 
 KINDS: dict[str, str] = TOKEN_MIXER_CLASSES
 """Layer classes known to mix tokens without the attention mask, by kind (transformers' class names,
@@ -81,8 +96,10 @@ class MixerInfo:
     ``short_conv``, ``linear_attention``, ``rg_lru``, ``rwkv``, ``rwkv_token_shift``, ``xlstm``, or
     ``unknown``."""
     how: str
-    """How packed documents stay apart in it: ``per_document`` (run on each document alone),
-    ``kernel_cu_seqlens`` (a CUDA kernel given the boundaries), or ``unsupported: <reason>``."""
+    """How packed documents stay apart in it: ``scan`` (its own forward over the whole row, its
+    convolution and scan given the boundaries as masks: :mod:`padless.attention.scans`), ``per_document``
+    (run on each document alone, documents regrouped by length and right-padded), ``kernel_cu_seqlens``
+    (a CUDA kernel given the boundaries), or ``unsupported: <reason>``."""
 
 
 def _kind_of(module: Any) -> str | None:
@@ -102,12 +119,19 @@ def kernels_available(kind: str) -> bool:
     return spec is not None and all(importlib.util.find_spec(p) is not None for p in spec[0])
 
 
-def _how(kind: str, device_type: str, kernels: bool = False) -> str:
+def _how(kind: str, device_type: str, kernels: bool = False, module: Any = None) -> str:
     if kind == "unknown":
         return "unsupported: not a layer kind padless knows how to split by document"
     if kernels and device_type == "cuda" and kernels_available(kind):
         return KERNEL
-    return PER_DOCUMENT
+    return SCAN if module is not None and _scannable(kind, module) else PER_DOCUMENT
+
+
+def _scannable(kind: str, module: Any) -> bool:
+    """The layer's module defines every function :data:`_SCAN_FUNCTIONS` swaps for its kind."""
+    names = _SCAN_FUNCTIONS.get(kind)
+    home = sys.modules.get(_base_class(module).__module__)
+    return bool(names) and home is not None and all(callable(getattr(home, n, None)) for n in names)
 
 
 def _device_type(model: Any) -> str:
@@ -139,7 +163,7 @@ def mixer_layers(model: Any, modules: Any = None) -> list[MixerInfo]:
         inside.append(name)
         mark = getattr(module, _MARK, None)
         kernels = bool(mark[2]) if mark is not None else False
-        found.append(MixerInfo(name=name, kind=kind, how=_how(kind, device_type, kernels)))
+        found.append(MixerInfo(name=name, kind=kind, how=_how(kind, device_type, kernels, module)))
     return found
 
 
@@ -254,6 +278,10 @@ def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             "would hold the state of several documents; call the model with use_cache=False (padless' collators "
             "send it)"
         )
+    if _how(kind, hidden.device.type, kernels, self) == SCAN:
+        batch, length = hidden.shape[:2]
+        with _scans_for(base, kind, scans.document_index(cu, batch, length)):
+            return base.forward(self, *args, **kwargs)
     original = functools.partial(base.forward, self)
     if kernels and hidden.device.type == "cuda" and kernels_available(kind):  # opt-in, unverified
         cu_kwargs = _KERNELS[kind][1] == "cu_seqlens"
@@ -270,3 +298,93 @@ def _padding_mask(arguments: dict[str, Any]) -> bool:
 
 def _has_cache(arguments: dict[str, Any]) -> bool:
     return arguments.get("use_cache") is True or any(arguments.get(n) is not None for n in CACHE_ARGS)
+
+
+@contextmanager
+def _scans_for(base: type, kind: str, doc: torch.Tensor) -> Iterator[None]:
+    """For the duration of one layer's forward, the functions its module calls for ``kind`` (see
+    :data:`_SCAN_FUNCTIONS`) are padless' document-aware scans over ``doc`` ``[B, L]``; restored after,
+    so any other forward of the family runs transformers' own."""
+    home = sys.modules[base.__module__]
+    replacements = {name: _SCANS[name](doc) for name in _SCAN_FUNCTIONS[kind]}
+    saved = {name: getattr(home, name) for name in replacements}
+    for name, function in replacements.items():
+        setattr(home, name, function)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(home, name, function)
+
+
+def _no_state(name: str, given: bool) -> None:
+    if given:
+        raise ValueError(f"{name} was handed a recurrent state or asked for one inside a packed row; use_cache=False")
+
+
+def _conv_over(doc: torch.Tensor) -> Any:
+    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+        if hidden_states.shape[-1] != doc.shape[-1]:
+            raise ValueError(
+                f"a convolution over {hidden_states.shape[-1]} tokens inside a packed row of {doc.shape[-1]}"
+            )
+        return scans.causal_conv1d(hidden_states, weight, bias, activation, doc)
+
+    return causal_conv1d_fn
+
+
+def _delta_rule_over(doc: torch.Tensor) -> Any:
+    def torch_chunk_gated_delta_rule(
+        query,
+        key,
+        value,
+        g,
+        beta,
+        chunk_size=64,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        **kwargs,
+    ):
+        _no_state("the gated delta rule", initial_state is not None or output_final_state)
+        out = scans.chunk_gated_delta_rule(query, key, value, g, beta, doc, chunk_size, use_qk_l2norm_in_kernel)
+        return out, None
+
+    return torch_chunk_gated_delta_rule
+
+
+def _ssd_over(doc: torch.Tensor) -> Any:
+    def mamba2_chunk_scan(
+        hidden_states,
+        dt,
+        A,
+        B,
+        C,
+        chunk_size,
+        D=None,
+        dt_bias=None,
+        initial_states=None,
+        dt_softplus=False,
+        dt_limit=(0.0, float("inf")),
+        return_final_states=False,
+        **kwargs,
+    ):
+        _no_state("Mamba2's scan", initial_states is not None or return_final_states)
+        return scans.mamba2_chunk_scan(hidden_states, dt, A, B, C, chunk_size, doc, D, dt_bias, dt_softplus, dt_limit)
+
+    return mamba2_chunk_scan
+
+
+def _unfused(doc: torch.Tensor) -> Any:
+    def mamba2_split_conv1d_scan_combined(*args, **kwargs):
+        return None  # the fused kernel takes no document masks: the layer goes on to its convolution and scan
+
+    return mamba2_split_conv1d_scan_combined
+
+
+_SCANS = {
+    "causal_conv1d_fn": _conv_over,
+    "torch_chunk_gated_delta_rule": _delta_rule_over,
+    "mamba2_chunk_scan": _ssd_over,
+    "mamba2_split_conv1d_scan_combined": _unfused,
+}
