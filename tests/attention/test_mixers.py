@@ -568,11 +568,29 @@ def test_for_model_patches_the_mixers_and_packs_exactly(family, attn):
     assert max_diff(model, batch, attn) <= EXACT
 
 
-def test_for_model_with_the_padless_backend_on_a_hybrid():
+@pytest.mark.parametrize("family", ["lfm2", "qwen3_5_text", "qwen3_next"])
+def test_for_model_with_the_padless_backend_on_a_hybrid(family):
+    """Qwen3.5 and Qwen3-Next declare no ``_supports_attention_backend``, yet their code hands attention
+    the keyword arguments it is sent (read from its calls): accepted on padless attention, exact."""
     padless.register_padless_attention()
-    model = build("lfm2", "padless")
+    model = build(family, "padless")
     batch = padless.PackingCollator.for_model(model, max_length=32)(make_features(LENGTHS, vocab_size=VOCAB, seed=4))
+    assert "cu_seq_lens_q" in batch and "attention_mask" not in batch
     assert max_diff(model, batch, "padless") <= EXACT
+
+
+def test_boundaries_that_do_not_reach_attention_are_refused_at_run_time():
+    """A model sent boundaries whose attention layer receives none would attend across documents: padless
+    attention raises instead (a decoder layer that drops its kwargs, simulated)."""
+    padless.register_padless_attention()
+    model = T.AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=VOCAB), attn_implementation="padless")
+    batch = padless.PackingCollator.for_model(model, max_length=32)(make_features(LENGTHS, vocab_size=VOCAB, seed=4))
+    attention = model.model.layers[0].self_attn
+    forward = attention.forward
+    dropped = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    attention.forward = lambda *a, **kw: forward(*a, **{k: v for k, v in kw.items() if k not in dropped})
+    with pytest.raises(ValueError, match="received none"):
+        model(**{k: v for k, v in batch.items() if k != "labels"})
 
 
 def test_check_batch_refuses_a_model_free_batch_on_unpatched_mixers():

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -42,6 +43,24 @@ _CONTEXT: ContextVar[tuple[Any, Any, Any] | None] = ContextVar("padless_document
 _CONTEXT_K: ContextVar[Any] = ContextVar("padless_documents_k", default=None)
 """cu_seq_lens_k of the enclosing :func:`documents_context` (``None``: the same as cu_seqlens)."""
 _LAYOUTS = _LastValue()  # the checked layout of a forward's boundaries, built once per forward
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """What the enclosing model's forward was given, as far as documents are concerned (held for its
+    duration by a hook on each transformers base model: :mod:`padless.attention.mixer_documents`)."""
+
+    cu_seqlens: Any = None
+    """``cu_seq_lens_q`` sent to the forward (``None``: none sent)."""
+    position_ids: Any = None
+    """The ``position_ids`` it was given."""
+    padded: bool = False
+    """It was given a 2D ``attention_mask`` with some padding."""
+    cached: bool = False
+    """It was given a cache (``past_key_values`` / ``cache``) or ``use_cache=True``."""
+
+
+_MODEL_FORWARD: ContextVar[_Forward] = ContextVar("padless_model_forward", default=_Forward())
 # kwargs some models send that change what attention computes; padless cannot honour them.
 _REFUSED_KWARGS = {"s_aux": "attention sinks (s_aux)", "position_bias": "an additive position bias"}
 # padless_attention's body wrapped in torch.compiler.disable (set on registration): what compiled code calls
@@ -214,6 +233,13 @@ def _covers_rows(kwargs: dict, batch: int, length: int) -> bool:
     return context is not None
 
 
+def _lost_boundaries(batch: int, length: int) -> bool:
+    """The enclosing model's forward was sent boundaries for these ``[batch, length]`` tokens that did
+    not reach this attention layer."""
+    cu = _MODEL_FORWARD.get().cu_seqlens
+    return cu is not None and int(host_values([cu])[0][-1]) == batch * length
+
+
 def _bidirectional(module: Any, kwargs: dict) -> bool:
     is_causal = kwargs.get("is_causal")
     return not (getattr(module, "is_causal", True) if is_causal is None else is_causal)
@@ -259,6 +285,12 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, **kw
         # handed the text rows' boundaries through **kwargs. The rule refuses models whose token
         # layers attend both ways.
         return own_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    if not sent and _lost_boundaries(batch, length):
+        raise ValueError(
+            f"this forward was sent document boundaries (cu_seq_lens_q), but {type(module).__name__} received none: "
+            "the model does not hand its attention layers the keyword arguments it is sent, so padless attention "
+            "cannot keep packed documents apart in it; use attn_implementation='sdpa' (the collator sends a 4D mask)"
+        )
     if not sent and not _positions_mark_documents(attention_mask, query, key, kwargs):
         # no packed documents here: the model's own semantics, mask and cache included
         return own_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from padless.attention.facts import ModelFacts
-from padless.attention.kernels import flash_boundary_refusal, kernel_refusal
+from padless.attention.kernels import flash_boundary_refusal, forwards_attention_kwargs, kernel_refusal
 from padless.attention.transformers_compat import NO_BOUNDARY_MODEL_TYPES, OWN_MASK_MODEL_TYPES
 from padless.layout import AttentionInputs
 
@@ -93,7 +93,7 @@ def _flash_softcap_dropout(t: _Case) -> str | None:
 
 
 def _refuse_padless(t: _Case) -> str | None:
-    if _lacks(t, "_supports_attention_backend"):
+    if _lacks(t, "_supports_attention_backend") and not forwards_attention_kwargs(t.model_class):
         return f"{t.model_class.__name__} does not pass position_ids and attention kwargs to its attention layers"
     model_type = getattr(
         t.config.get_text_config() if hasattr(t.config, "get_text_config") else t.config, "model_type", None

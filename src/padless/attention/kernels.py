@@ -229,3 +229,38 @@ def _call_passes(call: ast.Call) -> str:
         return "cu_seq_lens"
     positional_ids = len(call.args) > FLASH_POSITION_IDS_ARG
     return "position_ids" if "position_ids" in names or positional_ids else "none"
+
+
+_LAYER_ATTRIBUTES = ("self_attn", "attn", "attention", "self_attention", "mixer")
+"""Attribute names decoder layers call their attention (or mixer, Nemotron-H) module by in transformers."""
+
+
+def forwards_attention_kwargs(model_class: type | None) -> bool:
+    """Whether ``model_class``'s module hands the keyword arguments a forward is sent (``cu_seq_lens_q/k``)
+    on to attention: every call of the attention interface and every call of a layer's attention
+    module in its source forwards ``**kwargs`` (a model whose class does not declare
+    ``_supports_attention_backend``, read from the calls themselves). padless attention checks it at
+    run time too: a forward sent boundaries whose attention receives none is refused."""
+    if model_class is None:
+        return False
+    from padless.attention.rules import _module_source
+
+    source = _module_source(model_class)
+    if "attention_interface(" not in source:
+        return False
+    interface, layers = [], []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        star = any(kw.arg is None for kw in node.keywords)
+        if isinstance(func, ast.Name) and func.id == "attention_interface":
+            interface.append(star)
+        elif (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+            and func.attr in _LAYER_ATTRIBUTES
+        ):
+            layers.append(star)
+    return bool(interface) and bool(layers) and all(interface) and all(layers)

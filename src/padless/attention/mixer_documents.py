@@ -28,25 +28,9 @@ from typing import Any
 
 import torch
 
-from padless.attention.backend import _CONTEXT, cu_seqlens_from_position_ids, sent_boundaries
+from padless.attention.backend import _CONTEXT, _MODEL_FORWARD, _Forward, cu_seqlens_from_position_ids, sent_boundaries
 from padless.attention.varlen import _LastValue
 
-
-@dataclass(frozen=True)
-class _Forward:
-    """What the enclosing model's forward was given, as far as documents are concerned."""
-
-    cu_seqlens: Any = None
-    """``cu_seq_lens_q`` sent to the forward (``None``: none sent)."""
-    position_ids: Any = None
-    """The ``position_ids`` it was given."""
-    padded: bool = False
-    """It was given a 2D ``attention_mask`` with some padding."""
-    cached: bool = False
-    """It was given a cache (``past_key_values`` / ``cache``) or ``use_cache=True``."""
-
-
-_MODEL_FORWARD: ContextVar[_Forward] = ContextVar("padless_model_forward", default=_Forward())
 _LAYER_DOCUMENTS: ContextVar[Any] = ContextVar("padless_layer_documents", default=None)
 """The :class:`Documents` the enclosing decoder layer resolved (``None``: no enclosing layer)."""
 _FROM_POSITIONS = _LastValue()  # position_ids -> cu_seqlens, once per forward

@@ -375,7 +375,9 @@ class RowFormat:
         backend needs (a different ``attention`` given is refused) -> the mask's dtype and, for a 4D
         mask, the model's sliding windows -> the vocabulary size for token validation."""
         from padless.attention import select
+        from padless.attention.backend import BACKEND_NAME
         from padless.attention.facts import model_facts
+        from padless.attention.mixer_documents import _capture_model_forward
         from padless.attention.mixers import enable_per_document_mixers
 
         backend = model.config._attn_implementation
@@ -396,6 +398,8 @@ class RowFormat:
                 f"attention={options['attention']!r} does not isolate documents on backend {backend!r}, "
                 f"which needs attention={needed!r}"
             )
+        if backend == BACKEND_NAME:  # its attention checks that the boundaries sent to the model reach it
+            _capture_model_forward(model)
         options.setdefault("mask_dtype", verdict.mask_dtype)
         if needed == "mask4d":
             options.setdefault("windows", verdict.windows)
