@@ -580,14 +580,14 @@ def test_for_model_with_the_padless_backend_on_a_hybrid(family):
 
 
 def test_boundaries_that_do_not_reach_attention_are_refused_at_run_time():
-    """A model sent boundaries whose attention layer receives none would attend across documents: padless
-    attention raises instead (a decoder layer that drops its kwargs, simulated)."""
+    """A model sent boundaries whose attention layer receives neither them nor restarted positions would
+    attend across documents: padless attention raises instead (a layer that drops its kwargs, simulated)."""
     padless.register_padless_attention()
     model = T.AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=VOCAB), attn_implementation="padless")
     batch = padless.PackingCollator.for_model(model, max_length=32)(make_features(LENGTHS, vocab_size=VOCAB, seed=4))
     attention = model.model.layers[0].self_attn
     forward = attention.forward
-    dropped = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    dropped = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids")
     attention.forward = lambda *a, **kw: forward(*a, **{k: v for k, v in kw.items() if k not in dropped})
     with pytest.raises(ValueError, match="received none"):
         model(**{k: v for k, v in batch.items() if k != "labels"})

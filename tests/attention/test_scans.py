@@ -196,3 +196,22 @@ def test_without_the_masks_documents_mix():
     one = scans.chunk_gated_delta_rule(q, k, v, decay, beta, torch.zeros(1, 16, dtype=torch.long), chunk_size=CHUNK)
     assert torch.equal(masked[:, :3], one[:, :3])  # the first document reads nothing before it either way
     assert (masked[:, 3:] - one[:, 3:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("family", "said"),
+    [
+        ("qwen3_5_text", "gated_deltanet layer: one chunked scan"),
+        ("bamba", "mamba2 layer: one chunked scan"),
+        ("lfm2", "short_conv layer: one chunked scan"),
+        ("kimi_linear", "kimi_delta_attention layer: each document alone (regrouped"),
+    ],
+)
+def test_the_verdict_says_which_path_each_mixer_kind_takes(family, said):
+    import padless
+    from test_mixers import build
+
+    model = build(family, "sdpa")
+    padless.PackingCollator.for_model(model, max_length=32)
+    verdict = padless.check_exact(model, "sdpa", max_length=32)
+    assert said in verdict.mixers

@@ -285,13 +285,14 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, **kw
         # handed the text rows' boundaries through **kwargs. The rule refuses models whose token
         # layers attend both ways.
         return own_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
-    if not sent and _lost_boundaries(batch, length):
+    positions = _positions_mark_documents(attention_mask, query, key, kwargs)
+    if not sent and not positions and _lost_boundaries(batch, length):
         raise ValueError(
             f"this forward was sent document boundaries (cu_seq_lens_q), but {type(module).__name__} received none: "
             "the model does not hand its attention layers the keyword arguments it is sent, so padless attention "
             "cannot keep packed documents apart in it; use attn_implementation='sdpa' (the collator sends a 4D mask)"
         )
-    if not sent and not _positions_mark_documents(attention_mask, query, key, kwargs):
+    if not sent and not positions:
         # no packed documents here: the model's own semantics, mask and cache included
         return own_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     if key.shape[2] != length:

@@ -93,7 +93,10 @@ def _flash_softcap_dropout(t: _Case) -> str | None:
 
 
 def _refuse_padless(t: _Case) -> str | None:
-    if _lacks(t, "_supports_attention_backend") and not forwards_attention_kwargs(t.model_class):
+    # a hybrid's collator sends cu_seq_lens_q/k for its mixers; where its module's code hands them on to
+    # attention (read from its calls), padless attention gets them too (and refuses at run time if not)
+    forwards = bool(t.facts.mixer_layers) and forwards_attention_kwargs(t.model_class)
+    if _lacks(t, "_supports_attention_backend") and not forwards:
         return f"{t.model_class.__name__} does not pass position_ids and attention kwargs to its attention layers"
     model_type = getattr(
         t.config.get_text_config() if hasattr(t.config, "get_text_config") else t.config, "model_type", None

@@ -221,4 +221,4 @@ def mamba2_chunk_scan(
     out = (y_diag + y_off).reshape(1, n * chunk_size, heads, head_dim)
     if residual is not None:
         out = out + residual
-    return out[:, :total].reshape(batch, length, heads, head_dim)
+    return out[:, :total].reshape(batch, length, heads, head_dim).contiguous()  # callers .view() it (Falcon-H1)

@@ -206,10 +206,29 @@ def decide(facts: ModelFacts, backend: str, *, max_length: int | None = None, la
         positions_alone=facts.rules.masks_from_position_ids,
         attention_free=facts.attention_free,
         boundaries=bool(facts.mixer_layers),
+        mixers=mixer_paths(facts.mixer_layers),
         model_class=facts.base_class or "this model",
         vision=facts.vision if reason is None and images_reason is None else None,
         images_reason=images_reason,
     )
+
+
+_PATHS = {
+    "scan": "one chunked scan over the row (boundaries as masks)",
+    "per_document": "each document alone (regrouped by length, right-padded: no scan for this kind yet)",
+    "kernel_cu_seqlens": "the CUDA kernel, given the boundaries",
+}
+
+
+def mixer_paths(layers: Any) -> str | None:
+    """What :attr:`padless.attention.verdict.Verdict.mixers` says of ``layers`` (:class:`MixerInfo`)."""
+    if not layers:
+        return None
+    counts: dict[tuple[str, str], int] = {}
+    for layer in layers:
+        key = (layer.kind, _PATHS.get(layer.how, layer.how))
+        counts[key] = counts.get(key, 0) + 1
+    return "; ".join(f"{n} {kind} layer{'s' * (n > 1)}: {how}" for (kind, how), n in counts.items())
 
 
 def mask_windows(model_or_config: Any, max_length: int | None) -> MaskWindows:
@@ -232,7 +251,13 @@ def resolve_backend(
     (:func:`compute_target`: where training runs, autocast included) and ``max_length``
     (longest document; ``None``: unbounded), else ``ValueError`` naming one that can; with
     ``requested=None`` the fastest exact one. Registers the padless backend when it is returned, so
-    the name can be used at once."""
+    the name can be used at once. A hybrid model's token mixers are patched to keep documents apart
+    first (:func:`padless.attention.mixers.enable_per_document_mixers`, as every collator's ``for_model``
+    does), so the answer is the backend those collators will use."""
+    if config is not None and hasattr(config, "named_modules") and model_facts(config).mixers_patchable:
+        from padless.attention.mixers import enable_per_document_mixers
+
+        enable_per_document_mixers(config)
     if requested is not None:
         check_exact(config, requested, device=device, dtype=dtype, max_length=max_length, layout=layout)
         chosen = requested

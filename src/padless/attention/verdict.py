@@ -62,6 +62,10 @@ class Verdict:
     backend: the model builds per-document masks, windows included, from them."""
     attention_free: bool = False
     """No attention runs (:func:`padless.attention.facts.attention_free`)."""
+    mixers: str | None = None
+    """How the model's token mixers keep packed documents apart, by kind (``None``: it has none), e.g.
+    ``"3 gated_deltanet layers: one chunked scan over the row"``; a kind without a scan says it is
+    regrouped per document (:data:`padless.attention.mixers.MixerInfo.how`)."""
     boundaries: bool = False
     """The batch carries ``cu_seq_lens_q/k`` and ``max_length_q/k`` whatever its attention inputs: the
     model's token mixers (gated DeltaNet, Mamba, short convolutions) read the documents from them
