@@ -11,9 +11,10 @@
 #   verify     padless verify --model smollm2-135m --dtype bfloat16 --device cuda --json -> verify.json
 #   autocast   PackingCollator.for_model on the CPU-built model, a bf16-autocast step on the GPU over
 #              fp32 weights (Trainer(bf16=True)), IsolationGuard on it, per backend -> autocast.json
-#   mixers     hybrid models (Qwen3.5 text, Bamba, LFM2 configs) packed vs each document alone, fp32: the
-#              per-document torch mixers on CUDA, then the CUDA kernels given the boundaries
-#              (kernels=True) where fla / causal_conv1d / mamba_ssm import, else recorded skipped -> mixers.json
+#   mixers     hybrid models (Qwen3.5 text, Bamba, LFM2 configs) packed vs each document alone, fp32: padless'
+#              torch scans over the row on CUDA, then the CUDA kernels given the boundaries (kernels=True:
+#              fla cu_seqlens, causal_conv1d / mamba_ssm seq_idx) where they import, else recorded skipped,
+#              and kernels against scans                                          -> mixers.json
 #   bench      padless bench --preset gpt2 (short), in-process, with torch.cuda.set_sync_debug_mode("warn"):
 #              the host syncs of the training loop counted by source line     -> bench/, syncdebug.json
 #   fsdp       padless bench --distributed fsdp under torchrun, if this padless has it (else skipped)

@@ -152,9 +152,11 @@ def autocast(out: str, device_name: str, model_name: str) -> int:
 def mixers(out: str, device_name: str, documents: int = 8) -> int:
     """Hybrid models on the device (``benchmarks/hybrid.py``'s Qwen3.5 text, Bamba and LFM2 configs,
     fp32, TF32 off): packed logits from ``PackingCollator.for_model`` against each document alone,
-    first with the per-document torch mixers, then with the CUDA kernels handed the boundaries
-    (``enable_per_document_mixers(model, kernels=True)``) where their packages import (else recorded
-    as not installed). A path whose documents differ beyond ``1e-4 + 1e-4 * max|logit|`` fails."""
+    first with padless' torch scans over the row (:mod:`padless.attention.scans`, boundaries as masks),
+    then with the CUDA kernels handed the boundaries (``enable_per_document_mixers(model, kernels=True)``:
+    fla's ``cu_seqlens``, causal_conv1d's and mamba_ssm's ``seq_idx``) where their packages import
+    (else recorded as not installed), and the two paths against each other. A path whose documents
+    differ beyond ``1e-4 + 1e-4 * max|logit|`` fails."""
     import torch
     import transformers as T
 
@@ -169,7 +171,8 @@ def mixers(out: str, device_name: str, documents: int = 8) -> int:
     device = torch.device(device_name)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    feats = hybrid.features(hybrid.lengths(0, n=documents), seed=1)
+    median, row_length = hybrid.REGIMES["median 120"]
+    feats = hybrid.features(hybrid.lengths(0, median, row_length, n=documents), seed=1)
     rows, failed = [], False
 
     def record(row: dict[str, Any]) -> None:
@@ -182,7 +185,7 @@ def mixers(out: str, device_name: str, documents: int = 8) -> int:
             model = T.AutoModelForCausalLM.from_config(make(), attn_implementation="sdpa").eval().to(device)
             with torch.no_grad():
                 alone = [alone_logits(model, f["input_ids"]) for f in feats]
-            batch = batch_to(PackingCollator.for_model(model, max_length=hybrid.ROW)(feats), device)
+            batch = batch_to(PackingCollator.for_model(model, max_length=row_length)(feats), device)
         except Exception as exc:  # noqa: BLE001 (recorded: the next family still runs)
             record({"family": family, "status": "error", "detail": f"{type(exc).__name__}: {str(exc)[:400]}"})
             failed = True
@@ -197,7 +200,8 @@ def mixers(out: str, device_name: str, documents: int = 8) -> int:
             )
             for j in range(pl.feature.size)
         ]
-        for path in ("per_document", "kernels"):
+        by_path = {}
+        for path in ("scan", "kernels"):
             row: dict[str, Any] = {"family": family, "path": path}
             try:
                 if path == "kernels":
@@ -219,13 +223,16 @@ def mixers(out: str, device_name: str, documents: int = 8) -> int:
                 diffs = [document_diff(d, alone[d.index], logits) for d in docs]
                 worst, scale = max(d.max_diff for d in diffs), max(d.scale for d in diffs)
                 tol = 1e-4 + 1e-4 * scale
+                by_path[path] = logits
+                if "scan" in by_path and path != "scan":
+                    row["vs_scan"] = (logits - by_path["scan"]).abs().max().item()
                 row.update(status="pass" if worst <= tol else "fail", max_logit_diff=worst, tolerance=tol)
                 failed |= worst > tol
             except Exception as exc:  # noqa: BLE001 (recorded: the next path still runs)
                 row.update(status="error", detail=f"{type(exc).__name__}: {str(exc)[:400]}")
                 failed = True
             finally:
-                enable_per_document_mixers(model)  # back to the torch path
+                enable_per_document_mixers(model)  # back to the torch scans
             record(row)
     _write(out, {"device": str(device), "documents": documents, "rows": rows})
     return 1 if failed else 0

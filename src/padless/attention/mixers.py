@@ -71,6 +71,7 @@ _KERNELS: dict[str, tuple[tuple[str, ...], str]] = {
     # kind -> (packages whose kernels take boundaries, the kwarg the model forwards to them)
     "gated_deltanet": (("fla", "causal_conv1d"), "cu_seqlens"),
     "mamba2": (("mamba_ssm", "causal_conv1d"), "seq_idx"),
+    "short_conv": (("causal_conv1d",), "seq_idx"),
 }
 """Kinds whose transformers code hands its ``**kwargs`` to CUDA kernels that separate documents."""
 
