@@ -285,7 +285,9 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, **kw
         # handed the text rows' boundaries through **kwargs. The rule refuses models whose token
         # layers attend both ways.
         return own_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
-    positions = _positions_mark_documents(attention_mask, query, key, kwargs)
+    positions = _positions_mark_documents(attention_mask, query, key, kwargs) and not any(
+        kwargs.get(name) is not None for name in _REFUSED_KWARGS
+    )  # sinks or a position bias with nothing sent: the model's own attention applies them
     if not sent and not positions and _lost_boundaries(batch, length):
         raise ValueError(
             f"this forward was sent document boundaries (cu_seq_lens_q), but {type(module).__name__} received none: "
