@@ -141,12 +141,15 @@ def chunk_gated_delta_rule(
     keep = cum[..., -1].exp() * through.float()  # [1, H, n]
 
     state = q.new_zeros(1, heads_v, k.shape[-1], dim_v)
-    out = torch.empty_like(new_values)
-    for i in range(q.shape[2]):
-        v_new = new_values[:, :, i] - k_read[:, :, i] @ state
-        out[:, :, i] = q_read[:, :, i] @ state + intra[:, :, i] @ v_new
-        state = state * keep[:, :, i, None, None] + k_write[:, :, i].transpose(-1, -2) @ v_new
-    out = out.reshape(1, heads_v, -1, dim_v)[:, :, :total].transpose(1, 2)
+    outs = []
+    # chunks taken with unbind and outputs stacked once: indexing a chunk of a graph tensor in the loop
+    # would make backward fill a whole-row gradient per chunk (quadratic in the chunks of a row)
+    steps = zip(*(t.unbind(2) for t in (new_values, k_read, q_read, intra, k_write, keep)), strict=True)
+    for values, reads, queries, within, writes, kept in steps:
+        v_new = values - reads @ state
+        outs.append(queries @ state + within @ v_new)
+        state = state * kept[..., None, None] + writes.transpose(-1, -2) @ v_new
+    out = torch.stack(outs, dim=2).reshape(1, heads_v, -1, dim_v)[:, :, :total].transpose(1, 2)
     return out.reshape(batch, length, heads_v, dim_v).to(query.dtype)
 
 
