@@ -219,6 +219,12 @@ def test_a_windowed_backbone_in_the_wrapper_is_exact_or_refused(wrapper):
             assert o.status == "refused" and "no 4D mask per layer type" in o.detail, o
 
 
+def test_the_rule_knows_which_backends_take_one_batch():
+    from padless.attention.backend_table import BACKENDS
+
+    assert rules.MASK_BACKENDS == {name for name, spec in BACKENDS.items() if spec.inputs == "mask4d"}
+
+
 def test_a_mask_without_the_window_shows_in_the_sweep():
     """Guards the sweep: the same documents packed with a 4D mask that lost the window differ from the
     documents alone, so a rule that dropped it would be caught."""

@@ -17,6 +17,11 @@ inside a packed document. How transformers models declare their windows (in the 
   ``config.sliding_window`` when it is set (Qwen configs set it to ``None`` without
   ``use_sliding_window``), and the model builds one mask for all layers.
 
+In a vision-language wrapper these are read from its language model, found by what it is
+(:func:`text_model`: the submodule whose config is the text config, or that holds the text attention
+layers), whatever attribute holds it: its config and its module's source marks, not the wrapper's. A
+wrapper whose language model cannot be found while its text config names a window is refused.
+
 A 4D tensor passed as ``attention_mask`` is returned as it is by ``create_causal_mask`` and
 ``create_sliding_window_causal_mask`` (``masking_utils._preprocess_mask_arguments``): it *replaces*
 the model's window, so the packed mask must carry the window itself.
@@ -325,7 +330,7 @@ def _text_facts(
     outer_impl = getattr(base.config, "_attn_implementation", None)
     inner_impl = getattr(module.config, "_attn_implementation", None)
     reason = None
-    if outer_impl and inner_impl and outer_impl != inner_impl and (_batch_of(outer_impl) or 0) != _batch_of(inner_impl):
+    if outer_impl and inner_impl and outer_impl != inner_impl and not {outer_impl, inner_impl} <= MASK_BACKENDS:
         reason = (
             f"its language model {text_class.__name__} runs attention {inner_impl!r} while the model's config says "
             f"{outer_impl!r} (the wrapper did not switch it), so a batch built for one is wrong for the other; "
@@ -336,14 +341,11 @@ def _text_facts(
     return module.config, _wrapped(outer, model_class, _source_marks(text_class)), text_class.__name__, reason
 
 
-def _batch_of(backend: str) -> str | None:
-    """What a packed batch carries for ``backend`` (``None``: a backend padless does not know): a wrapper
-    judged on one backend whose language model runs another is exact only where both take the same batch
-    (sdpa and eager both take the 4D mask as it is)."""
-    from padless.attention.backend_table import BACKENDS  # imports this module's readers: resolved at call time
-
-    spec = BACKENDS.get(backend)
-    return spec.inputs if spec is not None else None
+MASK_BACKENDS = frozenset({"sdpa", "eager"})
+"""The backends whose packed batch is the 4D mask, taken as it is (``inputs == "mask4d"`` in
+:data:`padless.attention.backend_table.BACKENDS`, which imports this module: the sweep test holds the two
+equal). A wrapper judged on one whose language model runs the other gets the batch that language model
+needs; any other pair of different implementations does not."""
 
 
 def _wrapped(outer: _SourceMarks, model_class: type, inner: _SourceMarks) -> _SourceMarks:
