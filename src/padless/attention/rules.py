@@ -17,6 +17,11 @@ inside a packed document. How transformers models declare their windows (in the 
   ``config.sliding_window`` when it is set (Qwen configs set it to ``None`` without
   ``use_sliding_window``), and the model builds one mask for all layers.
 
+In a vision-language wrapper these are read from its language model, found by what it is
+(:func:`text_model`: the submodule whose config is the text config, or that holds the text attention
+layers), whatever attribute holds it: its config and its module's source marks, not the wrapper's. A
+wrapper whose language model cannot be found while its text config names a window is refused.
+
 A 4D tensor passed as ``attention_mask`` is returned as it is by ``create_causal_mask`` and
 ``create_sliding_window_causal_mask`` (``masking_utils._preprocess_mask_arguments``): it *replaces*
 the model's window, so the packed mask must carry the window itself.
@@ -24,6 +29,7 @@ the model's window, so the packed mask must carry the window itself.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -36,6 +42,7 @@ from padless.attention.transformers_compat import (
     AUTO_DECODER_MARK,
     DECODER_FLAG_MARK,
     MASK4D_MARKS,
+    MASK_BUILDERS,
     MASK_DICT_MARK,
     OFFSET_POSITIONS_MARK,
     POSITION_MASK_MARK,
@@ -102,8 +109,13 @@ class AttentionRules:
     ``position_ids`` alone (no ``attention_mask``, ``use_cache=False``) gets per-document masks on sdpa
     and eager, with the model's own sliding windows."""
     adapter: str | None = None
-    """Why the PEFT adapter wrapping the model breaks packing (prompt learning), ``None`` when it does
-    not or there is none (:func:`padless.attention.adapters.adapter_refusal`)."""
+    """Why no backend can pack the model, read before any attention rule: the PEFT adapter wrapping it
+    breaks packing (prompt learning, :func:`padless.attention.adapters.adapter_refusal`), or the facts of
+    a wrapper's language model cannot be read (none found while its text config names windows, or it runs
+    another attention implementation than the wrapper says); ``None``: neither."""
+    text_model: str | None = None
+    """The class name of the language model whose config and module source the rules were read from
+    (:func:`text_model`; for a bare config, the class its text config maps to); ``None``: the model's own."""
 
     def mask_windows(self, max_length: int | None) -> MaskWindows:
         """What a 4D mask must carry for rows whose documents hold at most ``max_length`` tokens
@@ -217,16 +229,51 @@ def _module_source(model_class: type) -> str:
         return ""
 
 
+def text_model(model: Any) -> Any:
+    """The module of a vision-language wrapper that builds the text attention mask and holds the decoder
+    layers, found by what it is, whatever attribute holds it (``language_model``, ``text_model``, ...):
+
+    1. the outermost ``PreTrainedModel`` submodule whose config *is* the text config;
+    2. failing that, the outermost ``PreTrainedModel`` submodule whose config is of the text config's
+       class, outside any vision tower (a submodule whose config is another sub-config of the model's);
+    3. failing that, the innermost ``PreTrainedModel`` submodule holding every ``*Attention`` layer
+       outside the vision towers, and no tower.
+
+    The model itself where it is no wrapper (its text config is its config); ``None``: a wrapper whose
+    language model none of these finds, or an object without modules."""
+    base = base_model_of(model)
+    config = getattr(base, "config", None)
+    text = _text_config(config)
+    if text is config or not hasattr(base, "named_modules"):
+        return base if text is config else None
+    from transformers import PreTrainedModel
+
+    subs = [v for v in vars(config).values() if _is_config(v) and v is not text]
+    sub_types = {type(v) for v in subs} - {type(text)}
+    modules = [(n, m) for n, m in base.named_modules() if n]
+    towers = [n for n, m in modules if (c := getattr(m, "config", None)) is not None and (
+        any(c is v for v in subs) or type(c) in sub_types)]  # fmt: skip
+    outside = lambda name: not any(name == t or name.startswith(t + ".") for t in towers)  # noqa: E731
+    models = [(n, m) for n, m in modules if isinstance(m, PreTrainedModel)]
+    found = next((m for _, m in models if m.config is text), None)
+    found = found or next((m for n, m in models if isinstance(m.config, type(text)) and outside(n)), None)
+    if found is not None:
+        return found
+    layers = [n for n, m in modules if type(m).__name__.endswith("Attention") and outside(n)]
+    holders = [(n, m) for n, m in models if layers and all(x.startswith(n + ".") for x in layers)]
+    if not holders:
+        return None
+    name, holder = holders[-1]  # pre-order: the last holder is the innermost
+    return None if any(t.startswith(name + ".") for t in towers) else holder  # a wrapper's own model: not found
+
+
+def _is_config(value: Any) -> bool:
+    return hasattr(value, "to_dict") and hasattr(value, "model_type") and not isinstance(value, type)
+
+
 def _text_model_class(model_or_config: Any, text_config: Any) -> type | None:
-    """The class of the language model inside a vision-language wrapper (``model.language_model``,
-    e.g. ``MistralModel`` inside ``Mistral3ForConditionalGeneration``), whose module builds the
-    attention masks (sliding windows included); for a config, the class transformers maps its text
-    config to. ``None``: not a wrapper, or unknown."""
-    if hasattr(model_or_config, "forward"):
-        base = base_model_of(model_or_config)
-        inner = getattr(base, "model", base)
-        lm = getattr(inner, "language_model", None) or getattr(base, "language_model", None)
-        return _unsharded_class(type(lm)) if lm is not None and hasattr(lm, "forward") else None
+    """For a bare config, the class transformers maps its text config to, whose module builds the
+    attention masks (``None``: not a multimodal config, or unknown)."""
     if text_config is config_of(model_or_config):
         return None
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
@@ -237,10 +284,95 @@ def _text_model_class(model_or_config: Any, text_config: Any) -> type | None:
         return None
 
 
+def _wrapper_class(config: Any) -> type | None:
+    """The image-text-to-text class transformers maps a bare config to (``None``: none)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+    try:
+        return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING[type(config)]
+    except (KeyError, ValueError):
+        return None
+
+
+def _builds_text_mask(model_class: type) -> bool:
+    """The class's module calls transformers' mask builders itself (PaliGemma's wrapper builds the mask
+    its language model gets), so the mask a batch carries reaches the language model through it."""
+    source = _module_source(model_class)
+    return any(f"{name}(" in source for name in MASK_BUILDERS)
+
+
+def _text_facts(
+    model_or_config: Any, config: Any, model_class: type | None
+) -> tuple[Any, _SourceMarks, str | None, str | None]:
+    """The text config the rules read, the source marks of the mask path the text tokens go through,
+    the class name of the wrapper's language model read (``None``: the model's own) and why its facts
+    cannot be read (``None``: they can)."""
+    outer = _source_marks(model_class) if model_class is not None else _SourceMarks()
+    if not hasattr(model_or_config, "forward"):  # a bare config: the class its text config maps to
+        text_class = _text_model_class(model_or_config, config)
+        wrapper = model_class or _wrapper_class(model_or_config)
+        if text_class is None or (wrapper is not None and text_class.__module__ == wrapper.__module__):
+            return config, outer, None, None
+        inner = _source_marks(text_class)
+        marks = _wrapped(_source_marks(wrapper), wrapper, inner) if wrapper is not None else inner
+        return config, marks, text_class.__name__, None
+    base = base_model_of(model_or_config)
+    module = text_model(model_or_config)
+    if module is base or (module is None and (config is config_of(model_or_config) or not _windowed(config))):
+        return config, outer, None, None
+    if module is None:
+        return config, outer, None, (
+            f"padless found no language model in {type(base).__name__} (no submodule whose config is its text "
+            f"config {type(config).__name__}, nor one holding its attention layers), so it cannot read which "
+            "sliding windows or chunks its attention applies"
+        )  # fmt: skip
+    text_class = _unsharded_class(type(module))
+    outer_impl = getattr(base.config, "_attn_implementation", None)
+    inner_impl = getattr(module.config, "_attn_implementation", None)
+    reason = None
+    if outer_impl and inner_impl and outer_impl != inner_impl and not {outer_impl, inner_impl} <= MASK_BACKENDS:
+        reason = (
+            f"its language model {text_class.__name__} runs attention {inner_impl!r} while the model's config says "
+            f"{outer_impl!r} (the wrapper did not switch it), so a batch built for one is wrong for the other; "
+            "give both one attention implementation"
+        )
+    if model_class is None or text_class.__module__ == model_class.__module__:
+        return module.config, outer, text_class.__name__, reason
+    return module.config, _wrapped(outer, model_class, _source_marks(text_class)), text_class.__name__, reason
+
+
+MASK_BACKENDS = frozenset({"sdpa", "eager"})
+"""The backends whose packed batch is the 4D mask, taken as it is (``inputs == "mask4d"`` in
+:data:`padless.attention.backend_table.BACKENDS`, which imports this module: the sweep test holds the two
+equal). A wrapper judged on one whose language model runs the other gets the batch that language model
+needs; any other pair of different implementations does not."""
+
+
+def _wrapped(outer: _SourceMarks, model_class: type, inner: _SourceMarks) -> _SourceMarks:
+    """The marks of a language model inside a wrapper of another module: its own, except where the
+    wrapper builds the text mask itself, whose mask path the batch's mask goes through first."""
+    if not (outer.known and _builds_text_mask(model_class)):
+        return inner
+    return dataclasses.replace(
+        inner,
+        sliding_mask=outer.sliding_mask,
+        mask_dict=outer.mask_dict and inner.mask_dict,
+        takes_4d_mask=outer.takes_4d_mask and inner.takes_4d_mask,
+        masks_from_position_ids=outer.masks_from_position_ids,
+    )
+
+
+def _windowed(config: Any) -> bool:
+    """The config names a sliding window, a chunk size or per-layer attention types."""
+    return any(getattr(config, k, None) for k in ("sliding_window", "attention_chunk_size", "layer_types"))
+
+
 def attention_rules(model_or_config: Any) -> AttentionRules:
     """Read :class:`AttentionRules` from a transformers model or config (see the module docstring)."""
-    config = _text_config(config_of(model_or_config))
     model_class = model_class_of(model_or_config)
+    config, marks, text_name, unread = _text_facts(
+        model_or_config, _text_config(config_of(model_or_config)), model_class
+    )
     get = lambda name, default=None: getattr(config, name, default)  # noqa: E731
     window = get("sliding_window")
     if get("use_sliding_window") is False:
@@ -252,10 +384,6 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
         others = tuple(t for t in types if t not in (*ATTENTION_LAYER_TYPES, CHUNKED, *PER_TOKEN_LAYER_TYPES))
     else:
         windows, others = {SLIDING if window is not None else FULL: window}, ()
-    marks = _source_marks(model_class) if model_class is not None else _SourceMarks()
-    text_class = _text_model_class(model_or_config, config)
-    if text_class is not None and model_class is not None and text_class.__module__ != model_class.__module__:
-        marks = _source_marks(text_class)  # a vision-language wrapper: its language model builds the masks
     if marks.known and not marks.sliding_mask:
         windows = {t: None for t in windows}  # the model's own mask has no window (see SLIDING_MASK_MARKS)
     mpt_alibi = bool(getattr(get("attn_config"), "alibi", False)) if get("model_type") == "mpt" else False
@@ -278,5 +406,6 @@ def attention_rules(model_or_config: Any) -> AttentionRules:
         offset_positions=marks.offset_positions,
         masks_from_position_ids=marks.masks_from_position_ids,
         takes_4d_mask=marks.takes_4d_mask,
-        adapter=adapter_refusal(model_or_config),
+        adapter=adapter_refusal(model_or_config) or unread,
+        text_model=text_name,
     )
