@@ -336,7 +336,7 @@ def _pack_split(
     features = datasets.Features({**dataset.features, "seq_lengths": datasets.List(datasets.Value("int32"))})
     info = datasets.DatasetInfo(features=features)
     # A fingerprint from the input's and the arguments: left to datasets, it would pickle every token to hash it.
-    from padless import __version__
+    from padless._version import __version__
 
     fingerprint = datasets.fingerprint.Hasher.hash(
         ("padless.pack_dataset", __version__, dataset._fingerprint, seq_length, strategy, overlong, batch_size)
