@@ -331,6 +331,8 @@ TEST_HOMES: dict[str, str] = {
     "padless.data.inputs": "export/test_inputs.py",
     "padless.integrations.trl_rl": "integrations/test_trl_grpo.py",  # also test_trl_dpo.py, test_trl_grpo_tools.py
     "padless.isolation.audit": "integrations/test_exactness.py",
+    "padless.isolation.report": "isolation/test_verify.py",
+    "padless.isolation.runs": "isolation/test_verify.py",
     "padless.models.fsdp": "integrations/test_fsdp.py",
     "padless.objectives.dpo": "batching/test_preference.py",
     "padless.planning._binpack": "planning/test_plan.py",
