@@ -302,6 +302,8 @@ TEST_HOMES: dict[str, str] = {
     "padless.attention.select": "attention/test_windows.py",
     "padless.attention.tree": "batching/test_preference.py",
     "padless.attention.verdict": "attention/test_facts.py",
+    "padless.batching.groups": "batching/test_preference.py",
+    "padless.batching.rollouts": "batching/test_rollout_inputs.py",  # also test_preference.py
     "padless.batching.rows": "batching/test_distributed.py",
     "padless.batching.weights": "objectives/test_loss_weighting.py",
     "padless.bench.child": "bench/test_bench.py",
