@@ -331,6 +331,8 @@ TEST_HOMES: dict[str, str] = {
     "padless.export.stages": "export/test_resume.py",
     "padless.export.state": "export/test_resume.py",
     "padless.data.inputs": "export/test_inputs.py",
+    "padless.integrations.dataset_plans": "integrations/test_datasets.py",
+    "padless.integrations.datasets_stream": "integrations/test_datasets.py",
     "padless.integrations.trl_rl": "integrations/test_trl_grpo.py",  # also test_trl_dpo.py, test_trl_grpo_tools.py
     "padless.isolation.audit": "integrations/test_exactness.py",
     "padless.isolation.report": "isolation/test_verify.py",
