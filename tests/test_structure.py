@@ -339,6 +339,7 @@ TEST_HOMES: dict[str, str] = {
     "padless.isolation.runs": "isolation/test_verify.py",
     "padless.models.fsdp": "integrations/test_fsdp.py",
     "padless.objectives.dpo": "batching/test_preference.py",
+    "padless.objectives.grpo_config": "objectives/test_grpo.py",
     "padless.planning._binpack": "planning/test_plan.py",
     "padless.planning._costpack": "planning/test_costs.py",
     "padless.planning.items": "planning/test_plan.py",
@@ -378,3 +379,22 @@ def test_every_package_docstring_names_its_modules() -> None:
             if f"``{module}``" not in doc and f"padless.{name.split('.', 1)[1]}.{module}" not in doc:
                 unnamed.append(f"{name}: {module}")
     assert unnamed == [], "modules that their package's docstring does not name (as ``module``):\n" + "\n".join(unnamed)
+
+
+MAX_MODULE_LINES = 500
+"""One module per concept: a module over this many lines holds more than one (split it by concept)."""
+
+OVER_MAX_LINES_PENDING: set[str] = {
+    # Being split by other engineers of issue 40 on their branches; the integrator empties this set when
+    # their splits land (the test below fails for a listed module that is no longer over the limit).
+    "padless.integrations.transformers",
+    "padless.integrations.trl_rl",
+    "padless.bench.report",
+}
+
+
+def test_no_module_is_over_max_lines() -> None:
+    lines = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in MODULES.items()}
+    over = {name: n for name, n in lines.items() if n > MAX_MODULE_LINES}
+    assert set(over) - OVER_MAX_LINES_PENDING == set(), f"modules over {MAX_MODULE_LINES} lines: {over}"
+    assert OVER_MAX_LINES_PENDING - set(over) == set(), "OVER_MAX_LINES_PENDING lists modules no longer over: drop them"
