@@ -291,8 +291,10 @@ class GroupCollator(RowFormat):
             position_ids[r, n:] = np.arange(width - n)
             base = np.cumsum([0] + [g.segment_lengths.size for g in parts])
             lengths = [*(g.segment_lengths for g in parts), *([[width - n]] if n < width else [])]
-            parents = [*(np.where(g.parents >= 0, g.parents + b, -1) for g, b in zip(parts, base)),
-                       *([[-1]] if n < width else [])]  # the pad: its own segment, positions from 0  # fmt: skip
+            parents = [
+                *(np.where(g.parents >= 0, g.parents + b, -1) for g, b in zip(parts, base)),
+                *([[-1]] if n < width else []),  # the pad: its own segment, positions from 0
+            ]
             trees.append((np.concatenate(lengths).astype(np.int64), np.concatenate(parents).astype(np.int64)))
         if not self.share_prompt:  # plain documents: the row format's mask (windows included) or cu_seq_lens
             batch = self.row_inputs(input_ids, labels, position_ids, [lengths.tolist() for lengths, _ in trees])

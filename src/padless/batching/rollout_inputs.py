@@ -41,9 +41,16 @@ def rollout_features(
         -> [{"prompt_ids": [5, 6], "completion_ids": [[1, 2], [3]]},
             {"prompt_ids": [7, 8, 9], "completion_ids": [[4]]}]
     """
-    tables = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-              "completion_mask": completion_mask, "tool_mask": tool_mask, "advantages": advantages,
-              "old_per_token_logps": old_per_token_logps, "ref_per_token_logps": ref_per_token_logps}  # fmt: skip
+    tables = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "tool_mask": tool_mask,
+        "advantages": advantages,
+        "old_per_token_logps": old_per_token_logps,
+        "ref_per_token_logps": ref_per_token_logps,
+    }
     t = {k: _table(v, k) for k, v in tables.items() if v is not None}
     rows, width = t["completion_ids"].shape
     if t["prompt_ids"].shape[0] != rows:

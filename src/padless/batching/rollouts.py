@@ -55,8 +55,13 @@ from padless.batching.batch import PackedBatch
 from padless.batching.groups import Group, GroupCollator, need_keys
 from padless.layout import IGNORE_INDEX
 
-ROLLOUT_FIELDS: tuple[str, ...] = ("completion_mask", "tool_mask", "advantages", "old_per_token_logps",
-                                   "ref_per_token_logps")  # fmt: skip
+ROLLOUT_FIELDS: tuple[str, ...] = (
+    "completion_mask",
+    "tool_mask",
+    "advantages",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+)
 """The optional per-completion fields of a rollout group feature (TRL ``GRPOTrainer`` names)."""
 
 _ALL_OR_NONE = ("advantages", "old_per_token_logps", "ref_per_token_logps")

@@ -23,8 +23,11 @@ from padless.integrations.dataset_plans import (
     resolve_strategy,
 )
 
-STREAM_PLANNERS: dict[str, str] = {"best_fit_decreasing": "buffered", "histogram_best_fit": "buffered",
-                                   "wrapped": "wrapped"}  # fmt: skip
+STREAM_PLANNERS: dict[str, str] = {
+    "best_fit_decreasing": "buffered",
+    "histogram_best_fit": "buffered",
+    "wrapped": "wrapped",
+}
 """padless planner -> how an ``IterableDataset`` is packed without ``map_kwargs["batch_size"]``:
 ``buffered`` (:class:`padless.planning.buffered.StreamPlanner`) or ``wrapped`` (cut as it streams,
 the offline rows exactly). Other planners need a ``batch_size``."""

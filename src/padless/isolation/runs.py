@@ -365,8 +365,11 @@ def check_shared_prompt(model: Any, backend: str, groups: list[dict[str, Any]], 
         packed = model(**forward_inputs(batch)).logits
         padded = padded_logits(model, docs, int(batch["input_ids"].shape[1]))
         alone = [alone_logits(model, d.input_ids) for d in docs]
-        sums = (_logprob_sum(packed, packed_picks), _logprob_sum(padded, alone_picks),
-                sum(_logprob_sum(a[None], [(0, cols, t)]) for a, (_, cols, t) in zip(alone, alone_picks)))  # fmt: skip
+        sums = (
+            _logprob_sum(packed, packed_picks),
+            _logprob_sum(padded, alone_picks),
+            sum(_logprob_sum(a[None], [(0, cols, t)]) for a, (_, cols, t) in zip(alone, alone_picks)),
+        )
         g_packed, g_padded, g_alone = (grads(total) for total in sums)
     with run.compute():
         logits = compare_documents(

@@ -388,6 +388,6 @@ _LOSSES: dict[str, tuple[Objective, Reduction]] = {
     "sapo": (_sapo, _sequence_mean),
     "luspo": (_clipped, _sequence_sum),
     "vespo": (_vespo, _generation_tokens),
-}  # fmt: skip
+}
 """Each loss type (:data:`LOSS_TYPES`, in order): its per-token objective and its reduction (the module
 docstring's two tables)."""
