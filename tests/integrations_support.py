@@ -1,12 +1,11 @@
-"""Shared by tests/test_integrations_*.py: the tiny model and data, one optimiser step under Trainer /
-SFTTrainer / an accelerate loop with its loss and gradients, and a torchrun worker running those steps
-on every rank (``python -m torch.distributed.run --nproc-per-node 2 tests/integrations_support.py OUT``).
+"""Shared by tests/integrations/test_*.py: the tiny model and data, one optimiser step under Trainer /
+SFTTrainer / an accelerate loop with its loss and gradients (the torchrun worker that runs those steps
+on every rank is tests/integrations/test_fsdp.py's ``main``).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -279,32 +278,6 @@ def padded_accelerate_step(*, world_size: int = 2, micro_batches: int = 2) -> di
         "all_rows": len(rows) == sched.plan.num_rows,
         "of": len(feats),
     }
-
-
-def main(out_dir: str) -> None:
-    """torchrun worker: the packed first step of each integration on this rank, saved to ``out_dir``."""
-    import faulthandler
-
-    import torch
-
-    faulthandler.dump_traceback_later(int(os.environ.get("PADLESS_WORKER_TIMEOUT", "400")), exit=True)  # no hang
-    torch.set_num_threads(1)
-    rows = num_rows(examples())
-    per_rank = -(-rows // 2)  # one optimiser step holds every row
-    results = {
-        "trainer": first_step("trainer-packed", "padless", os.path.join(out_dir, "t"), rows_per_batch=per_rank),
-        "sft": first_step("sft-packed", "sdpa", os.path.join(out_dir, "s"), rows_per_batch=per_rank),
-        "accelerate": accelerate_first_step("padless", rows_per_batch=1, grad_accum=2),
-    }
-    rank = results["trainer"]["rank"]
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    # and the example script's own entry point, as `torchrun examples/accelerate_loop.py` runs it
-    _load_example("accelerate_loop").main(["--cpu", "--steps", "2", "--limit", "24", "--max-length", "192"])
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT / "tests"))
-    main(sys.argv[1])
 
 
 def offline_qwen2_vl(processor: Any, *, bos: bool = False) -> Any:

@@ -90,13 +90,14 @@ def _resolve(module: str, level: int, importer: str) -> str:
     return ".".join([*base, module] if module else base)
 
 
-def _edges(name: str) -> set[str]:
-    """padless modules that ``name`` imports, anywhere in its body (functions included).
+def _edges(name: str, *, type_checking: bool = False) -> set[str]:
+    """padless modules that ``name`` imports, anywhere in its body (functions included); with
+    ``type_checking``, those imported only for type checkers (``if TYPE_CHECKING:``) too.
 
     ``from pkg import sub`` is an edge to the submodule; ``from pkg import X`` where ``pkg`` re-exports
     ``X`` lazily is an edge to the module that defines ``X``. The implicit import of parent packages is
     not an edge (their ``__init__`` only re-exports lazily)."""
-    tree, skip = TREES[name], _type_checking_nodes(TREES[name])
+    tree, skip = TREES[name], set() if type_checking else _type_checking_nodes(TREES[name])
     out: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -168,10 +169,26 @@ def test_only_cli_parses_flags_and_prints() -> None:
 
 
 def test_the_package_has_no_import_cycle() -> None:
-    graph = {name: _edges(name) for name in MODULES}
+    """No loop of imports, counting the imports made only for type checkers: ``if TYPE_CHECKING:``
+    with a function-level import back hides a cycle from Python but not from the design (planning's
+    ``costs`` and ``plan`` were one such pair). The top-level package is left out of the type-checking
+    edges: its ``TYPE_CHECKING`` block names every public export for static analysis only."""
+    graph = {name: _edges(name, type_checking=name != PACKAGE) for name in MODULES}
     assert graph["padless.data.corpora"] and graph["padless.export.parquet"]  # the graph is not empty
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_test_sees_imports_made_for_type_checkers() -> None:
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from padless.planning.plan import PackPlan\n"
+    )
+    TREES["padless.planning.checks"], saved = tree, TREES["padless.planning.checks"]
+    try:
+        assert "padless.planning.plan" not in _edges("padless.planning.checks")
+        assert _edges("padless.planning.checks", type_checking=True) == {"padless.planning.plan"}
+    finally:
+        TREES["padless.planning.checks"] = saved
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -179,7 +196,15 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
-FLOOR = {"padless.layout", "padless.devices", "padless.atomic", "padless._optional", "padless.hub", "padless._lazy"}
+FLOOR = {
+    "padless.layout",
+    "padless.devices",
+    "padless.atomic",
+    "padless._optional",
+    "padless.hub",
+    "padless._lazy",
+    "padless._version",
+}
 """Top-level modules every stage may import: they import nothing of padless but each other."""
 
 MAY_IMPORT: dict[str, set[str]] = {
@@ -208,7 +233,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 """The data flow of DESIGN.md: data and planning at the bottom, the model-facing stages above them,
 bench and cli (which may import anything) on top. Nothing imports a stage above it."""
 
-MAX_TOP_LEVEL_MODULES = 8
+MAX_TOP_LEVEL_MODULES = 9
 
 
 def _stage(module: str) -> str:
@@ -232,7 +257,10 @@ def test_no_stage_imports_a_stage_above_it() -> None:
         src = _stage(name)
         for target in targets:
             dst = _stage(target)
-            if src == dst or dst in FLOOR or target == PACKAGE:  # the package itself: __version__, lazy names
+            if src == dst or dst in FLOOR:
+                continue
+            if target == PACKAGE:  # the top of the package, from below: its __version__ is padless._version's
+                wrong.append(f"{name} imports {target} (the top-level package)")
                 continue
             if src in FLOOR:
                 wrong.append(f"{name} (floor) imports {target}")
@@ -256,7 +284,7 @@ def test_no_module_imports_another_folders_private_names() -> None:
             for alias in node.names:
                 private = alias.name.startswith("_") and not alias.name.startswith("__")
                 if private or any(p.startswith("_") and not p.startswith("__") for p in base.split(".")[1:]):
-                    if base not in ("padless._optional", "padless._lazy"):
+                    if base not in ("padless._optional", "padless._lazy", "padless._version"):
                         wrong.append(f"{name}:{node.lineno} imports {base}.{alias.name}")
     assert wrong == [], "private names imported across folders:\n" + "\n".join(wrong)
 
@@ -265,6 +293,7 @@ TEST_HOMES: dict[str, str] = {
     # module -> the test file that covers it, where the mirrored name (tests/<folder>/test_<module>.py) is not it
     "padless._optional": "integrations/test_packaging.py",
     "padless._lazy": "test_api.py",
+    "padless._version": "test_version.py",
     "padless.hub": "cli/test_bad_input.py",
     "padless.attention.backend": "attention/test_varlen.py",
     "padless.attention.multimodal": "batching/test_vision.py",
@@ -273,6 +302,8 @@ TEST_HOMES: dict[str, str] = {
     "padless.attention.select": "attention/test_windows.py",
     "padless.attention.tree": "batching/test_preference.py",
     "padless.attention.verdict": "attention/test_facts.py",
+    "padless.batching.groups": "batching/test_preference.py",
+    "padless.batching.rollouts": "batching/test_rollout_inputs.py",  # also test_preference.py
     "padless.batching.rows": "batching/test_distributed.py",
     "padless.batching.weights": "objectives/test_loss_weighting.py",
     "padless.bench.child": "bench/test_bench.py",
@@ -300,11 +331,18 @@ TEST_HOMES: dict[str, str] = {
     "padless.export.stages": "export/test_resume.py",
     "padless.export.state": "export/test_resume.py",
     "padless.data.inputs": "export/test_inputs.py",
+    "padless.integrations.dataset_plans": "integrations/test_datasets.py",
+    "padless.integrations.datasets_stream": "integrations/test_datasets.py",
     "padless.integrations.trl_rl": "integrations/test_trl_grpo.py",  # also test_trl_dpo.py, test_trl_grpo_tools.py
     "padless.isolation.audit": "integrations/test_exactness.py",
+    "padless.isolation.report": "isolation/test_verify.py",
+    "padless.isolation.runs": "isolation/test_verify.py",
     "padless.models.fsdp": "integrations/test_fsdp.py",
     "padless.objectives.dpo": "batching/test_preference.py",
+    "padless.objectives.grpo_config": "objectives/test_grpo.py",
     "padless.planning._binpack": "planning/test_plan.py",
+    "padless.planning._costpack": "planning/test_costs.py",
+    "padless.planning.items": "planning/test_plan.py",
     "padless.planning.buffered": "batching/test_stream.py",
     "padless.planning.checks": "planning/test_plan.py",
     "padless.planning.schedule": "batching/test_distributed.py",
@@ -341,3 +379,22 @@ def test_every_package_docstring_names_its_modules() -> None:
             if f"``{module}``" not in doc and f"padless.{name.split('.', 1)[1]}.{module}" not in doc:
                 unnamed.append(f"{name}: {module}")
     assert unnamed == [], "modules that their package's docstring does not name (as ``module``):\n" + "\n".join(unnamed)
+
+
+MAX_MODULE_LINES = 500
+"""One module per concept: a module over this many lines holds more than one (split it by concept)."""
+
+OVER_MAX_LINES_PENDING: set[str] = {
+    # Being split by other engineers of issue 40 on their branches; the integrator empties this set when
+    # their splits land (the test below fails for a listed module that is no longer over the limit).
+    "padless.integrations.transformers",
+    "padless.integrations.trl_rl",
+    "padless.bench.report",
+}
+
+
+def test_no_module_is_over_max_lines() -> None:
+    lines = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in MODULES.items()}
+    over = {name: n for name, n in lines.items() if n > MAX_MODULE_LINES}
+    assert set(over) - OVER_MAX_LINES_PENDING == set(), f"modules over {MAX_MODULE_LINES} lines: {over}"
+    assert OVER_MAX_LINES_PENDING - set(over) == set(), "OVER_MAX_LINES_PENDING lists modules no longer over: drop them"

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING
 
 from padless._lazy import lazy_exports
 
-__version__ = "0.1.0"
-
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     # planning (numpy only)
@@ -121,7 +119,8 @@ _MOVED: dict[str, str] = {
     "load_results": "padless.bench.results",
 }
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, moved=_MOVED, extra=["__version__"])
+__version__: str  # read on first use, from the package metadata (padless._version)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {**_EXPORTS, "__version__": "padless._version"}, moved=_MOVED)
 
 if TYPE_CHECKING:  # pragma: no cover - _EXPORTS for static analysis (tests/test_api.py holds both equal)
     from padless.attention.accept import check_batch

@@ -46,9 +46,16 @@ a dict of masks that the model picks from per layer."""
 
 
 VISION_KEYS: tuple[str, ...] = (
-    "pixel_values", "image_grid_thw", "video_grid_thw", "pixel_values_videos", "pixel_attention_mask",
-    "image_sizes", "mm_token_type_ids", "image_embeds", "image_attention_mask",
-)  # fmt: skip
+    "pixel_values",
+    "image_grid_thw",
+    "video_grid_thw",
+    "pixel_values_videos",
+    "pixel_attention_mask",
+    "image_sizes",
+    "mm_token_type_ids",
+    "image_embeds",
+    "image_attention_mask",
+)
 """Processor outputs of vision-language models: :class:`padless.PackingCollator` and
 :class:`padless.PaddingCollator` carry them with their documents (:mod:`padless.batching.vision`); the
 preference and rollout collators refuse them."""

@@ -511,7 +511,7 @@ def test_a_batch_built_for_another_backend_is_refused():
 @settings(max_examples=80, deadline=None)
 @given(st.integers(1, 40), st.lists(st.integers(1, 30), min_size=1, max_size=5), st.integers(1, 80), st.booleans())
 def test_truncation_fills_the_row_with_the_longest_common_cap(prompt, completions, max_length, shared):
-    from padless.batching.preference import _fit
+    from padless.batching.groups import _fit
 
     sizes = np.array(completions)
     copies = 1 if shared else sizes.size

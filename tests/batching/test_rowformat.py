@@ -11,7 +11,7 @@ import torch
 
 import padless.attention.select as select
 from padless.attention.masks import additive_block_causal_mask
-from padless.batching import collate, preference, rowformat
+from padless.batching import collate, groups, preference, rollouts, rowformat
 from padless.batching.batch import forward_inputs
 from padless.batching.collate import PackingCollator
 from padless.batching.preference import PreferenceCollator, RolloutCollator
@@ -38,9 +38,9 @@ def test_every_field_is_documented_once():
     assert list(own) == FORMAT_FIELDS and all(own.values()), own
     for module, name in (
         (collate, "PackingCollator"),
-        (preference, "_GroupCollator"),
+        (groups, "GroupCollator"),
         (preference, "PreferenceCollator"),
-        (preference, "RolloutCollator"),
+        (rollouts, "RolloutCollator"),
     ):
         redeclared = set(_declared(module, name)) & set(FORMAT_FIELDS)
         assert redeclared == set(), f"{name} redeclares {redeclared}"

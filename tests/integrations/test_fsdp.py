@@ -6,16 +6,22 @@ step, the whole (unsharded) parameters of one process over both ranks' rows. The
 examples/accelerate_loop.py ``--fsdp`` step and PackedTrainer's (each sharded by padless,
 and by accelerate's FSDP2 plugin) are held to their padded one-process step the same way.
 
-The torchrun worker is this file's ``main`` (``python -m torch.distributed.run --nproc-per-node 2
-tests/integrations/test_fsdp.py OUT``); the parent compares what each rank saved.
+One ``torchrun`` launch serves every two-rank check of this file and of test_ddp.py (starting two
+ranks costs seconds: Python, torch, transformers and TRL imported twice): its worker is this file's
+``main`` (``python -m torch.distributed.run --nproc-per-node 2 tests/integrations/test_fsdp.py OUT
+PAGE``), which runs the parts of :data:`PARTS` in one process group and saves what each rank saw; the
+parent compares. Under pytest-xdist the first worker to need it launches it and the others read its
+results (:func:`shared_launch`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -104,37 +110,101 @@ def _loop_step(case: str) -> dict[str, Any]:
     }
 
 
-def main(out_dir: str) -> None:
+PARTS = ("ddp", "example", "fsdp", "docs", "plugins", "gpu_script")
+"""What the shared launch runs, in this order on both ranks: the first step of PackedTrainer, padless'
+SFTTrainer and the accelerate loop under DDP (test_ddp.py); examples/accelerate_loop.py's own ``main``;
+the FSDP2 steps of :data:`CASES`, the accelerate loop and PackedTrainer sharded by padless; the
+docs/integrations/fsdp.md snippet; the two sharded by accelerate's FSDP2 plugin (they switch the
+process's accelerate state to FSDP: after every other accelerate user); benchmarks/fsdp.py."""
+
+GPU_SCRIPT_ARGS = ("--device", "cpu", "--max-length", "128", "--steps", "1", "--documents", "120", "--rows", "1")
+
+
+def _run_script(path: str | Path, *argv: str) -> None:
+    """``path`` as ``python path argv...`` would run it, in this process (its process group is ours)."""
+    import runpy
+
+    saved = sys.argv
+    sys.argv = [str(path), *argv]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise RuntimeError(f"{path} exited with status {exc.code}") from None
+    finally:
+        sys.argv = saved
+
+
+def _example() -> None:
+    """The example script's own entry point, as ``torchrun examples/accelerate_loop.py`` runs it."""
+    status = support._load_example("accelerate_loop").main(
+        ["--cpu", "--steps", "2", "--limit", "24", "--max-length", "192"]
+    )
+    if status:
+        raise RuntimeError(f"examples/accelerate_loop.py main returned {status}")
+
+
+def main(out_dir: str, page: str) -> None:
+    """torchrun worker: every part of :data:`PARTS` on this rank; each part's results, printed lines and
+    (if it raised) traceback saved to ``OUT/rank{r}.pt``. A part that raises fails the tests that read
+    it; the other parts still run."""
     import faulthandler
 
     import torch
+    import torch.distributed as dist
 
     from padless.models.fsdp import init_distributed
 
-    faulthandler.dump_traceback_later(int(os.environ.get("PADLESS_WORKER_TIMEOUT", "400")), exit=True)  # no hang
+    faulthandler.dump_traceback_later(int(os.environ.get("PADLESS_WORKER_TIMEOUT", "540")), exit=True)  # no hang
     torch.set_num_threads(1)
     device = init_distributed("cpu")
-    results: dict[str, Any] = {"device": str(device)}
-    for case in CASES:
-        results[case] = _loop_step(case)
-    results["accelerate"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, fsdp=True)
+    rank = dist.get_rank()
+    # one process group serves every part: accelerate's end_training and benchmarks/fsdp.py end it when
+    # they finish, so ending it waits for the last part
+    destroy, dist.destroy_process_group = dist.destroy_process_group, lambda group=None: None
     per_rank = -(-support.num_rows(support.examples()) // 2)  # one optimiser step holds every row
-    results["trainer"] = support.first_step(
-        "trainer-fsdp", "padless", os.path.join(out_dir, "t"), rows_per_batch=per_rank
-    )
-    # last: these switch the process's accelerate state to FSDP (support.force_accelerate_fsdp2)
-    results["trainer-plugin"] = support.first_step(
-        "trainer-fsdp-plugin", "padless", os.path.join(out_dir, "p"), rows_per_batch=per_rank
-    )
-    results["plugin"] = support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, plugin=True)
-    torch.save(results, os.path.join(out_dir, f"rank{results[next(iter(CASES))]['rank']}.pt"))
+    sub = lambda name: os.path.join(out_dir, f"{name}{rank}")  # noqa: E731  a Trainer's output_dir
+    parts = {
+        "ddp": lambda: {
+            "ddp-trainer": support.first_step("trainer-packed", "padless", sub("t"), rows_per_batch=per_rank),
+            "ddp-sft": support.first_step("sft-packed", "sdpa", sub("s"), rows_per_batch=per_rank),
+            "ddp-accelerate": support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2),
+        },
+        "example": _example,
+        "fsdp": lambda: {
+            **{case: _loop_step(case) for case in CASES},
+            "accelerate": support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, fsdp=True),
+            "trainer": support.first_step("trainer-fsdp", "padless", sub("f"), rows_per_batch=per_rank),
+        },
+        "docs": lambda: _run_script(page),
+        "plugins": lambda: {
+            "trainer-plugin": support.first_step("trainer-fsdp-plugin", "padless", sub("p"), rows_per_batch=per_rank),
+            "plugin": support.accelerate_first_step("padless", rows_per_batch=1, grad_accum=2, plugin=True),
+        },
+        "gpu_script": lambda: _run_script(support.ROOT / "benchmarks" / "fsdp.py", *GPU_SCRIPT_ARGS),
+    }
+    assert tuple(parts) == PARTS
+    results: dict[str, Any] = {"device": str(device), "rank": rank, "stdout": {}, "errors": {}}
+    for name, run in parts.items():
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                results.update(run() or {})
+        except Exception:
+            results["errors"][name] = traceback.format_exc()
+        results["stdout"][name] = printed.getvalue()
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    destroy()
 
 
 # ----------------------------------------------------------------------------- the parent
 
 
+_LAUNCHED: dict[str, list[dict[str, Any]]] = {}
+
+
 def _torchrun(script: Path | str, *args: str, cwd: Path = support.ROOT) -> subprocess.CompletedProcess:
-    """``script`` under ``torchrun --nproc-per-node 2`` on this machine's loopback, offline; it must succeed."""
+    """``script`` under ``torchrun --nproc-per-node 2`` on this machine's loopback, offline."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -145,19 +215,58 @@ def _torchrun(script: Path | str, *args: str, cwd: Path = support.ROOT) -> subpr
     if "GLOO_SOCKET_IFNAME" not in env and sys.platform == "linux":
         env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on the loopback interface
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+
+
+def shared_launch(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Each rank's results of the one launch of :func:`main` (ranks 0 and 1): once per test session,
+    and once per pytest-xdist run (the first worker to take the lock launches, the others read)."""
+    if "ranks" in _LAUNCHED:
+        return _LAUNCHED["ranks"]
+    import torch
+    from filelock import FileLock
+    from test_docs import DOCS, UNDER_TORCHRUN, code_of
+
+    assert "fsdp.md" in UNDER_TORCHRUN  # its snippet needs a process group: it runs here
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.getbasetemp().parent / "padless-torchrun"  # one folder for the run's workers
+        out.mkdir(exist_ok=True)
+    else:
+        out = tmp_path_factory.mktemp("padless-torchrun")
+    failed = out / "failed.txt"
+    with FileLock(str(out / "launch.lock")):
+        if not failed.exists() and not (out / "rank1.pt").exists():
+            page = out / "fsdp_page.py"
+            page.write_text(code_of(DOCS / "fsdp.md"))
+            done = _torchrun(__file__, str(out), str(page))
+            if done.returncode != 0:
+                failed.write_text(f"torchrun exited with {done.returncode}:\n{done.stderr[-4000:]}")
+    if failed.exists():
+        pytest.fail(failed.read_text())
+    _LAUNCHED["ranks"] = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return _LAUNCHED["ranks"]
+
+
+def part(ranks: list[dict[str, Any]], part_name: str, *keys: str) -> Any:
+    """``keys`` of each rank's results (a list per key, rank by rank; one key: that list), or the part's
+    traceback as the failure."""
+    for r in ranks:
+        if part_name in r["errors"]:
+            pytest.fail(f"part {part_name!r} raised on rank {r['rank']}:\n{r['errors'][part_name]}")
+    got = [[r[key] for r in ranks] for key in keys]
+    return got[0] if len(keys) == 1 else got
+
+
+def printed(ranks: list[dict[str, Any]], part_name: str) -> str:
+    """What ``part_name`` printed on every rank (rank 0 first), after checking it did not raise."""
+    part(ranks, part_name)
+    return "".join(r["stdout"][part_name] for r in ranks)
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    """Each rank's results of one ``torchrun`` launch."""
-    import torch
-
-    out = tmp_path_factory.mktemp("fsdp")
-    _torchrun(__file__, str(out))
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    """Each rank's results of the shared launch."""
+    return shared_launch(tmp_path_factory)
 
 
 def _one_process(case: str) -> dict[str, Any]:
@@ -204,7 +313,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarnin
 @pytest.mark.parametrize("case", list(CASES))
 def test_fsdp2_step_on_two_ranks_equals_one_process_over_both_ranks_rows(ranks, case):
     want = _one_process(case)
-    got = [r[case] for r in ranks]
+    got = part(ranks, "fsdp", case)
     assert [(g["rank"], g["world"], g["keys"]) for g in got] == [(0, 2, want["keys"][0]), (1, 2, want["keys"][1])]
     assert got[0]["num_items"] == got[1]["num_items"] == want["num_items"] == got[0]["local"] + got[1]["local"]
     for g in got:
@@ -237,7 +346,7 @@ def test_accelerate_example_with_fsdp_equals_one_padded_process(ranks, sharder):
     from test_transformers import assert_same_step
 
     want = support.padded_accelerate_step(world_size=2, micro_batches=2)
-    got = [r[sharder] for r in ranks]
+    got = part(ranks, "fsdp" if sharder == "accelerate" else "plugins", sharder)
     assert want["examples"] < want["of"] or want["all_rows"]
     assert got[0]["loss"] == got[1]["loss"]  # reduced over the ranks
     for g in got:
@@ -253,7 +362,7 @@ def test_packed_trainer_under_fsdp2_equals_one_padded_process(ranks, sharder, tm
     from test_transformers import assert_same_step
 
     want = support.first_step("trainer-padded", "sdpa", str(tmp_path))
-    got = [r[sharder] for r in ranks]
+    got = part(ranks, "fsdp" if sharder == "trainer" else "plugins", sharder)
     assert [(g["rank"], g["world"], g["micro_batches"]) for g in got] == [(0, 2, 1), (1, 2, 1)]
     assert got[0]["num_items"] == got[1]["num_items"]  # all-reduced over the ranks
     for g in got:
@@ -261,38 +370,21 @@ def test_packed_trainer_under_fsdp2_equals_one_padded_process(ranks, sharder, tm
         assert_same_step({**g, "loss": sum(x["loss"] for x in got) / 2}, want)  # the ranks' losses average to it
 
 
-def test_the_docs_page_snippet_runs_on_two_ranks(tmp_path):
-    """docs/integrations/fsdp.md's python block, as one script under torchrun (tests/integrations/test_docs.py
-    runs the other pages in-process)."""
+def test_the_docs_page_snippet_runs_on_two_ranks(ranks):
+    """docs/integrations/fsdp.md's python block, as one script in the shared launch
+    (tests/integrations/test_docs.py runs the other pages in-process)."""
     import re
 
-    from test_docs import DOCS, UNDER_TORCHRUN, code_of
-
-    assert "fsdp.md" in UNDER_TORCHRUN
-    script = tmp_path / "fsdp_page.py"
-    script.write_text(code_of(DOCS / "fsdp.md"))
-    out = _torchrun(script, cwd=tmp_path).stdout
+    out = printed(ranks, "docs")
     assert len(re.findall(r"^step 2: \d+ trained tokens$", out, flags=re.M)) == 1, out[-2000:]  # rank 0 prints
 
 
-def test_the_gpu_script_checks_and_trains_on_two_cpu_ranks():
+def test_the_gpu_script_checks_and_trains_on_two_cpu_ranks(ranks):
     """benchmarks/fsdp.py (the FSDP step of benchmarks/gpu.sh) on gloo: its exactness check passes
     and its timed run trains; so the script cannot rot before a GPU runs it."""
     import re
 
-    out = _torchrun(
-        support.ROOT / "benchmarks" / "fsdp.py",
-        "--device",
-        "cpu",
-        "--max-length",
-        "128",
-        "--steps",
-        "1",
-        "--documents",
-        "120",
-        "--rows",
-        "1",
-    ).stdout
+    out = printed(ranks, "gpu_script")
     gap = re.search(r"^fsdp exactness \(fp32\): max \|grad - one process\| / max \|grad\| = (\S+) ", out, flags=re.M)
     assert gap and float(gap.group(1)) < 1e-5, out[-2000:]
     assert re.search(r"^fsdp: 2 rank\(s\) on cpu \(gloo\)", out, flags=re.M)
@@ -481,4 +573,4 @@ def test_sync_gradients_keeps_ddp_gradients_local_and_leaves_a_plain_model_alone
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

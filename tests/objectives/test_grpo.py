@@ -180,6 +180,14 @@ def _warns(loss_type, level):
     return pytest.warns(UserWarning, match=loss_type) if (loss_type, level) in TRL_WARNS else contextlib.nullcontext()
 
 
+def test_every_loss_type_has_its_objective_and_reduction():
+    from padless.objectives import grpo
+
+    assert tuple(grpo._LOSSES) == LOSS_TYPES  # the settings' LossType and the loss table name the same types
+    with pytest.raises(ValueError, match="unknown loss_type 'ppo'"):
+        GRPOLossConfig(loss_type="ppo")  # type: ignore[arg-type]
+
+
 # ----------------------------------------------------------------------------- one micro-batch
 
 KL = {"no-kl": (0.0, False), "kl": (0.04, False), "kl-bias-corrected": (0.04, True)}

@@ -358,7 +358,7 @@ def test_radix_argsort_is_a_stable_argsort(bound):
 
 
 def test_strategy_table_is_complete():
-    from padless.planning.plan import _PLANNERS
+    from padless.planning.items import PLANNERS as _PLANNERS
 
     assert tuple(_PLANNERS) == STRATEGIES
     assert OVERLONG_POLICIES == ("error", "truncate", "split", "drop")

@@ -3,7 +3,10 @@
 - ``batch``: the batch contract every collator returns and every consumer reads (PackedBatch, Placements).
 - ``rowformat``: the row format the packing collators share (RowFormat, its for_model) and FeatureSpec.
 - ``collate``: :class:`PaddingCollator` and :class:`PackingCollator`.
-- ``preference``: preference pairs and rollout groups, with or without a shared prompt.
+- ``groups``: a prompt and its completions laid out in rows (independent or shared prompt), the collator base of pairs and rollouts.
+- ``preference``: preference pairs (DPO) packed into rows (PreferenceCollator).
+- ``rollouts``: rollout groups (GRPO) packed into rows, with TRL's rollout fields (RolloutCollator).
+- ``rollout_inputs``: TRL GRPOTrainer's padded rollout tensors -> RolloutCollator group features.
 - ``vision``: images travel with their documents: a vision-language batch's image inputs, packed or padded.
 - ``weights``: per-token loss weights carried by the collators.
 - ``samplers``: which examples (or packed rows) each micro-batch gets, on one rank or many.

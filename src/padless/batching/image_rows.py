@@ -29,9 +29,17 @@ import numpy as np
 from padless.layout import IMAGE_COLUMNS, PER_SAMPLE_RANKS, PER_TOKEN_COLUMNS, image_axis
 
 __all__ = [
-    "IMAGE_COLUMNS", "PER_SAMPLE_RANKS", "PER_TOKEN_COLUMNS", "arrow_rank", "concat_images", "documents_with_images", "holds_images",
-    "image_axis", "pack_image_column", "require_whole",
-]  # fmt: skip
+    "IMAGE_COLUMNS",
+    "PER_SAMPLE_RANKS",
+    "PER_TOKEN_COLUMNS",
+    "arrow_rank",
+    "concat_images",
+    "documents_with_images",
+    "holds_images",
+    "image_axis",
+    "pack_image_column",
+    "require_whole",
+]
 
 
 def holds_images(value: Any) -> bool:
@@ -160,6 +168,8 @@ def pack_image_column(
     cls = pa.LargeListArray if pa.types.is_large_list(array.type) else pa.ListArray
     itype = np.int64 if pa.types.is_large_list(array.type) else np.int32
     return cls.from_arrays(
-        pa.array(np.arange(num_rows + 1, dtype=itype)), images, type=array.type,
+        pa.array(np.arange(num_rows + 1, dtype=itype)),
+        images,
+        type=array.type,
         mask=pa.array(empty) if empty.any() else None,
-    )  # fmt: skip
+    )

@@ -135,9 +135,16 @@ def read_images(
 
 
 ALL_VISION_KEYS: tuple[str, ...] = (
-    "pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "mm_token_type_ids",
-    "token_type_ids", "image_embeds", "image_attention_mask", *VIDEO_KEYS,
-)  # fmt: skip
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "image_sizes",
+    "mm_token_type_ids",
+    "token_type_ids",
+    "image_embeds",
+    "image_attention_mask",
+    *VIDEO_KEYS,
+)
 """Processor outputs a vision-language feature may carry (``token_type_ids`` counts only where the
 model's family reads it; elsewhere the text rule's check of zeros applies)."""
 

@@ -159,7 +159,7 @@ def _version(package: str) -> str:
 
 def environment_snapshot(device: torch.device | str = "cpu") -> Environment:
     """Versions, device, CPU and thread count, OS and date: where a run's figures came from."""
-    import padless
+    from padless._version import __version__
 
     device = torch.device(device)
     device_name = cpu_model()
@@ -175,7 +175,7 @@ def environment_snapshot(device: torch.device | str = "cpu") -> Environment:
         python=platform.python_version(),
         torch=torch.__version__,
         transformers=_version("transformers"),
-        padless=padless.__version__,
+        padless=__version__,
         os=platform.platform(),
         device=str(device),
         device_name=device_name,

@@ -64,7 +64,7 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
 
     import torch
 
-    from padless import __version__
+    from padless._version import __version__
     from padless.bench.measure import environment_snapshot
     from padless.bench.peak import measure_peak_flops
     from padless.bench.report import write_report

@@ -48,7 +48,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = _Parser(prog="padless", description=plain(__doc__.splitlines()[0]), formatter_class=HelpFormatter)
-    from padless import __version__
+    from padless._version import __version__
 
     parser.add_argument("--version", action="version", version=f"padless {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -71,9 +71,18 @@ from padless.planning.slots import plan_histogram
 
 MAX_ROW_LENGTH = 1 << 24
 """Longest row ``pack_to_parquet`` plans (the histogram holds ``max_length + 1`` counts)."""
-COUNTS = ("sequences", "tokens_in", "truncated_sequences", "truncated_tokens", "split_sequences",
-          "dropped_sequences", "dropped_tokens", "system_prompt_added", "image_documents",
-          "dropped_image_documents")  # fmt: skip
+COUNTS = (
+    "sequences",
+    "tokens_in",
+    "truncated_sequences",
+    "truncated_tokens",
+    "split_sequences",
+    "dropped_sequences",
+    "dropped_tokens",
+    "system_prompt_added",
+    "image_documents",
+    "dropped_image_documents",
+)
 
 
 def records_input(records: Sequence[Any], vocab_size: int | None = None, key: Any = None) -> PackInput:
@@ -140,8 +149,12 @@ def pack_to_parquet(
     fresh = False  # True once this run owns the folder and nothing in it is finished
     try:
         with FolderLock(out):
-            job = {"input": source.key, "max_length": max_length, "overlong": overlong,
-                   "rows_per_shard": rows_per_shard}  # fmt: skip
+            job = {
+                "input": source.key,
+                "max_length": max_length,
+                "overlong": overlong,
+                "rows_per_shard": rows_per_shard,
+            }
             state = check_job(out, job, overwrite)
             fresh = state is None or not state.get("shards")
             return _run(source, out, job, state, max_shards, shard_rows, engine, num_workers, ray_address, progress)

@@ -103,10 +103,18 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
         )
     long = lengths > max_length
     with_images = documents_with_images(toks.images.columns if toks.images is not None else (), lengths.size)
-    counts = {"sequences": int(lengths.size), "tokens_in": int(lengths.sum()), "truncated_sequences": 0,
-              "truncated_tokens": 0, "split_sequences": 0, "dropped_sequences": 0, "dropped_tokens": 0,
-              "system_prompt_added": int(toks.system_prompt_added), "image_documents": int(with_images.sum()),
-              "dropped_image_documents": 0}  # fmt: skip
+    counts = {
+        "sequences": int(lengths.size),
+        "tokens_in": int(lengths.sum()),
+        "truncated_sequences": 0,
+        "truncated_tokens": 0,
+        "split_sequences": 0,
+        "dropped_sequences": 0,
+        "dropped_tokens": 0,
+        "system_prompt_added": int(toks.system_prompt_added),
+        "image_documents": int(with_images.sum()),
+        "dropped_image_documents": 0,
+    }
     source_seq = np.arange(lengths.size)  # the sequence each piece comes from
     if long.any():
         first = int(np.flatnonzero(long)[0])
@@ -131,8 +139,11 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
             counts.update(truncated_sequences=int(long.sum()), truncated_tokens=int((lengths[long] - max_length).sum()))
             lengths = np.minimum(lengths, max_length)
         elif overlong == "drop":
-            counts.update(dropped_sequences=int(long.sum()), dropped_tokens=int(lengths[long].sum()),
-                          dropped_image_documents=int((long & with_images).sum()))  # fmt: skip
+            counts.update(
+                dropped_sequences=int(long.sum()),
+                dropped_tokens=int(lengths[long].sum()),
+                dropped_image_documents=int((long & with_images).sum()),
+            )
             starts, lengths, source_seq = starts[~long], lengths[~long], source_seq[~long]
         elif overlong == "split":  # consecutive pieces of max_length, the rest last
             counts["split_sequences"] = int(long.sum())
@@ -160,8 +171,14 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
     files[f"{stem}.offsets.npy"] = _save(folder / f"{stem}.offsets.npy", offsets)
     hist = np.bincount(lengths, minlength=max_length + 1)
     nz = np.flatnonzero(hist)
-    marker = {"shard": shard.index, **counts, "pieces": int(lengths.size), "tokens": int(lengths.sum()),
-              "histogram": [nz.tolist(), hist[nz].tolist()], "files": files}  # fmt: skip
+    marker = {
+        "shard": shard.index,
+        **counts,
+        "pieces": int(lengths.size),
+        "tokens": int(lengths.sum()),
+        "histogram": [nz.tolist(), hist[nz].tolist()],
+        "files": files,
+    }
     write_json(folder / f"{stem}.json", marker)
     return marker
 

@@ -2,6 +2,8 @@
 
 - ``datasets``: ``pack_dataset``, a drop-in for ``trl.pack_dataset`` planned by padless over the whole
   dataset, or through a bounded buffer for an ``IterableDataset`` (``padless[data]``).
+- ``dataset_plans``: ``pack_dataset``'s plans (TRL's strategy names, lengths -> one plan, the logging).
+- ``datasets_stream``: ``pack_dataset`` of an ``IterableDataset``, packed as it streams.
 - ``transformers``: ``PackedTrainer``, ``transformers.Trainer`` training planned packed rows
   (``padless[trainer]``).
 - ``trl``: ``SFTTrainer`` with padless packing, configured through TRL's ``SFTConfig`` (``padless[trl]``).

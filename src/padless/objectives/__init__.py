@@ -5,5 +5,6 @@
 - ``dpo``: the DPO loss from the log-probs of packed preference pairs.
 - ``rollouts``: per-token log-probs (and TRL's other per-token stats) of rollout completions from packed rows, in TRL's ``(B, T)`` layout.
 - ``grpo``: TRL's GRPO-family policy losses (grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo) on the ``(B, T)`` completion layout.
+- ``grpo_config``: the settings of the GRPO losses (GRPOLossConfig), read from TRL's GRPOConfig.
 - ``evaluation``: per-example evaluation loss computed from packed rows.
 """

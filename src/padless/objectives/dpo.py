@@ -44,7 +44,9 @@ def dpo_loss(
     """
     if ref_chosen is None and ref_rejected is None:
         (policy_chosen, policy_rejected), (ref_chosen, ref_rejected) = (
-            _split(policy_chosen, "policy"), _split(policy_rejected, "reference"))  # fmt: skip
+            _split(policy_chosen, "policy"),
+            _split(policy_rejected, "reference"),
+        )
     elif ref_chosen is None or ref_rejected is None:
         raise ValueError(
             "give ref_chosen and ref_rejected together, or call dpo_loss(policy, reference) with [N, 2] tensors"

@@ -2,6 +2,8 @@
 
 - ``plan``: the planners, overlong policies, :class:`~padless.planning.plan.PackPlan` and its stats.
 - ``costs``: rows bounded by a second cost per sequence (image patches) as well as tokens, behind ``plan_packs(costs=, max_cost=)``.
+- ``items``: the overlong policy applied to lengths (what the engines pack) and the engine of each strategy.
+- ``_costpack``: the engines under a second cost (``costs``' two-limit best fit, next fit and ``wrapped``).
 - ``_binpack``: the bin-packing engines behind ``plan`` (best fit decreasing on the length histogram, next fit, wrapped).
 - ``slots``: one plan from merged length histograms, and the rule placing each shard's sequences.
 - ``buffered``: the streaming planner (lengths arriving one by one, bounded buffer).

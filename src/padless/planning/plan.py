@@ -45,15 +45,16 @@ split and dropped sequences are counted in :class:`PlanStats`. Every strategy is
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import InitVar, asdict, dataclass, field
 from functools import cached_property
 from typing import Literal, get_args
 
 import numpy as np
 
-from padless.planning import _binpack
-from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, integer_array, overlong_error
+from padless.planning._costpack import plan_with_costs
+from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, integer_array
+from padless.planning.items import PLANNERS, Items, empty
 
 Strategy = Literal["next_fit", "first_fit_decreasing", "best_fit_decreasing", "histogram_best_fit", "wrapped"]
 OverlongPolicy = Literal["error", "truncate", "split", "drop"]
@@ -61,29 +62,9 @@ OverlongPolicy = Literal["error", "truncate", "split", "drop"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 OVERLONG_POLICIES: tuple[str, ...] = get_args(OverlongPolicy)
 
-# planner(sizes, capacity, max_per_row, seed) -> Rows(item, offset inside the item, length, row_offsets)
-Planner = Callable[[np.ndarray, int, "int | None", int], _binpack.Rows]
-
-
-def _unseeded(engine: Callable[[np.ndarray, int, "int | None"], _binpack.Rows]) -> Planner:
-    """An engine that takes no seed, as a planner (the seed is not used)."""
-    return lambda sizes, capacity, max_per_row, seed: engine(sizes, capacity, max_per_row)
-
-
-_PLANNERS: dict[str, Planner] = {
-    "next_fit": _unseeded(_binpack.next_fit),
-    "first_fit_decreasing": _unseeded(_binpack.best_fit_decreasing),  # deprecated: DEPRECATED_STRATEGIES
-    "best_fit_decreasing": _unseeded(_binpack.best_fit_decreasing),
-    "histogram_best_fit": _binpack.histogram_best_fit,
-    "wrapped": _unseeded(_binpack.wrapped),
-}
 DEPRECATED_STRATEGIES: dict[str, str] = {"first_fit_decreasing": "best_fit_decreasing"}
 """Deprecated strategy name -> the strategy it plans as, the name to pass instead (a ``DeprecationWarning``
 says so)."""
-
-
-def _empty() -> np.ndarray:
-    return np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -188,9 +169,9 @@ class PackPlan:
     """int64 ``[num_pieces]``: tokens the piece takes."""
     row_offsets: np.ndarray
     """int64 ``[num_rows + 1]``: row ``r`` holds pieces ``row_offsets[r]:row_offsets[r + 1]``."""
-    dropped: np.ndarray = field(default_factory=_empty)
+    dropped: np.ndarray = field(default_factory=empty)
     """int64: indices of sequences left out (``overlong="drop"``), ascending."""
-    truncated: np.ndarray = field(default_factory=_empty)
+    truncated: np.ndarray = field(default_factory=empty)
     """int64: indices of sequences cut to ``max_length`` (``overlong="truncate"``), ascending."""
     truncated_tokens: int = 0
     """Tokens removed by truncation."""
@@ -323,44 +304,6 @@ def validate_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     return arr
 
 
-@dataclass(frozen=True)
-class _Items:
-    """What the planners pack once the overlong policy has been applied: whole or partial sequences."""
-
-    sizes: np.ndarray
-    """int64 ``[m]``: tokens per item, each ``<= max_length`` (unless ``cut`` was False)."""
-    source: np.ndarray | None
-    """int64 ``[m]``: source sequence of each item; None when item ``i`` is sequence ``i``."""
-    offset: np.ndarray | None
-    """int64 ``[m]``: where each item starts in its sequence; None when all start at 0."""
-    truncated: np.ndarray
-    dropped: np.ndarray
-    truncated_tokens: int = 0
-    dropped_tokens: int = 0
-
-    @classmethod
-    def of(cls, lengths: np.ndarray, max_length: int, overlong: str, *, cut: bool) -> _Items:
-        """Apply ``overlong`` to sequences over ``max_length``; ``cut=False`` leaves ``split`` to the
-        strategy (``wrapped`` cuts every sequence at row boundaries anyway)."""
-        long = np.flatnonzero(lengths > max_length)
-        if long.size == 0 or (overlong == "split" and not cut):
-            return cls(lengths, None, None, _empty(), _empty())
-        if overlong == "error":
-            i = int(long[0])
-            raise overlong_error(i, int(lengths[i]), max_length, more=long.size - 1)
-        if overlong == "truncate":
-            lost = int((lengths[long] - max_length).sum())
-            return cls(np.minimum(lengths, max_length), None, None, long, _empty(), truncated_tokens=lost)
-        if overlong == "drop":
-            keep = np.flatnonzero(lengths <= max_length)
-            return cls(lengths[keep], keep, None, _empty(), long, dropped_tokens=int(lengths[long].sum()))
-        # split: a sequence of length l becomes ceil(l / max_length) consecutive pieces
-        pieces = -(-lengths // max_length)
-        source = np.repeat(np.arange(lengths.size, dtype=np.int64), pieces)
-        offset = (np.arange(source.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * max_length
-        return cls(np.minimum(lengths[source] - offset, max_length), source, offset, _empty(), _empty())
-
-
 def plan_packs(
     lengths: Sequence[int] | np.ndarray,
     max_length: int,
@@ -394,14 +337,10 @@ def plan_packs(
     if max_per_row is not None:
         max_per_row = check_int(max_per_row, "max_per_row")
     if costs is not None or max_cost is not None:
-        from padless.planning.costs import plan_with_costs
-
-        fields = plan_with_costs(
-            lengths, max_length, costs, max_cost, strategy, overlong, max_per_row, seed, _Items.of, _PLANNERS
-        )
+        fields = plan_with_costs(lengths, max_length, costs, max_cost, strategy, overlong, max_per_row, seed)
         return PackPlan(**fields, _owned=True)  # every array is the engines' or plan_with_costs' own
-    items = _Items.of(lengths, max_length, overlong, cut=strategy != "wrapped")
-    item, within, length, row_offsets = _PLANNERS[strategy](items.sizes, max_length, max_per_row, seed)
+    items = Items.of(lengths, max_length, overlong, cut=strategy != "wrapped")
+    item, within, length, row_offsets = PLANNERS[strategy](items.sizes, max_length, max_per_row, seed)
     index = item if items.source is None else items.source[item]
     start = within if items.offset is None else items.offset[item] + within
     return PackPlan(
