@@ -493,7 +493,8 @@ def test_how_names_the_cuda_kernels_only_when_opted_in_and_installed(monkeypatch
     monkeypatch.setattr(mixers.importlib.util, "find_spec", lambda name: object())
     assert mixers._how("mamba2", "cuda", True) == mixers._how("gated_deltanet", "cuda", True) == KERNEL
     assert mixers._how("mamba2", "cuda") == mixers._how("gated_deltanet", "cuda") == PER_DOCUMENT  # the default
-    assert mixers._how("mamba2", "cpu", True) == mixers._how("short_conv", "cuda", True) == PER_DOCUMENT
+    assert mixers._how("short_conv", "cuda", True) == KERNEL  # causal_conv1d takes seq_idx
+    assert mixers._how("mamba2", "cpu", True) == mixers._how("rwkv", "cuda", True) == PER_DOCUMENT
     monkeypatch.setattr(mixers.importlib.util, "find_spec", lambda name: None)
     assert mixers._how("mamba2", "cuda", True) == PER_DOCUMENT
 

@@ -208,8 +208,9 @@ def test_without_the_masks_documents_mix():
     ],
 )
 def test_the_verdict_says_which_path_each_mixer_kind_takes(family, said):
-    import padless
     from test_mixers import build
+
+    import padless
 
     model = build(family, "sdpa")
     padless.PackingCollator.for_model(model, max_length=32)

@@ -18,8 +18,10 @@
 - ``backend_table``: the backend table the rule reads: per attention backend, what a batch carries for it and
   when it is refused.
 - ``mixers``: layers that mix tokens without the mask (gated DeltaNet, Mamba, short convolutions, RWKV...),
-  found and patched to run on each packed document alone.
-- ``mixer_documents``: where a forward's documents lie, seen from a layer inside it.
+  found and patched to keep packed documents apart: a chunked scan, or each document alone.
+- ``scans``: the chunked scans over a whole packed row that take its boundaries as masks (short
+  convolution, gated delta rule, Mamba2's SSD).
+- ``mixer_documents``: where a forward's documents lie, seen from a layer inside it: the boundaries sent.
 - ``per_document``: a layer run per document: grouped by length, right-padded, scattered back.
 - ``tree``: shared-prompt (tree) attention: completions attend to one prompt, not to each other.
 - ``multimodal``: how a vision-language model reads the images of a packed row (positions, image

@@ -116,7 +116,7 @@ def _checked(cu: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
     return cu
 
 
-def _capture_model_forward(model: Any) -> None:
+def capture_model_forward(model: Any) -> None:
     """Hook every transformers base model inside ``model`` so that the boundaries (and position ids)
     its forward is given are visible to the mixers below it, whose decoder layers may not pass them on."""
     from transformers import PreTrainedModel

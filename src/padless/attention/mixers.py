@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from padless.attention import scans
-from padless.attention.mixer_documents import _capture_model_forward, _hook_checkpointed_layers, layer_documents
+from padless.attention.mixer_documents import _hook_checkpointed_layers, capture_model_forward, layer_documents
 from padless.attention.per_document import CACHE_ARGS, MASK_ARGS, run_per_document, run_with_boundaries
 from padless.attention.transformers_compat import TOKEN_MIXER_CLASSES
 from padless.devices import device_of
@@ -188,7 +188,7 @@ def enable_per_document_mixers(model: Any, *, max_padding: float = 0.25, kernels
             + ", ".join(unknown)
             + "; packed rows would leak across documents in them, so train this model with padded batches"
         )
-    _capture_model_forward(model)
+    capture_model_forward(model)
     _hook_checkpointed_layers(model, [m.name for m in layers])
     names = []
     for info in layers:

@@ -377,7 +377,7 @@ class RowFormat:
         from padless.attention import select
         from padless.attention.backend import BACKEND_NAME
         from padless.attention.facts import model_facts
-        from padless.attention.mixer_documents import _capture_model_forward
+        from padless.attention.mixer_documents import capture_model_forward
         from padless.attention.mixers import enable_per_document_mixers
 
         backend = model.config._attn_implementation
@@ -399,7 +399,7 @@ class RowFormat:
                 f"which needs attention={needed!r}"
             )
         if backend == BACKEND_NAME:  # its attention checks that the boundaries sent to the model reach it
-            _capture_model_forward(model)
+            capture_model_forward(model)
         options.setdefault("mask_dtype", verdict.mask_dtype)
         if needed == "mask4d":
             options.setdefault("windows", verdict.windows)
@@ -433,7 +433,7 @@ class RowFormat:
         of plain documents (``row_docs``: each row's document lengths, the trailing pad the last one),
         what :attr:`attention` carries: the 4D block-causal mask (with :attr:`windows`) or
         ``cu_seq_lens_q/k`` and ``max_length_q/k`` (sent beside a 4D mask too where the model's token
-        mixers read them: :attr:`sends_boundaries`). ``row_docs=None``: the caller adds the attention
+        mixers read them: :attr:`padless.attention.verdict.Verdict.boundaries`). ``row_docs=None``: the caller adds the attention
         inputs (a shared-prompt tree). ``blocks``: ``[R, L]`` bidirectional image blocks the 4D mask
         carries (:func:`padless.batching.vision.block_ids`)."""
         batch: dict[str, Any] = {
@@ -453,15 +453,9 @@ class RowFormat:
                 batch["attention_mask"] = {t: made[w] for t, w in self.windows.items()}
             else:
                 batch["attention_mask"] = mask(self.windows)
-        if self.attention == "varlen" or self.sends_boundaries:
-            batch.update(boundary_inputs(row_docs))
+        if self.attention == "varlen" or (self.verdict is not None and self.verdict.boundaries):
+            batch.update(boundary_inputs(row_docs))  # a hybrid's token mixers read them beside a 4D mask
         return batch
-
-    @property
-    def sends_boundaries(self) -> bool:
-        """Whether every batch carries ``cu_seq_lens_q/k`` and ``max_length_q/k`` beside its attention
-        inputs: the verdict's model has token mixers, which read the documents from them alone."""
-        return self.verdict is not None and self.verdict.boundaries
 
 
 def boundary_inputs(row_docs: Sequence[Sequence[int]]) -> dict[str, Any]:
