@@ -348,11 +348,16 @@ def assert_packed_grads_equal_alone(model, packed_logits_fn, input_ids, lengths)
         at += n
     alone = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     assert packed.keys() == alone.keys() and packed
-    for name in packed:
-        torch.testing.assert_close(packed[name], alone[name], atol=EXACT, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    for name in packed:  # 1e-5 of the gradient's scale: OLMo-hybrid's reach 15, summed in another order
+        atol = EXACT * max(1.0, alone[name].abs().max().item())
+        torch.testing.assert_close(packed[name], alone[name], atol=atol, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize("family", ["qwen3_5_text", "bamba", "lfm2", "mamba"])
+@pytest.mark.parametrize(
+    "family",
+    ["qwen3_5_text", "qwen3_next", "olmo_hybrid", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "zamba2",
+     "lfm2", "lfm3", "mamba", "mamba2"],
+)  # fmt: skip
 def test_packed_gradients_equal_alone(family):
     """A training step: the summed token loss of the packed row has the gradients of the documents
     trained alone."""
