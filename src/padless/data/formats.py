@@ -51,7 +51,7 @@ SHAREGPT_ROLES: dict[str, str] = {
     "user": "user", "assistant": "assistant", "tool": "tool",
 }  # fmt: skip
 """ShareGPT's ``from`` -> the role of the message (the OpenAI names are taken as they are)."""
-_MAP_HINT = "map fields of other names with columns= (load_corpus) or --columns (padless stats, pack), e.g. {ex}"
+_MAP_HINT = "a field of another name is mapped with --columns {ex} (padless stats, pack; load_corpus(columns={py}))"
 
 
 class Document(NamedTuple):
@@ -145,7 +145,7 @@ def record_format(record: Any, at: str, field: str | None = None) -> str:
         "missing_field",
         f"{at}: no field of a known form: 'text', 'messages', 'input_ids', 'conversations' (ShareGPT), "
         f"'prompt' / 'completion' (TRL) or 'instruction' / 'output' (Alpaca) ({fields_hint(record, wanted)}); "
-        + _MAP_HINT.format(ex="--columns text=body"),
+        + _MAP_HINT.format(ex="text=body", py="{'text': 'body'}"),
     )
 
 
@@ -173,7 +173,7 @@ def read_document(
             raise RecordError(
                 "missing_field",
                 f"{at}: {have!r} without {need!r} ({fields_hint(record, [need])}); a TRL prompt / completion record "
-                f"needs both; " + _MAP_HINT.format(ex=f"--columns {need}=NAME"),
+                f"needs both; " + _MAP_HINT.format(ex=f"{need}=NAME", py=f"{{{need!r}: 'NAME'}}"),
             )
     if form == "prompt_completion":
         for name, value in (("prompt", prompt), ("completion", completion)):
@@ -205,7 +205,7 @@ def _string(record: Mapping[str, Any], name: str, at: str, *, required: bool, fo
         raise RecordError(
             "missing_field",
             f"{at}: an {form} record has no {name!r} ({fields_hint(record, [name])}); add it, or "
-            + _MAP_HINT.format(ex=f"--columns {name}=NAME"),
+            + _MAP_HINT.format(ex=f"{name}=NAME", py=f"{{{name!r}: 'NAME'}}"),
         )
     if not isinstance(value, str):
         raise RecordError("bad_type", f"{at}: {name!r} is a {type(value).__name__}, not a string")
@@ -225,7 +225,9 @@ def alpaca_messages(record: Mapping[str, Any], at: str) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system.strip() else []
     history = record.get("history") or []
     if not isinstance(history, list):
-        raise RecordError("bad_type", f"{at}: 'history' is a {type(history).__name__}, not a list of [question, answer]")
+        raise RecordError(
+            "bad_type", f"{at}: 'history' is a {type(history).__name__}, not a list of [question, answer]"
+        )
     for k, pair in enumerate(history):
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
             raise RecordError("bad_type", f"{at}: history {k} is not a [question, answer] pair of strings")
@@ -242,7 +244,7 @@ def _calls(value: Any, here: str) -> list[Any]:
         except json.JSONDecodeError as err:
             raise RecordError(
                 "bad_tool_call",
-                f"{here}: a function_call 'value' is a JSON call {{\"name\": ..., \"arguments\": {{...}}}}; this one is "
+                f'{here}: a function_call \'value\' is a JSON call {{"name": ..., "arguments": {{...}}}}; this one is '
                 f"not JSON ({err.msg}): {value!r:.80}",
             ) from None
     return list(value) if isinstance(value, list) else [value]
@@ -261,7 +263,9 @@ def sharegpt_messages(record: Mapping[str, Any], at: str) -> list[dict[str, Any]
     for j, turn in enumerate(turns):
         here = f"{at}: conversations turn {j}"
         if not isinstance(turn, Mapping):
-            raise RecordError("bad_messages", f"{here} is a {type(turn).__name__}, not an object with 'from' and 'value'")
+            raise RecordError(
+                "bad_messages", f"{here} is a {type(turn).__name__}, not an object with 'from' and 'value'"
+            )
         if "from" not in turn and "role" in turn:
             messages.append(dict(turn))
             continue
@@ -274,7 +278,7 @@ def sharegpt_messages(record: Mapping[str, Any], at: str) -> list[dict[str, Any]
             raise RecordError(
                 "unknown_role",
                 f"{here}: unknown 'from' value {who!r}"
-                + (f"; did you mean {close[0]!r}?" if close else "")
+                + (f" (did you mean {close[0]!r}?)" if close else "")
                 + "; ShareGPT's are human, gpt, system, function_call and observation (or user, assistant, tool): "
                 "write one of them",
             )
