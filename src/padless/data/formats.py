@@ -143,9 +143,9 @@ def record_format(record: Any, at: str, field: str | None = None) -> str:
     wanted = ("text", "messages", "input_ids", "conversations", "prompt", "completion", "instruction", "output")
     raise RecordError(
         "missing_field",
-        f"{at}: no field of a known form: 'text', 'messages', 'input_ids', 'conversations' (ShareGPT), "
-        f"'prompt' / 'completion' (TRL) or 'instruction' / 'output' (Alpaca) ({fields_hint(record, wanted)}); "
-        + _MAP_HINT.format(ex="text=body", py="{'text': 'body'}"),
+        f"{at}: no 'text', 'messages' or 'input_ids' field ({fields_hint(record, wanted)}), nor ShareGPT's "
+        "'conversations', TRL's 'prompt' / 'completion' or Alpaca's 'instruction' / 'output'; "
+        + _MAP_HINT.format(ex="text=NAME", py="{'text': 'NAME'}"),
     )
 
 
