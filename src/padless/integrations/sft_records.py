@@ -4,7 +4,8 @@ Every form ``load_corpus`` reads (:mod:`padless.data.formats`: chats, ShareGPT, 
 completion, text, token ids) trains through ``SFTTrainer``:
 
 - :func:`check_sft_records` checks every record when the trainer is made: one form throughout (TRL
-  reads the kind off the first record), each well formed; a bad one raises
+  reads the kind off the first record), each well formed (ShareGPT and Alpaca records are then handed on
+  as the chats they stand for, in TRL's forms); a bad one raises
   :class:`~padless.data.records.RecordError` naming the trainer argument, the record (from 1), the
   field and the fix, before TRL or ``datasets`` read it.
 - :func:`render_sft_dataset` renders them with padless' renderer (:func:`padless.data.encode.encode_records`)
@@ -144,7 +145,13 @@ def check_sft_records(dataset: Any, argument: str = "train_dataset", *, text_fie
         for number, record in _records(dataset, fields):
             if isinstance(record, Mapping):
                 record = _present_deep(record) if _present_deep(record) else record_fields(dataset, number)
-            form = sft_form(record, where(number), text_field)
+            try:
+                form = sft_form(record, where(number), text_field)
+            except RecordError as err:
+                if err.reason != "missing_field" or columns is None:
+                    raise
+                sft_form(record_fields(dataset, number), where(number), text_field)  # named with every field it has
+                raise
             if first is None:
                 first = form
             elif form != first:
@@ -153,10 +160,25 @@ def check_sft_records(dataset: Any, argument: str = "train_dataset", *, text_fie
                     f"{where(number)}: a {form!r} record, and record 1 is a {first!r} one; SFTTrainer trains one "
                     f"kind per dataset (record 1 is {FORMATS[first]})",
                 )
+    if first in ("sharegpt", "alpaca"):
+        return _as_trl_chats(dataset, first, text_field)
     if columns is None:  # every field of every record (from_list would keep the first record's only)
         names = list(dict.fromkeys(k for r in dataset for k in r))
         dataset = datasets.Dataset.from_dict({k: [r.get(k) for r in dataset] for k in names})
     return dataset
+
+
+def _as_trl_chats(dataset: Any, form: str, text_field: str) -> Any:
+    """ShareGPT records as ``messages``, Alpaca records as conversational ``prompt`` / ``completion``:
+    the chats they stand for (:mod:`padless.data.formats`), in forms TRL's own checks know (its
+    ``assistant_only_loss`` asks for a conversational dataset), rendered alike."""
+    from padless.data.formats import read_document
+
+    datasets = require("datasets")
+    chats = [read_document(_present_deep(r), "record", columns=()).value for _, r in _records(dataset, None)]
+    if form == "sharegpt":
+        return datasets.Dataset.from_dict({"messages": chats})
+    return datasets.Dataset.from_dict({"prompt": [c[:-1] for c in chats], "completion": [c[-1:] for c in chats]})
 
 
 def sft_train_on(form: str, args: Any) -> str:
