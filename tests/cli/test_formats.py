@@ -36,7 +36,7 @@ def test_stats_and_pack_read_and_name_each_form(tmp_path, capsys, form, suffix):
     assert f"format: {FORMATS[form]}" in out and "3 sequences" in out, out
     assert main(["pack", str(path), "--out", str(tmp_path / "out"), "--max-length", "256", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert f"format: {FORMATS[form]}" in out and "packed 3 sequences" in out, out
+    assert f"input: {path}, {FORMATS[form]}" in out and "packed 3 sequences" in out, out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["stats"]["num_sequences"] == 3 and summary["skipped_records"] == {}
 

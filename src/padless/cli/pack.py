@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from padless.cli._formats import CHATS, columns_of, format_line, skipped_lines
+from padless.cli._formats import CHATS, columns_of, skipped_lines
 from padless.cli._shared import (
     SYSTEM_PROMPT_DEFAULT,
     add_data_arguments,
@@ -27,6 +27,7 @@ from padless.cli._shared import (
     train_on_choice,
 )
 from padless.data.corpora import split_corpus_name
+from padless.data.formats import FORMATS
 from padless.data.inputs import open_input
 from padless.export.engine import ENGINES
 from padless.export.parquet import pack_to_parquet
@@ -153,8 +154,12 @@ def _describe(args: Any) -> tuple[str | None, str, list[str]]:
     kind = data_kind(args.input, columns)
     train_on, train_line = train_on_choice(args.train_on, kind, args.input)
     if args.system_prompt != SYSTEM_PROMPT_DEFAULT and kind is not None and kind not in CHATS:
-        raise ValueError(f"--system-prompt {args.system_prompt} applies to chats; {format_line(kind)}")
-    lines = [f"input: {args.input}", *([line] if (line := format_line(kind, columns)) else [])]
+        raise ValueError(
+            f"--system-prompt {args.system_prompt} applies to chats; {args.input} holds {FORMATS.get(kind, kind)}"
+        )
+    named = f", {FORMATS.get(kind, kind)}" if kind else ""
+    mapped = f" (--columns {','.join(f'{a}={b}' for a, b in columns)})" if columns and kind else ""
+    lines = [f"input: {args.input}{named}{mapped}"]
     if args.processor is not None:
         return None, "assistant", [*lines, *_processor_lines(args, kind)]
     name, origin = tokenizer_choice(args)
@@ -175,7 +180,9 @@ def _describe(args: Any) -> tuple[str | None, str, list[str]]:
 def _processor_lines(args: Any, kind: str | None) -> list[str]:
     """What ``--processor`` does, checked against the other flags."""
     if kind != "messages":
-        raise ValueError(f"--processor renders chats ('messages' records) with their images; {format_line(kind)}")
+        raise ValueError(
+            f"--processor renders chats ('messages' records) with their images; {args.input} holds {FORMATS.get(kind, kind)}"
+        )
     if args.train_on not in ("auto", "assistant"):
         raise ValueError(
             f"--processor trains the assistant turns; --train-on {args.train_on} applies to chats rendered by a tokenizer"

@@ -221,8 +221,8 @@ def encode_shard(source: PackInput, rows: Sequence[int], records: Sequence[Any])
             if form != source.kind:
                 raise RecordError(
                     "mixed_forms",
-                    f"{source.where(row)} is {FORMATS[form]}, but the input's first record is "
-                    f"{FORMATS.get(source.kind, source.kind)}: an input holds one form of record (write each to its own file)",
+                    f"{source.where(row)} has {form!r}, but the input's first record has {source.kind!r}: an input "
+                    f"holds one kind of record (write each kind to its own file; this one is {FORMATS[form]})",
                 )
         except RecordError as err:
             if source.on_error != "skip" or source.pretokenized:
