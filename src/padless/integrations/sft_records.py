@@ -150,7 +150,7 @@ def check_sft_records(dataset: Any, argument: str = "train_dataset", *, text_fie
             except RecordError as err:
                 if err.reason != "missing_field" or columns is None:
                     raise
-                sft_form(record_fields(dataset, number), where(number), text_field)  # named with every field it has
+                sft_form(_present_deep(record_fields(dataset, number)), where(number), text_field)  # every field it has
                 raise
             if first is None:
                 first = form
