@@ -101,8 +101,13 @@ def sft_form(record: Any, at: str, text_field: str = "text") -> str:
             record, at, columns=_text_columns(record, text_field) if isinstance(record, Mapping) else ()
         )
     except RecordError as err:
-        if err.reason == "missing_field" and "no 'text', 'messages'" in str(err):
-            err.args = (f"{err}; or give SFTTrainer a formatting_func",)
+        said, hint, _ = str(err).partition("a field of another name is mapped with --columns ")
+        if hint:  # SFTTrainer takes no columns mapping: the dataset's own rename does it
+            name = _.split("=", 1)[0]
+            err.args = (
+                f"{said}rename the dataset's column to {name!r} (Dataset.rename_column(FIELD, {name!r})) or give "
+                "SFTTrainer a formatting_func",
+            )
         raise
     if doc.kind == "chat":
         check_messages(doc.value, at)
