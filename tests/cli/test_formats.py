@@ -94,3 +94,27 @@ def test_the_overlong_refusal_of_stats_names_the_first_overlong_record(tmp_path,
     )
     assert said is not None, err
     assert int(said.group(1)) == load_corpus(path, "gpt2").lengths[1]
+
+
+def test_pack_counts_rows_skipped_while_reading_a_csv(tmp_path, capsys):
+    """A CSV cell that is not JSON is skipped when the file is read, before any shard: still counted and named."""
+    chat = json.dumps([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+    path = tmp_path / "c.csv"
+    path.write_text("messages\n" + json.dumps(chat) + "\n" + '"not json"\n')
+    argv = [
+        "pack",
+        str(path),
+        "--out",
+        str(tmp_path / "o"),
+        "--max-length",
+        "64",
+        "--no-progress",
+        "--on-error",
+        "skip",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "skipped 1 bad record (--on-error skip): bad_json 1" in out, out
+    assert f"  {path}, line 3: field 'messages' is a string that is not JSON" in out, out
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["skipped_records"] == {"bad_json": 1} and summary["stats"]["num_sequences"] == 1

@@ -254,6 +254,9 @@ class RecordsInput(PackInput):
     """The records, in order."""
     numbers: list[int] | None = field(default=None, repr=False)
     """The number naming each record (CSV: its line); None: 1, 2, ..."""
+    read_skipped: tuple[dict[str, int], list[str]] = field(default=({}, []), repr=False)
+    """Rows skipped while reading the file (``on_error="skip"``), by reason, and the first few named:
+    counted with the first shard's."""
 
     @classmethod
     def open(cls, path: Path, vocab_size: int | None, text: TextOptions) -> RecordsInput:
@@ -269,8 +272,9 @@ class RecordsInput(PackInput):
         key = dict(fingerprint) if path.is_file() else {"input": str(path.resolve())}
         vocab, key = _vocab_and_key(kind, key, vocab_size, text)
         return cls(
-            name=str(path), key=key, kind=kind, vocab_size=vocab, unit=unit, records=records, numbers=numbers, **text
-        )
+            name=str(path), key=key, kind=kind, vocab_size=vocab, unit=unit, records=records, numbers=numbers,
+            read_skipped=(dict(found.skipped), list(found.first_skipped)), **text,
+        )  # fmt: skip
 
     @classmethod
     def corpus(cls, name: str, text: TextOptions, progress: bool) -> RecordsInput:
@@ -299,7 +303,14 @@ class RecordsInput(PackInput):
     def read(self, shard: InputShard) -> ShardTokens:
         b, e = shard.begin, shard.end
         rows = self.numbers[b:e] if self.numbers is not None else range(b + 1, e + 1)
-        return encode_shard(self, rows, self.records[b:e])
+        toks = encode_shard(self, rows, self.records[b:e])
+        counted, named = self.read_skipped
+        if shard.index or not counted:
+            return toks
+        import dataclasses
+
+        merged = {k: toks.skipped.get(k, 0) + counted.get(k, 0) for k in {**toks.skipped, **counted}}
+        return dataclasses.replace(toks, skipped=merged, first_skipped=(named + toks.first_skipped)[:5])
 
 
 # ------------------------------------------------------------------------ the factory
