@@ -100,7 +100,7 @@ def test_pack_counts_rows_skipped_while_reading_a_csv(tmp_path, capsys):
     """A CSV cell that is not JSON is skipped when the file is read, before any shard: still counted and named."""
     chat = json.dumps([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
     path = tmp_path / "c.csv"
-    path.write_text("messages\n" + json.dumps(chat) + "\n" + '"not json"\n')
+    path.write_text("messages\n" + '"' + chat.replace('"', '""') + '"\n' + '"not json"\n')
     argv = [
         "pack",
         str(path),
