@@ -108,10 +108,7 @@ def test_encoded_ids_keep_their_labels_and_refuse_what_int32_cannot_hold():
 
 def test_a_record_of_another_kind_is_named_with_both_kinds():
     src = RecordsInput(name="mem", key={}, kind="input_ids", records=[])
-    with pytest.raises(
-        ValueError,
-        match="mem, line 7 has 'text', but the input's first record has 'input_ids'",
-    ):
+    with pytest.raises(ValueError, match="mem, line 7 has 'text', but the input's first record has 'input_ids'"):
         encode_shard(
             RecordsInput(name="mem", key={}, kind="input_ids", unit="line", records=[]),
             [3, 7],
