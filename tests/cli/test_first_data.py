@@ -60,12 +60,13 @@ def test_stats_prints_the_tokenizer_and_trains_chats_on_assistant_turns(tmp_path
     out = capsys.readouterr().out.splitlines()
     corpus = load_corpus(str(chats), "gpt2", train_on="assistant")
     assert out[0] == "tokenizer: gpt2, vocab 50,257 (the default; pass --tokenizer or --model for your model's)"
-    assert out[1] == (
+    assert out[1] == "format: chats ('messages') (detected from the first record)"
+    assert out[2] == (
         f"train on: the assistant turns (--train-on auto, for chats; --train-on all trains every token); "
         f"{corpus.report.trained_tokens:,} of {corpus.report.tokens:,} tokens trained"
     )
-    assert out[2] == f"lengths: file {chats}"  # GPT-2 has no chat template, so no system prompt is added
-    assert f"  {len(CHATS)} sequences, {corpus.report.tokens:,} tokens;" in out[3]
+    assert out[3] == f"lengths: file {chats}"  # GPT-2 has no chat template, so no system prompt is added
+    assert f"  {len(CHATS)} sequences, {corpus.report.tokens:,} tokens;" in out[4]
     assert main(["stats", "--data", str(chats), "--train-on", "all", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["data"]
     assert data["train_on"] == "all" and data["trained_tokens"] == data["tokens"] == corpus.report.tokens

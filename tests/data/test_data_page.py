@@ -46,6 +46,8 @@ def test_the_example_records_load(tmp_path: Path) -> None:
         ({"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "x"}]}, 4),
         ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant",
           "content": None, "tool_calls": [{"name": "search", "arguments": [1]}]}]}, 7),
+        ({"conversations": [{"from": "humna", "value": "Hi"}]}, 5),
+        ({"instruction": "Hi", "ouput": "x"}, 6),
     ],
 )  # fmt: skip
 def test_the_example_errors_are_padless_messages(record: dict, position: int) -> None:
@@ -54,3 +56,24 @@ def test_the_example_errors_are_padless_messages(record: dict, position: int) ->
     with pytest.raises(RecordError) as err:
         encode_records([record], load_tokenizer("gpt2"), EncodeOptions(), numbers=[position], unit=unit)
     assert str(err.value) in examples
+
+
+def test_the_example_forms_load_as_the_page_says(tmp_path: Path) -> None:
+    """The second ``jsonl`` block: one record of each form, each read as the form the page names, the
+    prompt / completion and Alpaca records trained on their completion only."""
+    blocks = re.findall(r"```jsonl\n(.*?)```", DOC, re.S)
+    path = tmp_path / "forms.jsonl"
+    path.write_text(blocks[1])
+    tok = load_tokenizer("smollm2-135m")
+    corpus = load_corpus(path, tok, cache=False)
+    assert list(corpus.report.formats) == [
+        "sharegpt",
+        "conversational_prompt_completion",
+        "prompt_completion",
+        "alpaca",
+    ]
+    trained = [
+        tok.decode([t for t, y in zip(x, ys) if y != IGNORE_INDEX]) for x, ys in zip(corpus.input_ids, corpus.labels)
+    ]
+    assert trained[1:] == ["4<|im_end|>", " blue.<|im_end|>", "5<|im_end|>"]
+    assert trained[0].startswith('<tool_call>\n{"name": "get_weather"')

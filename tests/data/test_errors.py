@@ -159,7 +159,7 @@ def test_a_bad_line_names_itself_and_its_fields(tmp_path: Path, record: Any, rea
     with pytest.raises(RecordError) as err:
         load_corpus(path, gpt2())
     message = str(err.value)
-    assert message.startswith("line 3") and err.value.reason == reason, message
+    assert message.startswith(f"{path}, line 3") and err.value.reason == reason, message
     assert all(f in message for f in fragments), message
     skipped = load_corpus(path, gpt2(), on_error="skip")
     assert skipped.report.skipped == {reason: 1} and skipped.report.kept == 1

@@ -2,8 +2,8 @@
 ``--help`` text from docstrings (:func:`plain`) with every default shown (:class:`HelpFormatter`),
 bounded integer flags (:func:`int_in`), library messages in the words of the command line
 (:func:`as_flags`), the tokenizing flags of every subcommand that reads text or chats and the lines
-that say what they chose (:func:`add_data_arguments`, :func:`tokenizer_choice`, :func:`data_kind`,
-:func:`train_on_choice`, :func:`system_prompt_line`, :func:`overlong_line`), the lengths flags and the
+that say what they chose (:func:`add_data_arguments`, :func:`tokenizer_choice`, :func:`system_prompt_line`,
+:func:`overlong_line`; the records' form: :mod:`padless.cli._formats`), the lengths flags and the
 plan description of ``padless stats`` and ``padless plan`` (:func:`add_lengths_arguments`,
 :func:`input_lengths`, :func:`plan_from_args`, :func:`describe_lengths`, :func:`describe_plan`), and
 the summary that ``padless bench`` and ``padless report`` print after writing a report
@@ -13,13 +13,21 @@ the summary that ``padless bench`` and ``padless report`` print after writing a 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from padless.cli._formats import (
+    add_record_arguments,
+    columns_of,
+    data_kind,
+    format_line,
+    skipped_lines,
+    train_on_choice,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -101,8 +109,6 @@ TRAIN_ON_AUTO = "auto"
 SYSTEM_PROMPT_DEFAULT = "template"
 """``--system-prompt``: keep what the chat template adds, as :mod:`padless.data` does by default."""
 _SAME_TOKENIZER = {"smollm2": "smollm2-135m"}  # one name per packaged tokenizer, so a resume sees one key
-_TRAINED = {"all": "every token", "assistant": "the assistant turns", "completion": "the assistant turns after the "
-            "last user turn"}  # fmt: skip
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, what: str) -> None:
@@ -138,6 +144,7 @@ def add_data_arguments(parser: argparse.ArgumentParser, what: str) -> None:
         help="template: a chat without a system message gets the one its chat template adds (SmolLM2's "
         "adds a default system prompt); none: only the chat's own messages",
     )
+    add_record_arguments(group)
 
 
 def tokenizer_choice(args: argparse.Namespace) -> tuple[str, str]:
@@ -175,83 +182,6 @@ def load_named_tokenizer(name: str, origin: str) -> tuple[Any, str]:
 
     tok = load_tokenizer(name)
     return tok, f"tokenizer: {name}, vocab {len(tok):,} ({origin})"
-
-
-def _first_record(path: Path) -> Any:
-    """The first record of a data file, read cheaply (None where that would mean reading it all)."""
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        with open(path, "rb") as f:
-            head = f.read(1 << 16).lstrip()
-        if head.startswith(b"["):  # a JSON array: only the whole file tells its first element
-            return None
-        with open(path, "rb") as f:
-            line = next((ln for ln in f if ln.strip()), b"")
-        return json.loads(line) if line else None
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return dict.fromkeys(pq.read_schema(path).names, True)
-    return None
-
-
-def data_kind(name: str) -> str | None:
-    """``messages``, ``text`` or ``input_ids``: the kind of a data file's or a built-in corpus's records
-    (its first record's, as the library decides; an input holds one kind), None where it cannot be told
-    without reading the whole input or the first record is bad (the library then names the problem)."""
-    from padless.data.corpora import split_corpus_name
-    from padless.data.records import RecordError, record_field
-
-    path = Path(name).expanduser()
-    if path.is_file():
-        try:
-            first = _first_record(path)
-        except (ValueError, OSError):  # not JSON, not Parquet: reading it names the line or the file
-            return None
-    elif path.is_dir() or (builtin := split_corpus_name(name)) is None:
-        first = None  # a datasets folder or name: read below
-    else:
-        return "messages" if builtin[0].kind == "chat" else "text"
-    if first is None and (path.is_dir() or path.suffix.lower() in (".json", ".csv", ".tsv")):
-        from padless.data.files import read_records
-
-        try:  # these are read whole anyway; a bad one is reported by the library with its line
-            rows = read_records(str(path))[0]
-        except ValueError:
-            return None
-        first = rows[0][1] if rows else None
-    try:
-        return record_field(first, "the first record")
-    except RecordError:
-        return None
-
-
-def train_on_choice(train_on: str, kind: str | None, name: str) -> tuple[str, str | None]:
-    """``(train_on, the line that says it)``: ``--train-on auto`` resolved for the records of ``name``,
-    of ``kind`` (:func:`data_kind`): assistant for chats, all otherwise. Pre-tokenized records keep
-    their labels: another ``--train-on`` is refused, not ignored. No line for a file whose first
-    record has no kind (reading it names the problem)."""
-    if kind == "input_ids":
-        if train_on != TRAIN_ON_AUTO:
-            raise ValueError(
-                f"--train-on {train_on} applies to text and chats; pre-tokenized records "
-                "('input_ids') are trained as their 'labels' say (every token without labels)"
-            )
-        return "all", "train on: the records' own labels (pre-tokenized 'input_ids')"
-    if train_on != TRAIN_ON_AUTO:
-        return train_on, f"train on: {_TRAINED[train_on]} (--train-on {train_on})"
-    if kind == "messages":
-        return "assistant", (
-            f"train on: {_TRAINED['assistant']} (--train-on auto, for chats; --train-on all trains every token)"
-        )
-    if kind == "text":
-        return "all", f"train on: {_TRAINED['all']} (--train-on auto, for text)"
-    if Path(name).expanduser().is_file():
-        return "all", None
-    return "all", (
-        f"train on: {_TRAINED['all']} (--train-on auto; the kind of the records is not known before "
-        "reading them: pass --train-on assistant for chats)"
-    )
 
 
 def system_prompt_line(added: int, chats: int | None = None) -> str | None:
@@ -295,6 +225,8 @@ class InputLengths:
     """Lines printed before the lengths: the tokenizer, what is trained, the system prompt."""
     data: dict[str, Any] = field(default_factory=dict)
     """The same for ``--json`` (empty unless ``--data``)."""
+    name_example: Callable[[int], str] | None = None
+    """``--data``: where sequence ``i`` (from 0) comes from, ``"d.jsonl, line 7"``."""
 
 
 _DATA_FLAGS = (
@@ -302,6 +234,8 @@ _DATA_FLAGS = (
     ("model", None, "--model"),
     ("train_on", TRAIN_ON_AUTO, "--train-on"),
     ("system_prompt", SYSTEM_PROMPT_DEFAULT, "--system-prompt"),
+    ("columns", None, "--columns"),
+    ("on_error", "raise", "--on-error"),
 )
 
 
@@ -352,11 +286,15 @@ def _data_lengths(args: argparse.Namespace) -> InputLengths:
     if not name.strip():
         raise ValueError("--data needs a corpus name or a data file, got ''")
     tok_name, origin = tokenizer_choice(args)
-    kind = data_kind(name)
+    columns = columns_of(args)
+    kind = data_kind(name, columns)
     train_on, train_line = train_on_choice(args.train_on, kind, name)
     tok, tok_line = load_named_tokenizer(tok_name, origin)
     try:
-        corpus = load_corpus(name, tok, train_on=train_on, system_prompt=args.system_prompt)  # type: ignore[arg-type]
+        corpus = load_corpus(
+            name, tok, train_on=train_on, system_prompt=args.system_prompt, columns=columns,  # type: ignore[arg-type]
+            on_error=args.on_error,  # type: ignore[arg-type]
+        )  # fmt: skip
     except ValueError as exc:
         message = as_flags(str(exc), ["train_on", "system_prompt"])
         if name not in message:  # "line 3: ..." -> "f.jsonl, line 3: ...", as padless pack names a record
@@ -364,17 +302,22 @@ def _data_lengths(args: argparse.Namespace) -> InputLengths:
         raise ValueError(message) from None
     report = corpus.report
     added = report.system_prompt_added
-    notes = [tok_line]
+    forms = list(report.formats)
+    notes = [tok_line, *([format_line(forms[0], columns)] if len(forms) == 1 else [report.format_line()])]
     if train_line is not None:
         trained = f"; {report.trained_tokens:,} of {report.tokens:,} tokens trained" if kind != "input_ids" else ""
         notes.append(train_line + trained)
     if (line := system_prompt_line(added, report.kept)) is not None:
         notes.append(line)
+    notes += skipped_lines(report.skipped, report.first_skipped, report.read)
     data = {"tokenizer": tok_name, "vocab_size": len(tok), "kind": kind, "train_on": train_on,
             "system_prompt": args.system_prompt, "system_prompt_added": added, "tokens": report.tokens,
-            "trained_tokens": report.trained_tokens}  # fmt: skip
+            "trained_tokens": report.trained_tokens, "formats": report.formats, "skipped": report.skipped,
+            "first_skipped": report.first_skipped}  # fmt: skip
     where = "file" if Path(name).expanduser().exists() else "corpus"
-    return InputLengths(validate_lengths(corpus.lengths), f"{where} {name}", notes, data)
+    found = InputLengths(validate_lengths(corpus.lengths), f"{where} {name}", notes, data)
+    found.name_example = corpus.where
+    return found
 
 
 def strategy_flag(text: str) -> str:
@@ -432,15 +375,28 @@ def add_lengths_arguments(parser: argparse.ArgumentParser, *, default_dist: str 
     add_data_arguments(parser, "--data")
 
 
-def overlong_refusal(over: int, args: argparse.Namespace) -> ValueError | None:
-    """The error for ``over`` sequences over ``--max-length`` under ``--overlong error``, else None."""
+def overlong_refusal(over: int, args: argparse.Namespace, first: str = "") -> ValueError | None:
+    """The error for ``over`` sequences over ``--max-length`` under ``--overlong error``, else None;
+    ``first``: where the first of them is (``"d.jsonl, line 7 (3,012 tokens)"``), said when known."""
     if not over or args.overlong != "error":
         return None
+    said = f" (the first: {first})" if first else ""
     return ValueError(
-        f"{over:,} sequence{'s are' if over != 1 else ' is'} over --max-length {args.max_length} and "
+        f"{over:,} sequence{'s are' if over != 1 else ' is'} over --max-length {args.max_length}{said} and "
         "--overlong is error (the default); pass --overlong truncate, split or drop to plan them, or a "
         "larger --max-length"
     )
+
+
+def first_overlong(found: InputLengths, max_length: int) -> str:
+    """Where the first sequence over ``max_length`` comes from and its length, for
+    :func:`overlong_refusal` (``""`` when none is over or the lengths name no records)."""
+    import numpy as np
+
+    over = np.flatnonzero(found.lengths > max_length)
+    if not over.size or found.name_example is None:
+        return ""
+    return f"{found.name_example(int(over[0]))}, {int(found.lengths[over[0]]):,} tokens"
 
 
 def plan_from_args(args: argparse.Namespace, lengths: np.ndarray) -> PackPlan:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from padless.cli._formats import CHATS, columns_of, skipped_lines
 from padless.cli._shared import (
     SYSTEM_PROMPT_DEFAULT,
     add_data_arguments,
@@ -26,6 +27,7 @@ from padless.cli._shared import (
     train_on_choice,
 )
 from padless.data.corpora import split_corpus_name
+from padless.data.formats import FORMATS
 from padless.data.inputs import open_input
 from padless.export.engine import ENGINES
 from padless.export.parquet import pack_to_parquet
@@ -38,8 +40,7 @@ FLAGS = {"input": "INPUT", "out": "--out", "synthetic": "--synthetic", "vocab_si
          "max_length": "--max-length", "overlong": "--overlong", "rows_per_shard": "--rows-per-shard",
          "max_shards": "--max-shards", "shard_rows": "--shard-rows", "num_workers": "--num-workers",
          "ray_address": "--ray-address", "engine": "--engine", "tokenizer": "--tokenizer", "train_on": "--train-on",
-         "system_prompt": "--system-prompt", "seed": "--seed", "processor": "--processor"}  # fmt: skip
-KINDS = {"input_ids": "pre-tokenized ('input_ids')", "messages": "chats ('messages')", "text": "text ('text')"}
+         "system_prompt": "--system-prompt", "seed": "--seed", "processor": "--processor", "on_error": "--on-error"}  # fmt: skip
 
 
 def add_pack_arguments(parser: Any) -> None:
@@ -149,11 +150,16 @@ def _describe(args: Any) -> tuple[str | None, str, list[str]]:
         )
     if not Path(args.input).expanduser().exists() and split_corpus_name(args.input) is None:
         return None, "all", []  # opening it says what it is not
-    kind = data_kind(args.input)
+    columns = columns_of(args)
+    kind = data_kind(args.input, columns)
     train_on, train_line = train_on_choice(args.train_on, kind, args.input)
-    if args.system_prompt != SYSTEM_PROMPT_DEFAULT and kind in ("input_ids", "text"):
-        raise ValueError(f"--system-prompt {args.system_prompt} applies to chats; {args.input} holds {KINDS[kind]}")
-    lines = [f"input: {args.input}" + (f", {KINDS[kind]}" if kind else "")]
+    if args.system_prompt != SYSTEM_PROMPT_DEFAULT and kind is not None and kind not in CHATS:
+        raise ValueError(
+            f"--system-prompt {args.system_prompt} applies to chats; {args.input} holds {FORMATS.get(kind, kind)}"
+        )
+    named = f", {FORMATS.get(kind, kind)}" if kind else ""
+    mapped = f" (--columns {','.join(f'{a}={b}' for a, b in columns)})" if columns and kind else ""
+    lines = [f"input: {args.input}{named}{mapped}"]
     if args.processor is not None:
         return None, "assistant", [*lines, *_processor_lines(args, kind)]
     name, origin = tokenizer_choice(args)
@@ -175,7 +181,7 @@ def _processor_lines(args: Any, kind: str | None) -> list[str]:
     """What ``--processor`` does, checked against the other flags."""
     if kind != "messages":
         raise ValueError(
-            f"--processor renders chats ('messages' records) with their images; {args.input} holds {KINDS.get(kind, kind)}"
+            f"--processor renders chats ('messages' records) with their images; {args.input} holds {FORMATS.get(kind, kind)}"
         )
     if args.train_on not in ("auto", "assistant"):
         raise ValueError(
@@ -227,6 +233,8 @@ def run_pack(args: Any) -> int:
     data: dict[str, Any] = (
         {} if tokenizer is None else {"tokenizer": tokenizer, "train_on": train_on, "system_prompt": args.system_prompt}
     )
+    if args.synthetic is None:
+        data.update(columns=columns_of(args), on_error=args.on_error)
     if args.processor is not None:
         data = {"processor": args.processor, "train_on": "assistant"}
     try:
@@ -266,6 +274,8 @@ def run_pack(args: Any) -> int:
         return 0
     run = summary["this_run"]
     if (line := system_prompt_line(int(summary.get("system_prompt_added", 0)), s["num_sequences"])) is not None:
+        print(line)
+    for line in skipped_lines(summary.get("skipped_records", {}), summary.get("first_skipped", [])):
         print(line)
     done = "packed" if summary["complete"] else "stopped after --max-shards (rerun to continue):"
     print(

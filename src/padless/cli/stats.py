@@ -20,6 +20,7 @@ from padless.cli._shared import (
     add_lengths_arguments,
     describe_lengths,
     describe_plan,
+    first_overlong,
     input_lengths,
     int_in,
     overlong_line,
@@ -127,7 +128,7 @@ def run_stats(args: argparse.Namespace) -> int:
         if hist is not None:
             lines.append(f"histogram: {hist}")
         print("\n".join(lines))
-    if (refusal := overlong_refusal(over, args)) is not None:
+    if (refusal := overlong_refusal(over, args, first_overlong(found, args.max_length))) is not None:
         raise refusal
     return 0
 

@@ -8,6 +8,8 @@ calls, agent traces), the user's files, chat templates with assistant-only label
 - ``assets``: where the offline assets live; ``raw``: their raw readers; ``bfcl``: the BFCL data.
 - ``corpora``: the built-in corpora as named recipes; ``agentic``: the synthetic agentic-RAG traces.
 - ``files``: the user's JSONL / CSV / Parquet / ``datasets`` inputs; ``records``: the record kinds.
+- ``formats``: the forms a record comes in (chats, ShareGPT, Alpaca, TRL's prompt / completion, text,
+  token ids), detected, named and read into one document; a ``columns`` mapping for other field names.
 - ``inputs``: the inputs of ``padless pack``, one reader per form (JSON lines, Parquet, records held
   whole), chosen by ``open_input``; ``shards``: what every reader shares (the shard, its tokens, the
   base class, records -> tokens); ``synthetic``: random token sequences (``--synthetic DIST:N``).

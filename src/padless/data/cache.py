@@ -24,8 +24,8 @@ import numpy as np
 from padless.atomic import atomic_write
 from padless.data.assets import cache_root
 
-CACHE_FORMAT = 3
-"""Bump when the entry layout or the meaning of a key part changes (2: files keyed by content)."""
+CACHE_FORMAT = 4
+"""Bump when the entry layout or the meaning of a key part changes (2: files keyed by content; 4: the record number of each example)."""
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -39,19 +39,25 @@ def entry_path(name: str, key: str, root: Path | None = None) -> Path:
     return (root or cache_root()) / "tokens" / f"{slug}-{key}.npz"
 
 
-def save_entry(path: Path, input_ids: list[list[int]], labels: list[list[int]], meta: dict[str, Any]) -> None:
-    """Write one entry atomically."""
+def save_entry(
+    path: Path, input_ids: list[list[int]], labels: list[list[int]], meta: dict[str, Any], numbers: Any = None
+) -> None:
+    """Write one entry atomically; ``numbers``: the record number of each example (int64), if known."""
     lengths = np.fromiter((len(x) for x in input_ids), dtype=np.int64, count=len(input_ids))
     offsets = np.zeros(len(input_ids) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat_ids = np.fromiter((t for x in input_ids for t in x), dtype=np.int32, count=int(offsets[-1]))
     flat_labels = np.fromiter((t for x in labels for t in x), dtype=np.int32, count=int(offsets[-1]))
     header = np.frombuffer(json.dumps(meta, default=str).encode(), dtype=np.uint8)
-    atomic_write(path, lambda f: np.savez(f, input_ids=flat_ids, labels=flat_labels, offsets=offsets, meta=header))
+    extra = {} if numbers is None else {"numbers": np.asarray(numbers, dtype=np.int64)}
+    atomic_write(
+        path, lambda f: np.savez(f, input_ids=flat_ids, labels=flat_labels, offsets=offsets, meta=header, **extra)
+    )
 
 
 def load_entry(path: Path) -> tuple[list[list[int]], list[list[int]], dict[str, Any]] | None:
-    """``(input_ids, labels, meta)`` of an entry, or None if it is missing or unreadable."""
+    """``(input_ids, labels, meta)`` of an entry (``meta["numbers"]``: the record numbers, if saved), or
+    None if it is missing or unreadable."""
     if not path.is_file():
         return None
     try:
@@ -59,6 +65,8 @@ def load_entry(path: Path) -> tuple[list[list[int]], list[list[int]], dict[str, 
             offsets = z["offsets"]
             ids, labels = z["input_ids"].tolist(), z["labels"].tolist()
             meta = json.loads(z["meta"].tobytes().decode())
+            if "numbers" in z.files:
+                meta["numbers"] = z["numbers"]
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
         return None  # a damaged entry is rebuilt, not trusted
     bounds = offsets.tolist()

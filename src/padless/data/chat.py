@@ -301,11 +301,14 @@ def render_chat(
     chat_template: str | None = None,
     at: str = "chat",
     system_prompt: str = "template",
+    trained_from: int = 0,
 ) -> tuple[list[ChatSpan], bool]:
     """``(pieces, system prompt added)``: the rendering of a checked chat (see :func:`check_messages`)
     as consecutive pieces whose concatenation is the full rendering, ``(text, trained)`` each (empty
     pieces dropped), and whether it carries a system prompt the template added (kept only with
-    ``system_prompt="template"``; ``"none"`` leaves it out). ``at`` names the chat in errors."""
+    ``system_prompt="template"``; ``"none"`` leaves it out). ``at`` names the chat in errors.
+    ``trained_from``: messages before it are context, never trained (the prompt of a prompt / completion
+    record, :class:`padless.data.formats.Document`)."""
     if train_on not in TRAIN_ON:
         raise ValueError(f"train_on={train_on!r} is not one of {', '.join(TRAIN_ON)}")
     if system_prompt not in SYSTEM_PROMPT:
@@ -314,6 +317,10 @@ def render_chat(
     if "tool_calls" not in template:
         messages = _inline_tool_calls(messages)
     targets = _targets(messages, train_on, at)
+    if trained_from:
+        targets = [t and i >= trained_from for i, t in enumerate(targets)]
+        if not any(targets):
+            raise RecordError("no_assistant_turn", f"{at}: the completion holds no assistant turn to train")
     n = len(messages)
     # One batched render for every prefix (or, for "all", the chat and its first message alone).
     conversations = [messages[:1], messages] if train_on == "all" else [messages[: i + 1] for i in range(n)]

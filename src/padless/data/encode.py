@@ -2,12 +2,16 @@
 
 - ``text`` records: tokenized with the tokenizer's special tokens (a BOS where it adds one); every
   token is a target.
+- every form of record is read by :func:`padless.data.formats.read_document` (Alpaca, ShareGPT and TRL's
+  prompt / completion become chats or a prompt and a completion; ``columns`` renames fields first).
 - ``messages`` records: rendered into pieces by :func:`padless.data.chat.render_chat`; each piece is
   tokenized on its own (no special tokens added: the template writes its own), so a target never
   straddles a turn boundary. Whether that equals tokenizing the whole rendering at once is checked
   for every chat and the differing ones are counted (``boundary_mismatches`` in the report): with
   ChatML the boundaries sit next to special tokens or newlines, where BPE never merges, and the count
   is 0 on every built-in corpus with both the GPT-2 and the SmolLM2 tokenizer.
+- a text prompt / completion: the prompt tokenized with the tokenizer's special tokens, the completion
+  on its own; the completion is trained (the prompt too with ``train_on="all"``).
 - ``input_ids`` records: taken as they are (``labels`` too, if given; else every token a target), and
   no EOS is appended: padless cannot know which tokenizer's conventions made them, so pre-tokenized
   ids are used as given everywhere (``load_corpus`` and ``padless pack`` alike, whatever the file type).
@@ -42,9 +46,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from padless.data.chat import SYSTEM_PROMPT, TRAIN_ON_CHOICES, SystemPrompt, TrainOnChoice, check_messages, render_chat
-from padless.data.records import RecordError, Unit, check_text, record_kind, record_tokens, where
+from padless.data.formats import parse_columns, read_document
+from padless.data.records import RecordError, Unit, check_text, record_tokens, where
 from padless.layout import IGNORE_INDEX, append_separator
-from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int, overlong_error
+from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
 from padless.planning.plan import OVERLONG_POLICIES, OverlongPolicy
 
 if TYPE_CHECKING:
@@ -54,6 +59,8 @@ Overlong = OverlongPolicy  # one vocabulary with the planners: error | truncate 
 OnError = Literal["raise", "skip"]
 ON_ERROR: tuple[str, ...] = ("raise", "skip")
 _CHUNK = 512  # records per batched tokenizer call
+SKIPPED_SHOWN = 5
+"""How many skipped records are named (the rest are counted)."""
 Closer = Callable[[list[int], list[int]], tuple[list[int], list[int]]]
 """``(ids, labels) -> (ids, labels)`` ending with exactly one end-of-document token."""
 
@@ -76,6 +83,18 @@ class EncodeCounts:
     """Chats whose piece-wise tokenization differs from tokenizing the whole rendering."""
     system_prompt_added: int = 0
     """Chats that carry a system prompt the chat template added (0 with ``system_prompt="none"``)."""
+    formats: Counter[str] = field(default_factory=Counter)
+    """Records read, by form (:data:`padless.data.formats.FORMATS`)."""
+    first_skipped: list[str] = field(default_factory=list)
+    """The messages of the first :data:`SKIPPED_SHOWN` records skipped as bad (``on_error="skip"``)."""
+    numbers: list[int] = field(default_factory=list)
+    """The number naming the record each output example comes from (a split record: each piece)."""
+
+    def skip(self, err: RecordError, at: str = "") -> None:
+        """Count a bad record ``err`` as skipped; keep its message among the first few (``at`` prefixed)."""
+        self.skipped[err.reason] += 1
+        if len(self.first_skipped) < SKIPPED_SHOWN:
+            self.first_skipped.append(f"{at}{err}")
 
 
 @dataclass(frozen=True)
@@ -99,6 +118,9 @@ class EncodeOptions:
     """Force the record field to read (``text`` | ``messages`` | ``input_ids``); default: the first present."""
     chat_template: str | None = None
     """A Jinja chat template overriding the tokenizer's own."""
+    columns: tuple[tuple[str, str], ...] = ()
+    """``(padless name, record's field)`` pairs: the record's fields renamed before reading
+    (:func:`padless.data.formats.parse_columns`; a dict or ``"a=b,c=d"`` is accepted and normalised)."""
     system_prompt: SystemPrompt = "template"
     """Text the chat template adds before the first message (SmolLM2's default system prompt, added to
     every chat without a system message): ``template`` keeps it (counted in ``system_prompt_added``),
@@ -114,22 +136,29 @@ class EncodeOptions:
             raise ValueError(f"system_prompt={self.system_prompt!r} is not one of {', '.join(SYSTEM_PROMPT)}")
         if self.max_length is not None:  # 2: a truncated example keeps a token before its EOS
             check_int(self.max_length, "max_length", 2)
+        object.__setattr__(self, "columns", parse_columns(self.columns or None))
 
 
-def _plan(record: Any, at: str, tokenizer: PreTrainedTokenizerBase, opts: EncodeOptions) -> tuple[str, Any]:
-    """``("text", str)``, ``("chat", (pieces, system prompt added))`` or ``("tokens", (ids, labels or None))``."""
-    kind = record_kind(record, at, opts.field)
-    if kind == "tokens":
-        return "tokens", record_tokens(record, at, len(tokenizer))
-    if kind == "text":
+def _plan(record: Any, at: str, tokenizer: PreTrainedTokenizerBase, opts: EncodeOptions) -> tuple[str, Any, str]:
+    """``(kind, payload, form)``: ``("text", str)``, ``("chat", (pieces, system prompt added))``,
+    ``("prompt_completion", (prompt, completion, prompt trained))`` or ``("tokens", (ids, labels or None))``,
+    and the record's form (:data:`padless.data.formats.FORMATS`)."""
+    doc = read_document(record, at, columns=opts.columns, field=opts.field)
+    if doc.kind == "tokens":
+        return "tokens", record_tokens(doc.value, at, len(tokenizer)), doc.format
+    if doc.kind == "text":
         if opts.train_on not in ("all", "auto"):  # a configuration error, never a skip
             raise ValueError(
                 f"{at} is plain text; train_on={opts.train_on!r} needs chats ('messages'); use train_on='all'"
             )
-        return "text", check_text(record, at)
-    messages = check_messages(record["messages"], at)
+        return "text", check_text({"text": doc.value}, at), doc.format
+    if doc.kind == "prompt_completion":
+        return "prompt_completion", (*doc.value, opts.train_on == "all"), doc.format
+    messages = check_messages(doc.value, at)
     train_on = "assistant" if opts.train_on == "auto" else opts.train_on
-    return "chat", render_chat(messages, tokenizer, train_on, opts.chat_template, at, opts.system_prompt)
+    context = doc.prompt_messages if opts.train_on == "auto" else 0
+    pieces = render_chat(messages, tokenizer, train_on, opts.chat_template, at, opts.system_prompt, context)
+    return "chat", pieces, doc.format
 
 
 def _tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], specials: bool) -> list[list[int]]:
@@ -143,6 +172,9 @@ def _encode_chunk(
 ) -> list[tuple[int, str, list[int], list[int]]]:
     """Batched tokenization of one chunk of planned records, in order: ``(number, kind, ids, labels)``."""
     texts = [p for _, kind, p in planned if kind == "text"]
+    pairs = [p for _, kind, p in planned if kind == "prompt_completion"]
+    prompt_ids = iter(_tokenize(tokenizer, [p for p, _, _ in pairs], True))  # a prompt starts as a text does
+    completion_ids = iter(_tokenize(tokenizer, [c for _, c, _ in pairs], False))
     chats = [p[0] for _, kind, p in planned if kind == "chat"]
     text_ids = iter(_tokenize(tokenizer, texts, True))  # plain text gets the tokenizer's BOS, if any
     piece_ids = iter(_tokenize(tokenizer, [t for pieces in chats for t, _ in pieces], False))
@@ -153,6 +185,10 @@ def _encode_chunk(
         if kind == "text":
             ids = next(text_ids)
             labels = list(ids)
+        elif kind == "prompt_completion":
+            head, tail = next(prompt_ids), next(completion_ids)
+            ids = head + tail
+            labels = (head if payload[2] else [IGNORE_INDEX] * len(head)) + tail
         elif kind == "chat":
             pieces, added = payload
             ids, labels = [], []
@@ -179,9 +215,10 @@ def encode_records(
     unit: Unit = "record",
     progress: bool | None = None,
     desc: str = "tokenizing",
+    source: str | None = None,
 ) -> tuple[list[list[int]], list[list[int]], EncodeCounts]:
     """Encode ``records``; ``numbers`` (default 1, 2, ...) and ``unit`` (``record`` | ``line``) name
-    them in errors, as :func:`padless.data.records.where` does."""
+    them in errors, as :func:`padless.data.records.where` does, after ``source`` (a file's name) if given."""
     from tqdm.auto import tqdm
 
     numbers = range(1, len(records) + 1) if numbers is None else numbers
@@ -198,17 +235,23 @@ def encode_records(
         for start in range(0, len(records), _CHUNK):
             planned: list[tuple[int, str, Any]] = []
             for rec, number in zip(records[start : start + _CHUNK], numbers[start : start + _CHUNK]):
+                at = where(number, unit) if source is None else f"{source}, {where(number, unit)}"
                 try:
-                    planned.append((number, *_plan(rec, where(number, unit), tokenizer, opts)))
+                    kind, payload, form = _plan(rec, at, tokenizer, opts)
                 except RecordError as err:
                     if opts.on_error == "raise":
                         raise
-                    counts.skipped[err.reason] += 1
+                    counts.skip(err)
+                    continue
+                counts.formats[form] += 1
+                planned.append((number, kind, payload))
             for number, kind, ids, labels in _encode_chunk(planned, tokenizer, counts):
                 close = None if ender is None or kind == "tokens" else ender.closer(ids, chat=kind == "chat")
-                for example_ids, example_labels in _finish(ids, labels, number, unit, close, opts, counts):
+                named = where(number, unit) if source is None else f"{source}, {where(number, unit)}"
+                for example_ids, example_labels in _finish(ids, labels, named, close, opts, counts):
                     out_ids.append(example_ids)
                     out_labels.append(example_labels)
+                    counts.numbers.append(number)
             bar.update(min(_CHUNK, len(records) - start))
     return out_ids, out_labels, counts
 
@@ -259,8 +302,7 @@ class _DocumentEnd:
 def _finish(
     ids: list[int],
     labels: list[int],
-    number: int,
-    unit: Unit,
+    at: str,
     close: Closer | None,
     opts: EncodeOptions,
     counts: EncodeCounts,
@@ -268,9 +310,10 @@ def _finish(
     """End the document (``close=None``: as it is), then apply ``max_length``: the examples this record
     becomes (none if left out)."""
     if not ids:
+        problem = RecordError("empty", f"{at} tokenizes to nothing")
         if opts.on_error == "raise":
-            raise RecordError("empty", f"{where(number, unit)} tokenizes to nothing")
-        counts.skipped["empty"] += 1
+            raise problem
+        counts.skip(problem)
         return []
     if close is not None:
         ids, labels = close(ids, labels)
@@ -278,7 +321,7 @@ def _finish(
     if limit is None or len(ids) <= limit:
         return [(ids, labels)]
     if opts.overlong == "error":
-        raise overlong_error(number, len(ids), limit, what=unit)
+        raise overlong_error_at(at, len(ids), limit)
     if opts.overlong == "drop":
         counts.skipped["overlong"] += 1
         return []
@@ -293,3 +336,11 @@ def _finish(
     counts.truncated_examples += 1
     counts.truncated_tokens += len(ids) - len(kept[0])
     return [kept]
+
+
+def overlong_error_at(at: str, length: int, max_length: int) -> ValueError:
+    """The error for the record named ``at`` (``"d.jsonl, line 3"``), ``length`` tokens over ``max_length``."""
+    return ValueError(
+        f"{at} has length {length}, longer than max_length {max_length}; choose overlong='truncate', 'split' or "
+        "'drop', or a larger max_length"
+    )

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from padless._optional import require
 from padless.data.records import RecordError, Unit, numbered, where
 
-JSON_FIELDS = ("messages", "input_ids", "labels")
+JSON_FIELDS = ("messages", "conversations", "input_ids", "labels")
 """Fields that a CSV cell (or any string value) may carry as JSON."""
 SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 
@@ -44,6 +44,8 @@ class Records(NamedTuple):
     """Rows skipped while reading, by reason (a bad JSON line with ``on_error="skip"``)."""
     fingerprint: Any
     """What identifies the source's content (see :func:`file_fingerprint`)."""
+    first_skipped: list[str] = []
+    """The messages of the first few rows skipped while reading, naming each."""
 
 
 def _decode_json_cells(row: dict[str, Any], at: str) -> dict[str, Any]:
@@ -78,7 +80,9 @@ def _csv_lines(path: Path, delimiter: str, count: int) -> list[int] | None:
     return starts[1:] if len(starts) == count + 1 else None  # the first row is the header
 
 
-def _read_json_lines(path: Path, on_error: str, skipped: Counter[str]) -> tuple[list[tuple[int, Any]], Unit]:
+def _read_json_lines(
+    path: Path, on_error: str, skipped: Counter[str], notes: list[str]
+) -> tuple[list[tuple[int, Any]], Unit]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -102,6 +106,8 @@ def _read_json_lines(path: Path, on_error: str, skipped: Counter[str]) -> tuple[
             if on_error == "raise":
                 raise problem from None
             skipped[problem.reason] += 1
+            if len(notes) < 5:
+                notes.append(str(problem))
     if not rows and not skipped:
         raise ValueError(f"{path} holds no records")
     return rows, "line"
@@ -217,12 +223,14 @@ def read_records(name: str, *, split: str = "train", on_error: str = "raise") ->
     """The rows of a file, folder or dataset, each with the number that names it (see :class:`Records`)."""
     path = Path(name).expanduser()
     skipped: Counter[str] = Counter()
+    notes: list[str] = []
     unit: Unit = "record"
+    named = f"{path}, " if path.is_file() else ""
     if path.is_file():
         if path.suffix not in SUFFIXES:
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(SUFFIXES)}")
         if path.suffix in (".jsonl", ".json"):
-            rows, unit = _read_json_lines(path, on_error, skipped)
+            rows, unit = _read_json_lines(path, on_error, skipped, notes)
         else:
             rows, unit = _read_arrow(path)
         fingerprint: Any = file_fingerprint(path)
@@ -235,9 +243,12 @@ def read_records(name: str, *, split: str = "train", on_error: str = "raise") ->
     out = []
     for number, row in rows:
         try:
-            out.append((number, _decode_json_cells(dict(row), where(number, unit)) if isinstance(row, dict) else row))
+            at = named + where(number, unit)
+            out.append((number, _decode_json_cells(dict(row), at) if isinstance(row, dict) else row))
         except RecordError as err:
             if on_error == "raise":
                 raise
             skipped[err.reason] += 1
-    return Records(out, unit, skipped, fingerprint)
+            if len(notes) < 5:
+                notes.append(str(err))
+    return Records(out, unit, skipped, fingerprint, notes)

@@ -15,8 +15,9 @@ tokenizing text and chats itself, so tokenizing runs where the shard is read.
   :func:`padless.data.load_corpus`, cached), cut by record number.
 - ``--synthetic DIST:N``: :class:`padless.data.synthetic.SyntheticInput`.
 
-Every input holds one kind of record (``input_ids``, ``messages`` or ``text``: its first record's
-:func:`padless.data.records.record_field`); a record of another kind is an error naming its row.
+Every input holds one form of record (``input_ids``, ``messages``, ``alpaca``, ``sharegpt``, TRL's prompt /
+completion, ``text``: its first record's :func:`padless.data.formats.record_format`, after the
+``columns`` mapping); a record of another form is an error naming its row.
 Pre-tokenized ids are taken as given (nothing appended) and checked against ``vocab_size`` by
 :func:`padless.layout.check_tokens`; text and chats end with one end-of-document token
 (:mod:`padless.data.encode`). Rows are named ``line N`` in JSON lines and CSV files, ``record N``
@@ -35,7 +36,8 @@ import numpy as np
 
 from padless._optional import require
 from padless.data.chat import SYSTEM_PROMPT
-from padless.data.records import RECORD_FIELDS, Unit, record_field, where
+from padless.data.formats import map_columns, record_format
+from padless.data.records import RecordError, Unit, where
 from padless.data.shards import (
     InputShard,
     PackInput,
@@ -52,7 +54,8 @@ __all__ = [
     "SyntheticTokens", "iter_shards", "open_input", "scan_lines",
 ]  # fmt: skip
 TextOptions = dict[str, Any]
-"""``{"tokenizer", "train_on", "system_prompt", "processor"}``: how text and chats are tokenized (fields of
+"""``{"tokenizer", "train_on", "system_prompt", "processor", "columns", "on_error"}``: how records are read
+and text and chats tokenized (fields of
 :class:`~padless.data.shards.PackInput`, and part of an input's key when its records are not tokens)."""
 
 
@@ -68,8 +71,16 @@ def _vocab_and_key(
         )
     if kind == "input_ids":
         vocab = len(cached_tokenizer(text["tokenizer"])) if vocab_size is None else vocab_size
-        return vocab, {**key, "vocab_size": vocab}
+        return vocab, {**key, "vocab_size": vocab, **({"columns": text["columns"]} if text.get("columns") else {})}
     return None, {**key, **text}
+
+
+def _first_form(record: Any, at: str, text: TextOptions) -> str:
+    """The form of an input's first record (named ``at``), after the ``columns`` mapping."""
+    try:
+        return record_format(map_columns(record, text.get("columns", ()), at), at)
+    except RecordError as err:
+        raise ValueError(str(err)) from None
 
 
 # ------------------------------------------------------------------------ JSON lines
@@ -124,7 +135,7 @@ class JsonlInput(PackInput):
             first = next(((n, line) for n, line in enumerate(f, start=1) if line.strip()), None)
         if first is None:
             raise ValueError(f"{path} holds no records")
-        kind = record_field(_json_line(path, *first), f"{path}, {where(first[0], 'line')}")
+        kind = _first_form(_json_line(path, *first), f"{path}, {where(first[0], 'line')}", text)
         key, starts = scan_lines(path, shard_rows)
         vocab, key = _vocab_and_key(kind, key, vocab_size, text)
         return cls(
@@ -139,14 +150,26 @@ class JsonlInput(PackInput):
 
     def read(self, shard: InputShard) -> ShardTokens:
         path = Path(self.name)
-        rows, records = [], []
+        rows, records, bad = [], [], []
         with open(path, "rb") as f:
             f.seek(shard.begin)
             for line_no, line in enumerate(f.read(shard.end - shard.begin).split(b"\n"), start=shard.first_row):
                 if line.strip():
-                    records.append(_json_line(path, line_no, line))
+                    try:
+                        records.append(_json_line(path, line_no, line))
+                    except ValueError as err:
+                        if self.on_error != "skip" or self.pretokenized:
+                            raise
+                        bad.append(str(err))
+                        continue
                     rows.append(line_no)
-        return encode_shard(self, rows, records)
+        toks = encode_shard(self, rows, records)
+        if not bad:
+            return toks
+        import dataclasses
+
+        skipped = {**toks.skipped, "bad_json": toks.skipped.get("bad_json", 0) + len(bad)}
+        return dataclasses.replace(toks, skipped=skipped, first_skipped=(bad + toks.first_skipped)[:5])
 
 
 # ------------------------------------------------------------------------ Parquet
@@ -161,7 +184,8 @@ class ParquetInput(PackInput):
 
     @classmethod
     def open(cls, path: Path, vocab_size: int | None, text: TextOptions) -> ParquetInput:
-        """The first of :data:`~padless.data.records.RECORD_FIELDS` among its columns decides its kind."""
+        """``input_ids`` among its columns (after the ``columns`` mapping) makes it pre-tokenized; else its
+        first row decides its form."""
         pq = require("pyarrow.parquet", "reading Parquet")
         from padless.data.files import file_fingerprint
 
@@ -170,11 +194,14 @@ class ParquetInput(PackInput):
         except Exception as err:  # pyarrow raises its own error types for a broken file
             raise ValueError(f"input {path} is not a readable Parquet file ({err})") from None
         names = meta.schema.to_arrow_schema().names
-        kind = next((k for k in RECORD_FIELDS if k in names), None)
-        if kind is None:
-            raise ValueError(
-                f"{path} has none of the columns {', '.join(RECORD_FIELDS)} (its columns: {', '.join(names)})"
-            )
+        renamed = {field: name for name, field in text.get("columns", ())}
+        if "input_ids" in [renamed.get(n, n) for n in names]:
+            kind = "input_ids"
+        elif not meta.num_rows:
+            raise ValueError(f"{path} holds no records")
+        else:
+            first = pq.ParquetFile(path).read_row_group(0).slice(0, 1).to_pylist()[0]
+            kind = _first_form(first, f"{path}, {where(1, 'record')}", text)
         vocab, key = _vocab_and_key(kind, file_fingerprint(path), vocab_size, text)
         return cls(name=str(path), key=key, kind=kind, vocab_size=vocab, total=meta.num_rows, **text)
 
@@ -185,6 +212,9 @@ class ParquetInput(PackInput):
         pq = require("pyarrow.parquet", "reading Parquet")
         f = pq.ParquetFile(self.name)
         if self.kind != "input_ids":
+            table = f.read().slice(shard.begin, shard.end - shard.begin)
+            return encode_shard(self, range(shard.begin + 1, shard.end + 1), table.to_pylist())
+        if self.columns:
             table = f.read().slice(shard.begin, shard.end - shard.begin)
             return encode_shard(self, range(shard.begin + 1, shard.end + 1), table.to_pylist())
         columns = [c for c in ("input_ids", "labels") if c in f.schema_arrow.names]
@@ -224,22 +254,27 @@ class RecordsInput(PackInput):
     """The records, in order."""
     numbers: list[int] | None = field(default=None, repr=False)
     """The number naming each record (CSV: its line); None: 1, 2, ..."""
+    read_skipped: tuple[dict[str, int], list[str]] = field(default=({}, []), repr=False)
+    """Rows skipped while reading the file (``on_error="skip"``), by reason, and the first few named:
+    counted with the first shard's."""
 
     @classmethod
     def open(cls, path: Path, vocab_size: int | None, text: TextOptions) -> RecordsInput:
         """A file (its bytes fingerprint it) or a ``datasets`` folder (its resolved path does)."""
         from padless.data.files import read_records
 
-        rows, unit, _, fingerprint = read_records(str(path))
+        found = read_records(str(path), on_error=text.get("on_error", "raise"))
+        rows, unit, fingerprint = found.rows, found.unit, found.fingerprint
         if not rows:
             raise ValueError(f"{path} holds no records")
         numbers, records = [n for n, _ in rows], [r for _, r in rows]
-        kind = record_field(records[0], f"{path}, {where(numbers[0], unit)}")
+        kind = _first_form(records[0], f"{path}, {where(numbers[0], unit)}", text)
         key = dict(fingerprint) if path.is_file() else {"input": str(path.resolve())}
         vocab, key = _vocab_and_key(kind, key, vocab_size, text)
         return cls(
-            name=str(path), key=key, kind=kind, vocab_size=vocab, unit=unit, records=records, numbers=numbers, **text
-        )
+            name=str(path), key=key, kind=kind, vocab_size=vocab, unit=unit, records=records, numbers=numbers,
+            read_skipped=(dict(found.skipped), list(found.first_skipped)), **text,
+        )  # fmt: skip
 
     @classmethod
     def corpus(cls, name: str, text: TextOptions, progress: bool) -> RecordsInput:
@@ -268,7 +303,14 @@ class RecordsInput(PackInput):
     def read(self, shard: InputShard) -> ShardTokens:
         b, e = shard.begin, shard.end
         rows = self.numbers[b:e] if self.numbers is not None else range(b + 1, e + 1)
-        return encode_shard(self, rows, self.records[b:e])
+        toks = encode_shard(self, rows, self.records[b:e])
+        counted, named = self.read_skipped
+        if shard.index or not counted:
+            return toks
+        import dataclasses
+
+        merged = {k: toks.skipped.get(k, 0) + counted.get(k, 0) for k in {**toks.skipped, **counted}}
+        return dataclasses.replace(toks, skipped=merged, first_skipped=(named + toks.first_skipped)[:5])
 
 
 # ------------------------------------------------------------------------ the factory
@@ -286,6 +328,8 @@ def open_input(
     shard_rows: int = 65536,
     progress: bool = True,
     processor: str | None = None,
+    columns: Any = None,
+    on_error: str = "raise",
 ) -> PackInput:
     """Open ``input`` (a file, a ``datasets`` folder or a built-in corpus) or a ``synthetic`` spec: the
     reader of its form, chosen here once.
@@ -300,7 +344,15 @@ def open_input(
     vision-language processor (``offline`` or a hub name / folder), their images carried into the rows
     (:func:`padless.data.images.render_image_chat`: images by path relative to the input's folder,
     bytes, data URIs, or the record's ``images`` column as TRL's vision datasets hold them).
+    ``columns``: a record's own fields renamed to padless' (:func:`padless.data.formats.parse_columns`);
+    ``on_error="skip"``: a bad record of text or chats is left out, counted (pre-tokenized ids are checked
+    strictly).
     """
+    from padless.data.encode import ON_ERROR
+    from padless.data.formats import parse_columns
+
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error={on_error!r} is not one of {', '.join(ON_ERROR)}")
     if (input is None) == (synthetic is None):
         raise ValueError("give exactly one of input and synthetic")
     if vocab_size is not None and vocab_size < 1:
@@ -315,6 +367,10 @@ def open_input(
     text: TextOptions = {"tokenizer": tokenizer, "train_on": train_on, "system_prompt": system_prompt}
     if processor is not None:
         text["processor"] = processor
+    if parsed := parse_columns(columns):
+        text["columns"] = [list(pair) for pair in parsed]  # lists: the key is stored as JSON and compared on resume
+    if on_error != "raise":
+        text["on_error"] = on_error
     path = Path(input).expanduser()
     if processor is not None and not (path.is_file() or path.is_dir()):
         raise ValueError(

@@ -67,6 +67,17 @@ class CorpusReport:
     """Examples that carry images (chats rendered through a processor)."""
     images: int = 0
     """Images in those examples."""
+    formats: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Records read, by form (:data:`padless.data.formats.FORMATS`: ``alpaca``, ``sharegpt``, ...)."""
+    first_skipped: list[str] = dataclasses.field(default_factory=list)
+    """The messages of the first few records skipped as bad (``on_error="skip"``), naming each."""
+
+    def format_line(self) -> str:
+        """``format: Alpaca ('instruction' / 'input' / 'output'), 52 records``: the forms read, by name."""
+        from padless.data.formats import FORMATS
+
+        said = [f"{FORMATS.get(k, k)}, {v:,} record{'s' if v != 1 else ''}" for k, v in self.formats.items()]
+        return "format: " + ("; ".join(said) or "none read")
 
     def __str__(self) -> str:
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
@@ -79,6 +90,7 @@ class CorpusReport:
         )
         images = f"{self.image_documents} examples with {self.images} images; " if self.image_documents else ""
         return (
+            f"{self.format_line()}; "
             f"read {self.read}, kept {self.kept} (selected {self.selected}); skipped: {skipped}; {images}"
             f"truncated {self.truncated_examples} examples / {self.truncated_tokens} tokens; {split}{system}"
             f"{self.tokens} tokens, {self.trained_tokens} trained"
@@ -103,6 +115,11 @@ class TokenizedCorpus:
     """Chats rendered through a processor: per example, the processor's other outputs (``pixel_values``,
     ``image_grid_thw``, ``mm_token_type_ids``...; ``None`` where an example has no images), which
     :meth:`features` hands to the collators with the tokens."""
+    numbers: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    """``[n]`` int64: the number naming the record each example comes from (with :attr:`unit`, as
+    :func:`padless.data.records.where` names it); None where not known."""
+    unit: str = "record"
+    """``line`` (JSON lines, CSV) or ``record``."""
     lengths: np.ndarray = dataclasses.field(init=False, repr=False)
     """``[n]`` int64 token count per example."""
 
@@ -114,6 +131,14 @@ class TokenizedCorpus:
         if bad is not None:
             raise ValueError(f"example {bad}: {len(self.input_ids[bad])} input_ids but {len(self.labels[bad])} labels")
         object.__setattr__(self, "lengths", lengths)
+
+    def where(self, example: int) -> str:
+        """``"d.jsonl, line 7"``: the record example ``example`` (from 0) comes from."""
+        from padless.data.records import where
+
+        if self.numbers is None:
+            return f"{self.name}, example {example + 1}"
+        return f"{self.name}, {where(int(self.numbers[example]), self.unit)}"  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -141,6 +166,8 @@ def _report(
         split_examples=counts.split_examples,
         system_prompt_added=counts.system_prompt_added,
         trained_tokens=sum(sum(1 for t in y if t != IGNORE_INDEX) for y in labels),
+        formats=dict(counts.formats),
+        first_skipped=list(counts.first_skipped),
     )
 
 
@@ -180,6 +207,7 @@ def load_corpus(
     cache: bool = True,
     progress: bool | None = None,
     processor: Any = None,
+    columns: Any = None,
 ) -> TokenizedCorpus:
     """Tokenize a built-in corpus (:data:`CORPORA`, e.g. ``"tweets:all"``) or a data file / dataset.
 
@@ -192,8 +220,11 @@ def load_corpus(
     show their schemas in a system turn; ``field`` forces the record field read from user data;
     ``chat_template`` overrides the tokenizer's; ``system_prompt`` (``template`` | ``none``) keeps or
     leaves out a system prompt the chat template adds (counted in the report); ``split`` is the
-    ``datasets`` split. Errors name a record by its line in JSON lines and CSV files, else by its
-    position, from 1 (:func:`padless.data.records.where`).
+    ``datasets`` split. Records may be of any form of :mod:`padless.data.formats` (Alpaca, ShareGPT,
+    TRL's prompt / completion, chats, text, token ids; :attr:`CorpusReport.formats` counts them);
+    ``columns`` (``{"instruction": "question"}`` or ``"instruction=question,..."``) renames a record's
+    own fields to those first. Errors name the file and a record by its line in JSON lines and CSV
+    files, else by its position, from 1 (:func:`padless.data.records.where`).
 
     ``processor`` (a vision-language processor, its hub name or folder, or ``"offline"``): chats whose
     content parts hold images (a path relative to the file, bytes, a data URI; or the record's
@@ -217,6 +248,7 @@ def load_corpus(
         field=field,
         chat_template=chat_template,
         system_prompt=system_prompt,
+        columns=columns or (),
     )
     if limit is not None:
         check_int(limit, "limit")
@@ -247,24 +279,29 @@ def load_corpus(
             "tool_schema": tool_schema,
         }
         pre_skipped: dict[str, int] = {}
+        pre_notes: list[str] = []
     elif tool_schema is not None:
         raise ValueError(f"tool_schema={tool_schema!r} applies to the built-in corpora only, not to {name!r}")
     elif Path(name).expanduser().is_file():
         key_parts["source"] = file_fingerprint(Path(name).expanduser())
     else:  # a datasets folder or name: its fingerprint is known only once loaded
-        rows, unit, pre, key_parts["source"] = read_records(name, split=split, on_error=on_error)
-        pre_skipped = dict(pre)
+        found = read_records(name, split=split, on_error=on_error)
+        rows, unit, pre_skipped, key_parts["source"] = found.rows, found.unit, dict(found.skipped), found.fingerprint
+        pre_notes = list(found.first_skipped)
     path = entry_path(Path(name).name if builtin is None else name, cache_key(key_parts))
     if cache and (hit := load_entry(path)) is not None:
         ids, labels, meta = hit
-        return TokenizedCorpus(name, ids, labels, CorpusReport(**meta["report"]), from_cache=True)
+        return TokenizedCorpus(
+            name, ids, labels, CorpusReport(**meta["report"]), from_cache=True, numbers=meta.get("numbers"),
+            unit=meta.get("unit", "record"),
+        )  # fmt: skip
 
     if builtin is not None:
         recipe, selector = builtin
         rows = numbered(recipe.build(selector, seed, tool_schema or recipe.tool_schema))
     elif rows is None:
-        rows, unit, pre, _ = read_records(name, split=split, on_error=on_error)
-        pre_skipped = dict(pre)
+        found = read_records(name, split=split, on_error=on_error)
+        rows, unit, pre_skipped, pre_notes = found.rows, found.unit, dict(found.skipped), list(found.first_skipped)
     read = len(rows) + sum(pre_skipped.values())
     chosen = [rows[i] for i in _subsample(len(rows), limit, seed)]
     ids, labels, counts = encode_records(
@@ -275,12 +312,15 @@ def load_corpus(
         unit=unit,
         progress=progress,
         desc=f"tokenizing {name}",
+        source=name if builtin is None and Path(name).expanduser().is_file() else None,
     )
     counts.skipped.update(pre_skipped)
+    counts.first_skipped[:0] = pre_notes
     report = _report(counts, read, len(chosen), ids, labels)
+    numbers = np.asarray(counts.numbers, dtype=np.int64)
     if cache:
-        save_entry(path, ids, labels, {"name": name, "key": key_parts, "report": asdict(report)})
-    return TokenizedCorpus(name, ids, labels, report)
+        save_entry(path, ids, labels, {"name": name, "key": key_parts, "report": asdict(report), "unit": unit}, numbers)
+    return TokenizedCorpus(name, ids, labels, report, numbers=numbers, unit=unit)
 
 
 def corpus_lengths(name: str, tokenizer: str | PreTrainedTokenizerBase = "gpt2", **options: Any) -> np.ndarray:
@@ -311,7 +351,7 @@ def _image_corpus(
     path = Path(str(name)).expanduser()
     if split_corpus_name(str(name)) is not None and not path.exists():
         raise ValueError(f"corpus {name!r} is built-in text without images; processor= renders chat files with images")
-    rows, unit, pre, _ = read_records(str(name), split=split, on_error=on_error)
+    rows, unit, pre, _, _ = read_records(str(name), split=split, on_error=on_error)
     base_dir = path.parent if path.is_file() else path
     skipped: dict[str, int] = dict(pre)
     chosen = [rows[i] for i in _subsample(len(rows), limit, seed)]

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from padless._optional import require
-from padless.data.records import RecordError, Unit, record_field, where
+from padless.data.formats import FORMATS, map_columns, record_format
+from padless.data.records import RecordError, Unit, where
 from padless.layout import TokenError, check_tokens
 
 INT32_IDS = 2**31
@@ -63,6 +64,10 @@ class ShardTokens:
     null for a sequence without images); None otherwise."""
     token_columns: dict[str, np.ndarray] = field(default_factory=dict)
     """Per-token vision columns (``mm_token_type_ids``...), int32, flat and aligned with ``ids``."""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Bad records left out, by reason (``on_error="skip"``)."""
+    first_skipped: list[str] = field(default_factory=list)
+    """The messages of the first few of them, naming each."""
 
     @property
     def lengths(self) -> np.ndarray:
@@ -79,7 +84,8 @@ class PackInput(ABC):
     key: dict[str, Any]
     """What identifies the input's content (a hash of a file's bytes, a spec): a resume must see the same."""
     kind: str
-    """The field that makes its records (:data:`padless.data.records.RECORD_FIELDS`)."""
+    """The form of its records (:data:`padless.data.formats.FORMATS`: ``input_ids``, ``messages``,
+    ``alpaca``...), its first record's."""
     vocab_size: int | None = None
     """Ids and labels are checked against ``[0, vocab_size)`` (None: ``[0, 2**31)``, or tokenized here)."""
     unit: Unit = "record"
@@ -93,6 +99,10 @@ class PackInput(ABC):
     processor: str | None = None
     """Chats are rendered through this vision-language processor (a hub name or folder, or ``offline``:
     :func:`padless.data.images.offline_processor`), images and all; None: through the tokenizer."""
+    columns: tuple[tuple[str, str], ...] = ()
+    """``(padless name, record's field)``: fields renamed before reading (:func:`padless.data.formats.parse_columns`)."""
+    on_error: str = "raise"
+    """What a bad record of text or chats does: ``raise`` or ``skip`` (counted in :attr:`ShardTokens.skipped`)."""
 
     @property
     def pretokenized(self) -> bool:
@@ -196,18 +206,34 @@ def _image_chats(source: PackInput, rows: Sequence[int], records: Sequence[Any])
 def encode_shard(source: PackInput, rows: Sequence[int], records: Sequence[Any]) -> ShardTokens:
     """The tokens of ``records`` of ``source`` (named ``rows``), one sequence per record.
 
-    Every record must be of the input's kind (its first record's): another kind is an error naming
-    its row. Pre-tokenized ids are taken as given (nothing appended) and checked by
+    Every record must be of the input's form (its first record's): another form is an error naming
+    its row (or, with ``on_error="skip"``, a skipped record of reason ``mixed_forms``). Pre-tokenized ids are taken as given (nothing appended) and checked by
     :func:`padless.layout.check_tokens`; text and chats are tokenized by :mod:`padless.data.encode`
     (each ends with one end-of-document token; no ``max_length`` here: the packer applies the
     overlong policy)."""
+    skipped: dict[str, int] = {}
+    notes: list[str] = []
+    kept_rows, kept = [], []
     for row, record in zip(rows, records):
-        field = record_field(record, source.where(row))
-        if field != source.kind:
-            raise ValueError(
-                f"{source.where(row)} has {field!r}, but the input's first record has {source.kind!r}: "
-                "an input holds one kind of record (write each kind to its own file)"
-            )
+        try:
+            record = map_columns(record, source.columns, source.where(row))
+            form = record_format(record, source.where(row))
+            if form != source.kind:
+                raise RecordError(
+                    "mixed_forms",
+                    f"{source.where(row)} has {form!r}, but the input's first record has {source.kind!r}: an input "
+                    f"holds one kind of record (write each kind to its own file; this one is {FORMATS[form]})",
+                )
+        except RecordError as err:
+            if source.on_error != "skip" or source.pretokenized:
+                raise ValueError(str(err)) from None
+            skipped[err.reason] = skipped.get(err.reason, 0) + 1
+            if len(notes) < 5:
+                notes.append(str(err))
+            continue
+        kept_rows.append(row)
+        kept.append(record)
+    rows, records = kept_rows, kept
     if source.processor is not None:
         return _image_chats(source, rows, records)
     added = 0
@@ -222,19 +248,28 @@ def encode_shard(source: PackInput, rows: Sequence[int], records: Sequence[Any])
     else:
         from padless.data.encode import EncodeOptions, encode_records
 
-        opts = EncodeOptions(train_on=source.train_on, system_prompt=source.system_prompt)  # type: ignore[arg-type]
+        opts = EncodeOptions(train_on=source.train_on, system_prompt=source.system_prompt, on_error=source.on_error)  # type: ignore[arg-type]
         tok = cached_tokenizer(source.tokenizer)
         try:
-            ids, labels, counts = encode_records(records, tok, opts, numbers=rows, unit=source.unit, progress=False)
+            ids, labels, counts = encode_records(
+                records, tok, opts, numbers=rows, unit=source.unit, progress=False, source=source.name
+            )
         except RecordError as err:
-            raise ValueError(f"{source.name}, {err}") from None
+            raise ValueError(str(err)) from None
         added = counts.system_prompt_added
+        rows = counts.numbers
+        for reason, n in counts.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + n
+        notes = (notes + counts.first_skipped)[:5]
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
     offsets = np.concatenate(([0], np.cumsum(lengths)))
     flat = np.concatenate(ids).astype(np.int32) if len(ids) else np.zeros(0, dtype=np.int32)
     flat_labels = np.concatenate(labels).astype(np.int32) if len(labels) else np.zeros(0, dtype=np.int32)
     same = np.array_equal(flat, flat_labels)
-    return ShardTokens(flat, None if same else flat_labels, offsets, np.asarray(rows, dtype=np.int64), added)
+    return ShardTokens(
+        flat, None if same else flat_labels, offsets, np.asarray(rows, dtype=np.int64), added,
+        skipped=skipped, first_skipped=notes,
+    )  # fmt: skip
 
 
 def check_flat(

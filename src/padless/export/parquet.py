@@ -225,11 +225,14 @@ def _run(
         # the driver keeps each shard's counts, and its histogram in a memory-mapped [shards, M + 1] file
         hists = np.lib.format.open_memmap(work / "hist.npy", mode="w+", dtype=np.int64, shape=(len(shards), M + 1))
         counts = dict.fromkeys(COUNTS, 0)
+        skips: dict[int, tuple[dict[str, int], list[str]]] = {}  # shard -> bad records skipped, the first named
 
         def keep(index: int, marker: dict[str, Any]) -> None:
             hists[index] = histogram_of(marker, M)  # noqa: F821  (the memmap above; deleted once every shard is kept)
             for k in COUNTS:
                 counts[k] += int(marker.get(k, 0))  # a marker of an older padless may lack a count
+            if marker.get("skipped"):
+                skips[index] = (marker["skipped"], marker.get("first_skipped", []))
 
         todo = []
         for s in shards:
@@ -317,6 +320,8 @@ def _run(
         "system_prompt_added": counts["system_prompt_added"],
         "image_documents": counts["image_documents"],
         "dropped_image_documents": counts["dropped_image_documents"],
+        "skipped_records": _merged({k: v[0] for k, v in skips.items()}),
+        "first_skipped": [m for k in sorted(skips) for m in skips[k][1]][:5],
         # every input token is in a row, or counted as truncated or dropped
         "tokens_accounted": counts["tokens_in"] == plan.tokens + counts["truncated_tokens"] + counts["dropped_tokens"],
         "wall_s": round(state["wall_s"], 3),
@@ -335,3 +340,12 @@ def _run(
         write_json(out / STATE_FILE, state)
         shutil.rmtree(work, ignore_errors=True)
     return summary
+
+
+def _merged(per_shard: dict[int, dict[str, int]]) -> dict[str, int]:
+    """Skipped records by reason, summed over the shards."""
+    out: dict[str, int] = {}
+    for counts in per_shard.values():
+        for reason, n in counts.items():
+            out[reason] = out.get(reason, 0) + int(n)
+    return out

@@ -179,6 +179,8 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
         "histogram": [nz.tolist(), hist[nz].tolist()],
         "files": files,
     }
+    if toks.skipped:  # bad records left out (on_error="skip"), by reason, the first few named
+        marker.update(skipped=dict(toks.skipped), first_skipped=list(toks.first_skipped))
     write_json(folder / f"{stem}.json", marker)
     return marker
 

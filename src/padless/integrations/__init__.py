@@ -7,6 +7,7 @@
 - ``transformers``: ``PackedTrainer``, ``transformers.Trainer`` training planned packed rows
   (``padless[trainer]``).
 - ``trl``: ``SFTTrainer`` with padless packing, configured through TRL's ``SFTConfig`` (``padless[trl]``).
+- ``sft_records``: the records of that ``SFTTrainer``, every form ``load_corpus`` reads, checked and rendered by padless.
 - ``trl_rl``: TRL's ``GRPOTrainer`` and ``DPOTrainer`` with every log-prob pass on packed rows (imported from ``trl`` too).
 
 Whether a batch another library built keeps its documents isolated: :mod:`padless.isolation.audit`.

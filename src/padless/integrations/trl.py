@@ -36,7 +36,9 @@ docs/integrations/exactness.md.
 Around TRL: the records of ``train_dataset`` and ``eval_dataset`` (a ``datasets.Dataset``, or a list of
 dicts, made a ``Dataset``) are checked by padless' record checks before TRL reads them
 (:func:`check_sft_records`), so a misspelt field fails naming the record, the field and the fields it
-has, not with a ``KeyError`` from inside ``datasets.map``. padless' errors raised inside name the
+has, not with a ``KeyError`` from inside ``datasets.map``; then padless renders them into ``input_ids``
+and ``labels`` (:mod:`padless.integrations.sft_records`: every form ``load_corpus`` reads, Alpaca,
+ShareGPT and TRL's prompt / completion included; what is trained follows ``SFTConfig`` as in TRL). padless' errors raised inside name the
 trainer argument (``SFTTrainer(overlong=...)``, ``SFTConfig(max_length=...)``: :data:`SFT_WORDS`).
 ``train`` first logs one line: model, attention backend, row layout, the rule's verdict, rows and
 documents per row (:func:`padless.integrations.transformers.start_line`).
@@ -59,19 +61,21 @@ import torch  # noqa: E402
 import trl  # noqa: E402
 
 from padless.integrations.datasets import pack_dataset, resolve_strategy  # noqa: E402
+from padless.integrations.sft_records import (  # noqa: E402,F401  (check_sft_records: a public name of this module)
+    CHAT_FIELDS,
+    check_sft_records,
+    field_names,
+    render_sft_dataset,
+)
 from padless.integrations.transformers import (  # noqa: E402
     announce,
     balance_options,
     balance_said,
     count_shifted_labels,
     exact_collator,
-    first_without,
     loader_for,
-    naming_argument,
     packed_batches,
     planned_documents_per_row,
-    record_fields,
-    records,
     shifts_labels,
     start_line,
     trainer_words,
@@ -88,123 +92,6 @@ SFT_WORDS: dict[str, str] = {
 }  # fmt: skip
 """Library argument -> where ``SFTTrainer`` takes it (``SFTConfig`` field or trainer argument), for
 :func:`padless.integrations.transformers.in_trainer_words`."""
-
-CHAT_FIELDS = ("messages", "conversations", "prompt", "completion")
-"""Fields TRL reads chats from (``conversations``: ShareGPT's ``from``/``value``, converted by TRL)."""
-
-
-def _present_deep(value: Any) -> Any:
-    """``value`` with every ``None`` field dropped, inside lists too (a ``datasets`` struct gives each
-    message every field any message has)."""
-    if isinstance(value, Mapping):
-        return {k: _present_deep(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_present_deep(v) for v in value]
-    return value
-
-
-def _sharegpt(chat: Any) -> bool:
-    """A ShareGPT chat (``from``/``value``), which TRL converts to roles itself."""
-    return isinstance(chat, list) and bool(chat) and isinstance(chat[0], Mapping) and "from" in chat[0]
-
-
-def _sft_kind(record: Any, at: str, text_field: str) -> str:
-    """Which of TRL's record kinds ``record`` (its fields with a value) is, after padless' checks of it:
-    ``tokens``, ``prompt-completion``, ``messages`` or ``text``; else :class:`RecordError` naming the
-    record and the fields it has."""
-    from padless.data.chat import check_messages
-    from padless.data.records import RecordError, check_text, fields_hint, record_kind
-
-    if not isinstance(record, Mapping):
-        record_kind(record, at)  # raises: not an object with fields
-    if "input_ids" in record:  # TRL takes the tokens as they are; the collator checks them
-        return "tokens"
-    if "prompt" in record or "completion" in record:
-        for have, need in (("prompt", "completion"), ("completion", "prompt")):
-            if need not in record:
-                raise RecordError("missing_field", f"{at}: {have!r} without {need!r} ({fields_hint(record, [need])})")
-        chat = record["prompt"], record["completion"]
-        if all(isinstance(c, list) for c in chat) and not _sharegpt(chat[0] + chat[1]):
-            check_messages(chat[0] + chat[1], at)
-        return "prompt-completion"
-    chat = record.get("messages", record.get("conversations"))
-    if chat is not None:
-        if not _sharegpt(chat):
-            check_messages(chat, at)
-        return "messages"
-    if text_field in record:
-        try:
-            check_text({"text": record[text_field]}, at)
-        except RecordError as err:
-            err.args = (str(err).replace("'text'", repr(text_field)),)
-            raise
-        return "text"
-    try:
-        record_kind(record, at)  # no field padless knows: raises naming the fields there are
-    except RecordError as err:
-        err.args = (f"{err}; SFTTrainer also reads 'prompt' with 'completion', or a formatting_func",)
-        raise
-    raise RecordError(
-        "missing_field",
-        f"{at}: no {text_field!r} field, which SFTConfig(dataset_text_field="
-        f"{text_field!r}) reads ({fields_hint(record, [text_field])})",
-    )
-
-
-def _field_names(dataset: Any) -> set[str]:
-    """The columns of a ``datasets`` dataset, else the fields of its first record."""
-    names = getattr(dataset, "column_names", None)
-    if names is not None:
-        return set(names)
-    first = next(iter(dataset), None)
-    return set(first) if isinstance(first, Mapping) else set()
-
-
-def check_sft_records(dataset: Any, argument: str = "train_dataset", *, text_field: str = "text") -> Any:
-    """``dataset`` as TRL's ``SFTTrainer`` takes it (a list of dicts becomes a ``datasets.Dataset``),
-    after padless' record checks (:mod:`padless.data.records`, :func:`padless.data.chat.check_messages`)
-    of every record: one of TRL's kinds (``input_ids``; ``prompt`` with ``completion``; ``messages``;
-    the ``text_field`` text), the same kind throughout (TRL reads the kind off the first record), and a
-    well-formed chat or text. A bad record raises :class:`padless.data.records.RecordError` naming
-    ``argument``, the record (from 1), the field and the fields it has, before TRL or ``datasets``
-    read it. An ``IterableDataset`` is checked by its first record."""
-    from padless.data.records import RecordError, fields_hint, where
-
-    datasets = require("datasets")
-    if isinstance(dataset, datasets.IterableDataset):
-        with naming_argument(argument):
-            _sft_kind(_present_deep(next(iter(dataset), {})), where(1), text_field)
-        return dataset
-    with naming_argument(argument):
-        columns = getattr(dataset, "column_names", None)
-        if columns is not None and "input_ids" in columns:  # TRL trains the tokens and reads nothing else
-            number = first_without(dataset, "input_ids")
-            if number is not None:
-                record = record_fields(dataset, number)
-                raise RecordError(
-                    "missing_field",
-                    f"{where(number)}: no 'input_ids', which the other records have "
-                    f"({fields_hint(record, ['input_ids'])})",
-                )
-            return dataset
-        first = None
-        fields = None if columns is None else [text_field, *CHAT_FIELDS]
-        for number, record in records(dataset, fields):
-            if isinstance(record, Mapping):
-                record = _present_deep(record) if record else record_fields(dataset, number)
-            kind = _sft_kind(record, where(number), text_field)
-            if first is None:
-                first = kind
-            elif kind != first:
-                raise RecordError(
-                    "mixed_kinds",
-                    f"{where(number)}: a {kind!r} record, and record 1 is a {first!r} "
-                    "one; SFTTrainer trains one kind per dataset",
-                )
-    if columns is None:  # every field of every record (from_list would keep the first record's only)
-        names = list(dict.fromkeys(k for r in dataset for k in r))
-        dataset = datasets.Dataset.from_dict({k: [r.get(k) for r in dataset] for k in names})
-    return dataset
 
 
 @contextmanager
@@ -341,12 +228,18 @@ class PackedSFTTrainer(trl.SFTTrainer):
         ``skip_prepare_dataset``, images)."""
         if dataset is None or any(dataset is d for d in self._padless_checked):
             return dataset
-        skip = args is not None and (getattr(args, "dataset_kwargs", None) or {}).get("skip_prepare_dataset")
-        if not (trl_kwargs.get("formatting_func") or skip or {"image", "images"} & _field_names(dataset)):
+        if self._padless_reads(dataset, args, trl_kwargs.get("formatting_func")):
             text_field = getattr(args, "dataset_text_field", "text") if args is not None else "text"
             dataset = check_sft_records(dataset, argument, text_field=text_field)
         self._padless_checked.append(dataset)
         return dataset
+
+    @staticmethod
+    def _padless_reads(dataset: Any, args: Any, formatting_func: Any) -> bool:
+        """Whether padless checks and renders ``dataset``'s records: not where TRL reads other fields (a
+        ``formatting_func``, ``skip_prepare_dataset``, images)."""
+        skip = args is not None and (getattr(args, "dataset_kwargs", None) or {}).get("skip_prepare_dataset")
+        return not (formatting_func or skip or {"image", "images"} & field_names(dataset))
 
     def _prepare_dataset(
         self, dataset: Any, processing_class: Any, args: Any, packing: bool, formatting_func: Any, dataset_name: str
@@ -361,6 +254,9 @@ class PackedSFTTrainer(trl.SFTTrainer):
                 else ("eval_dataset" if dataset_name == "eval" else f"eval_dataset[{dataset_name!r}]")
             )
             dataset = self._checked(dataset, argument, args, {"formatting_func": formatting_func})
+            if self._padless_reads(dataset, args, formatting_func):  # padless' renderer: what padless stats previews
+                text_field = getattr(args, "dataset_text_field", "text")
+                dataset = render_sft_dataset(dataset, processing_class, args, argument, text_field)
             if not packing or self._padless_mode != "packed":
                 return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
             datasets = require("datasets")
