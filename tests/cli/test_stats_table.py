@@ -88,3 +88,38 @@ def test_split_does_not_let_the_padding_baselines_truncate(tmp_path, capsys):
     truncated = json.loads(capsys.readouterr().out)
     for way in ("pad_to_longest", "bucketed", "packed"):  # split keeps 408 tokens for every way, truncate 264
         assert split["batching"][way]["tokens_computed"] >= 408 > truncated["batching"][way]["tokens_computed"]
+
+
+def _image_chats(folder):
+    from padless.data.images import sample_images
+
+    pics = sample_images(3, seed=1)
+    for i, pic in enumerate(pics):
+        pic.save(folder / f"p{i}.png")
+    records = [
+        {"messages": [{"role": "user", "content": [*[{"type": "image", "path": f"p{j}.png"} for j in range(i % 3)],
+                                                   {"type": "text", "text": f"Picture {i}?"}]},
+                      {"role": "assistant", "content": f"Shapes, {i} of them."}]}
+        for i in range(6)
+    ]  # fmt: skip
+    path = folder / "chats.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return path
+
+
+def test_stats_reads_chats_with_images_through_a_processor(tmp_path, capsys):
+    from padless.data.load import load_corpus
+    from padless.data.shards import cached_processor
+
+    chats = _image_chats(tmp_path)
+    assert main(["stats", "--data", str(chats), "--processor", "offline", "--max-length", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "processor: OfflineQwen2VLProcessor (built offline" in out and "4 documents with 6 images" in out
+    assert main(["stats", "--data", str(chats), "--processor", "offline", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    want = load_corpus(str(chats), processor=cached_processor("offline")).lengths
+    assert doc["lengths"]["total"] == int(want.sum()) and doc["data"]["images"] == 6
+    assert main(["stats", "--data", str(chats)]) == 2  # without a processor the images are refused, named
+    assert "line 2: message 0: content parts of type ['image', 'text']" in capsys.readouterr().err
+    assert main(["stats", "--processor", "offline", "--num", "10"]) == 2
+    assert "--processor applies to --data" in capsys.readouterr().err

@@ -82,6 +82,14 @@ def add_stats_arguments(parser: argparse.ArgumentParser) -> None:
         help="round padded batches up to a multiple (default: no rounding)",
     )
     parser.add_argument(
+        "--processor",
+        default=None,
+        metavar="NAME",
+        help="render --data chats with images through this vision-language processor (a hub name or folder; "
+        "'offline': the Qwen2-VL processor padless builds from offline parts), as padless pack --processor "
+        "does (default: none; chats go through --tokenizer, text parts only)",
+    )
+    parser.add_argument(
         "--hist", metavar="PNG", help="also draw a length histogram to this file (.png unless .svg/.pdf; default: none)"
     )
     from padless.planning.checks import OVERLONG_DEFAULT
@@ -100,6 +108,12 @@ def add_stats_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_DEFAULT_WHY = {
+    STATS_OVERLONG: ", so the report keeps every token",
+    "drop": " with --processor: a document with images is placed whole, never cut",
+}
+
+
 def _overlong_lines(costs: dict[str, dict[str, int]], max_length: int, policy: str) -> list[str]:
     over = costs["overlong"]
     return [
@@ -113,7 +127,10 @@ def _overlong_lines(costs: dict[str, dict[str, int]], max_length: int, policy: s
 def run_stats(args: argparse.Namespace) -> int:
     hist = _hist_path(args.hist) if args.hist is not None else None
     chosen = args.overlong is not None
-    args.overlong = args.overlong or STATS_OVERLONG
+    if args.processor is not None and args.data is None:
+        raise ValueError("--processor applies to --data (chats with images to render), not to --lengths or --dist")
+    # a document with images is placed whole (packing refuses to cut one): with --processor, drop is the report's
+    args.overlong = args.overlong or (STATS_OVERLONG if args.processor is None else "drop")
     found = input_lengths(args)
     lengths = found.lengths
     summary = summarize_lengths(lengths)
@@ -145,8 +162,8 @@ def run_stats(args: argparse.Namespace) -> int:
             lines += _overlong_lines(costs, args.max_length, args.overlong)
             if not chosen:
                 lines.append(
-                    "  (split is stats' default, so the report keeps every token; padless pack, the collators and "
-                    "the trainers stop at them unless told --overlong / overlong= split, truncate or drop)"
+                    f"  ({args.overlong} is stats' default{_DEFAULT_WHY[args.overlong]}; padless pack, the collators "
+                    "and the trainers stop at them unless told --overlong / overlong= split, truncate or drop)"
                 )
         if plan is not None and batching is not None:
             lines += describe_plan(plan, args)
