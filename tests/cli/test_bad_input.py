@@ -132,6 +132,14 @@ CASES = [
         r"not a built-in corpus \(tweets, .*the model hub cannot be reached",
     ),
     ("stats-data-empty", ["stats", "--data", ""], {}, 2, r"--data needs a corpus name or a data file, got ''"),
+    # an unknown --model is named as a model (with the built-in model names), not as an unknown tokenizer
+    (
+        "stats-model-unknown",
+        ["stats", "--data", "{tmp}/t.jsonl", "--model", "no-such-model"],
+        {"t.jsonl": '{"text": "hi"}\n'},
+        2,
+        r"--model no-such-model: unknown model 'no-such-model': .*tiny-qwen2-vl",
+    ),
     ("stats-lengths-empty", ["stats", "--lengths", ""], {}, 2, r"--lengths needs a file name"),
     ("plan-no-source", ["plan", "--out", "{tmp}/o.npz"], {}, 2, r"no lengths given: pass --lengths FILE, --data"),
     ("verify-negative-length", ["verify", "--max-length", "-5"], {}, 2, r"--max-length must be >= 1 \(or 0"),
