@@ -131,7 +131,12 @@ def run_stats(args: argparse.Namespace) -> int:
         raise ValueError("--processor applies to --data (chats with images to render), not to --lengths or --dist")
     # a document with images is placed whole (packing refuses to cut one): with --processor, drop is the report's
     args.overlong = args.overlong or (STATS_OVERLONG if args.processor is None else "drop")
-    found = input_lengths(args)
+    if args.processor is not None:
+        from padless.cli._processor import processor_lengths
+
+        found = processor_lengths(args)
+    else:
+        found = input_lengths(args)
     lengths = found.lengths
     summary = summarize_lengths(lengths)
     costs = overlong_costs(lengths, args.max_length)
