@@ -153,7 +153,7 @@ def tokenizer_choice(args: argparse.Namespace) -> tuple[str, str]:
             check_model_name(args.model)  # an unknown model is named as a model, not as its tokenizer
             implied = tokenizer_name_for(args.model)
         except ValueError as exc:
-            raise ValueError(f"--model {args.model}: {exc}") from None
+            raise ValueError(f"--model {args.model}: {as_flags(str(exc), ['processor'])}") from None
         implied = _SAME_TOKENIZER.get(implied, implied)
     if args.tokenizer is not None:
         if not args.tokenizer.strip():

@@ -85,9 +85,9 @@ def add_stats_arguments(parser: argparse.ArgumentParser) -> None:
         "--processor",
         default=None,
         metavar="NAME",
-        help="render --data chats with images through this vision-language processor (a hub name or folder; "
-        "'offline': the Qwen2-VL processor padless builds from offline parts), as padless pack --processor "
-        "does (default: none; chats go through --tokenizer, text parts only)",
+        help="render --data chats with images through this processor of an image-text model (a hub name or "
+        "folder; 'offline': the Qwen2-VL processor padless builds from offline parts), as padless pack "
+        "--processor does (default: none; chats go through --tokenizer, text parts only)",
     )
     parser.add_argument(
         "--hist", metavar="PNG", help="also draw a length histogram to this file (.png unless .svg/.pdf; default: none)"

@@ -272,8 +272,8 @@ def tokenizer_name_for(model_name: str) -> str:
         return PRETRAINED[model_name]
     if model_name == TINY_VISION:
         raise ValueError(
-            f"{model_name!r} reads text and images through the offline processor, not a tokenizer; pass "
-            "--processor offline (processor='offline')"
+            f"{model_name!r} reads text and images through the offline processor, not a tokenizer; use "
+            "processor='offline' (padless.data.images.offline_processor)"
         )
     if model_name.startswith("tiny-"):
         raise ValueError(
