@@ -172,7 +172,7 @@ def run_stats(args: argparse.Namespace) -> int:
                 )
         if plan is not None and batching is not None:
             lines += describe_plan(plan, args)
-            lines += batching_lines(batching, plan, args)
+            lines += batching_lines(batching, plan, args, over)
         if hist is not None:
             lines.append(f"histogram: {hist}")
         print("\n".join(lines))
@@ -181,16 +181,15 @@ def run_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def batching_lines(batching: dict[str, dict[str, Any]], plan: PackPlan, args: argparse.Namespace) -> list[str]:
-    """The comparison table: each way of batching the same placed tokens, its padding (the share of
-    computed tokens that are not the data's, as ``padless bench`` counts it) and its tokens computed
-    against packing's; no ratio where every token fits in one row (nothing is packed side by side)."""
+def batching_lines(
+    batching: dict[str, dict[str, Any]], plan: PackPlan, args: argparse.Namespace, over: int
+) -> list[str]:
+    """The comparison table: each way of batching the same placed tokens (``over`` sequences over the
+    limit, each way under ``--overlong``), its padding (the share of computed tokens that are not the
+    data's, as ``padless bench`` counts it) and its tokens computed against packing's; no ratio where
+    every token fits in one row (nothing is packed side by side)."""
     real = plan.stats.real_tokens
-    policy = (
-        ""
-        if not plan.stats.split_sequences + plan.stats.truncated_sequences + plan.stats.dropped_sequences
-        else (f", overlong {args.overlong} for every way")
-    )
+    policy = f", overlong {args.overlong} for every way" if over else ""
     lines = [
         f"batching at batch size {args.batch_size}: the same {plural(real, 'token')}{policy}; padding = share of "
         "computed tokens that are not data (as padless bench counts it)",
