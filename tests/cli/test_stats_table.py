@@ -55,6 +55,17 @@ def test_bucketing_pads_no_more_than_pad_to_longest(sort):
             assert out["bucketed"]["tokens_computed"] <= out["pad_to_longest"]["tokens_computed"]
 
 
+def test_the_public_fractions_compare_on_the_same_shuffle():
+    from padless.planning.lengths import padding_fraction_bucketed, padding_fraction_pad_to_longest
+
+    lengths = np.sort(np.random.default_rng(2).integers(1, 500, 60))  # sorted: in order, already bucketed
+    shuffled = padding_fraction_pad_to_longest(lengths, 8, seed=3)
+    assert padding_fraction_bucketed(lengths, 8, 3) <= shuffled
+    assert padding_fraction_pad_to_longest(lengths, 8) < shuffled  # the given order, as before
+    plan = plan_packs(lengths, 512)
+    assert compare_batching(lengths, plan, 8, 3)["pad_to_longest"]["padding_fraction"] == pytest.approx(shuffled)
+
+
 def test_packed_rows_are_charged_what_the_collator_feeds():
     lengths = np.array([100, 200, 300])  # one row of 600 in 2048: fed 600 wide, not 2048
     out = compare_batching(lengths, plan_packs(lengths, 2048), 8)

@@ -127,11 +127,20 @@ def _check_batch(batch_size: int, pad_to_multiple_of: int | None) -> None:
 
 
 def padding_fraction_pad_to_longest(
-    lengths: Sequence[int] | np.ndarray, batch_size: int, *, pad_to_multiple_of: int | None = None
+    lengths: Sequence[int] | np.ndarray,
+    batch_size: int,
+    *,
+    pad_to_multiple_of: int | None = None,
+    seed: int | None = None,
 ) -> float:
-    """Share of computed tokens that are padding when consecutive batches pad to their longest."""
+    """Share of computed tokens that are padding when consecutive batches pad to their longest: in the
+    given order, or with ``seed`` shuffled first as a trainer's sampler would, the shuffle
+    :func:`padding_fraction_bucketed` starts from with the same seed (compare the two that way: a file
+    sorted by length is already bucketed in its own order)."""
     arr = validate_lengths(lengths)
     _check_batch(batch_size, pad_to_multiple_of)
+    if seed is not None:
+        arr = arr[np.random.default_rng(seed).permutation(arr.size)]
     return padding_fraction(int(arr.sum()), padded_tokens(arr, batch_size, pad_to_multiple_of)) or 0.0
 
 
@@ -197,7 +206,7 @@ def compare_batching(
             f"plan places {plan.stats.real_tokens:,} tokens but overlong={overlong!r} leaves {real:,} of these "
             "lengths: plan them with the same policy"
         )
-    shuffled = units[np.random.default_rng(seed).permutation(units.size)]
+    shuffled = units[np.random.default_rng(seed).permutation(units.size)]  # bucketed_order's own shuffle
     computed = {
         "pad_to_longest": padded_tokens(shuffled, batch_size, pad_to_multiple_of),
         "bucketed": padded_tokens(units[bucketed_order(units, batch_size, seed)], batch_size, pad_to_multiple_of),
