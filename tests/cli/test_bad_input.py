@@ -132,6 +132,14 @@ CASES = [
         r"not a built-in corpus \(tweets, .*the model hub cannot be reached",
     ),
     ("stats-data-empty", ["stats", "--data", ""], {}, 2, r"--data needs a corpus name or a data file, got ''"),
+    # an unknown --model is named as a model (with the built-in model names), not as an unknown tokenizer
+    (
+        "stats-model-unknown",
+        ["stats", "--data", "{tmp}/t.jsonl", "--model", "no-such-model"],
+        {"t.jsonl": '{"text": "hi"}\n'},
+        2,
+        r"--model no-such-model: unknown model 'no-such-model': .*tiny-qwen2-vl",
+    ),
     ("stats-lengths-empty", ["stats", "--lengths", ""], {}, 2, r"--lengths needs a file name"),
     ("plan-no-source", ["plan", "--out", "{tmp}/o.npz"], {}, 2, r"no lengths given: pass --lengths FILE, --data"),
     ("verify-negative-length", ["verify", "--max-length", "-5"], {}, 2, r"--max-length must be >= 1 \(or 0"),
@@ -213,13 +221,14 @@ CASES = [
         2,
         r"--system-prompt none applies to chats; .*t\.jsonl holds text",
     ),
-    # one overlong default (error) in stats, plan and pack: refused with the count and the flag that changes it
+    # one overlong default (error) in plan and pack: refused with the count and the flag that changes it;
+    # stats reports (it splits by default) and refuses only when told --overlong error
     (
-        "stats-overlong-default",
-        ["stats", "--lengths", "{tmp}/l.txt", "--max-length", "16"],
+        "stats-overlong-error",
+        ["stats", "--lengths", "{tmp}/l.txt", "--max-length", "16", "--overlong", "error"],
         {"l.txt": "30\n2\n45\n"},
         2,
-        r"2 sequences are over --max-length 16 and --overlong is error \(the default\); pass --overlong truncate",
+        r"2 sequences are over --max-length 16 and --overlong is error; pass --overlong truncate",
     ),
     (
         "plan-overlong-default",
@@ -350,17 +359,24 @@ def test_stats_reports_overlong_sequences_and_what_each_policy_costs(tmp_path, c
     assert "overlong: split (3 sequences over --max-length 16; pass --overlong error|truncate|drop)" in text
     assert "split: 7 pieces" in text and "plan: best_fit_decreasing, max_length 16, overlong split" in text
     assert overlong_costs([5, 6], 16)["overlong"] == {"sequences": 0, "tokens": 0}
-    # the default, as in padless pack and the collators: what is known is printed, then the plan is refused
-    assert main(argv) == 2
+    # stats' default reports rather than stops: it splits (every token kept) and says that packing would not
+    assert main(argv) == 0
+    default = capsys.readouterr().out
+    assert "overlong: split (3 sequences over --max-length 16" in default and "split is stats' default" in default
+    assert "the same 102 tokens, overlong split for every way" in default
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["overlong"]["policy_used"] == "split" and doc["overlong"]["policy_given"] is False
+    # --overlong error, as packing by default: what is known is printed, then the plan is refused
+    assert main([*argv, "--overlong", "error"]) == 2
     captured = capsys.readouterr()
     assert "overlong: error (3 sequences over --max-length 16; pass --overlong truncate|split|drop)" in captured.out
     assert "lengths: file l.txt" in captured.out and "plan:" not in captured.out
     assert captured.err.strip() == (
         "padless stats: error: 3 sequences are over --max-length 16 and --overlong is "
-        "error (the default); pass --overlong truncate, split or drop to plan them, or a "
-        "larger --max-length"
+        "error; pass --overlong truncate, split or drop to plan them, or a larger --max-length"
     )
-    assert main([*argv, "--json"]) == 2
+    assert main([*argv, "--overlong", "error", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["plan"] is None and doc["overlong"]["policy_used"] == "error"
 

@@ -187,12 +187,16 @@ def test_one_overlong_default_for_the_library_and_the_command_line():
         parser = build_parser([command])
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
         cli[command] = sub.get_default("overlong")
+    # stats reports rather than stops: its own default (None: split, said in the report), not the packing one
+    assert cli.pop("stats") is None
     assert set(library.values()) == set(cli.values()) == {OVERLONG_DEFAULT}, (library, cli)
 
 
 def test_stats_with_data_over_the_limit_names_the_count_and_the_way_out(tmp_path, capsys, cache):
     chats = write_jsonl(tmp_path / "chats.jsonl", CHATS)
-    assert main(["stats", "--data", str(chats), "--max-length", "20"]) == 2
+    assert main(["stats", "--data", str(chats), "--max-length", "20"]) == 0  # stats' default splits, and says so
+    assert "split is stats' default" in capsys.readouterr().out
+    assert main(["stats", "--data", str(chats), "--max-length", "20", "--overlong", "error"]) == 2
     captured = capsys.readouterr()
     assert "overlong: error (3 sequences over --max-length 20; pass --overlong truncate|split|drop)" in captured.out
     assert captured.err.strip().startswith("padless stats: error: 3 sequences are over --max-length 20")

@@ -212,3 +212,20 @@ def test_overlong_built_in_examples() -> None:
         load_corpus("toolcalls", gpt2(), max_length=256, limit=100, cache=False)
     c = load_corpus("toolcalls", gpt2(), max_length=256, overlong="truncate", limit=100, cache=False)
     assert c.lengths.max() == 256 and c.report.truncated_examples > 0
+
+
+@pytest.mark.slow  # tokenizes every built-in corpus whole (toolcalls ~25 s on one core, cached after)
+@pytest.mark.parametrize("name", sorted(CORPORA))
+def test_every_built_in_corpus_passes_stats_with_defaults(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from padless.cli import main
+
+    assert main(["stats", "--data", name, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["overlong"]["policy_used"] == "split" and doc["overlong"]["policy_given"] is False
+    # every token kept, and placed by each way of batching alike: none computes fewer than the data's own
+    assert doc["plan"]["real_tokens"] == doc["lengths"]["total"]
+    ways = doc["batching"]
+    assert all(w["tokens_computed"] >= doc["lengths"]["total"] for w in ways.values())
+    assert ways["bucketed"]["tokens_computed"] <= ways["pad_to_longest"]["tokens_computed"]

@@ -235,3 +235,36 @@ def test_the_smollm2_progress_lines_reach_stderr_where_logging_is_not_configured
     lines = done.stderr.strip().splitlines()
     assert done.stdout == "" and len(lines) == 2, done.stderr
     assert lines[0].startswith("padless: first load of smollm2-135m: converting") and "converted in" in lines[1]
+
+
+def test_tiny_qwen2_vl_matches_the_offline_processor(recwarn):
+    import padless
+    from padless.data.shards import cached_processor
+    from padless.models.factory import builtin_models, tokenizer_name_for
+
+    tok = cached_processor("offline").tokenizer
+    model = padless.build_model("tiny-qwen2-vl")
+    text = model.config.text_config
+    assert "tiny-qwen2-vl" in builtin_models() and type(model).__name__ == "Qwen2VLForConditionalGeneration"
+    assert text.vocab_size == len(tok) and model.config.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>")
+    assert text.bos_token_id == tok.bos_token_id < text.vocab_size and text.pad_token_id == tok.pad_token_id
+    assert not [w for w in recwarn if "vocab" in str(w.message).lower()]  # no id outside the vocabulary
+    with pytest.raises(ValueError, match="processor='offline'"):
+        tokenizer_name_for("tiny-qwen2-vl")
+    with pytest.raises(ValueError, match="offline processor's"):
+        padless.build_model("tiny-qwen2-vl", vocab_size=600)
+
+
+@pytest.mark.slow  # two SFTTrainer steps of the tiny Qwen2-VL with images (~5 s)
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
+def test_docs_vlm_snippet_runs_as_written(tmp_path, monkeypatch, capsys):
+    import re
+    from pathlib import Path
+
+    pytest.importorskip("trl")
+    page = Path(__file__).resolve().parents[2] / "docs" / "vlm.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+    source = next(b for b in blocks if 'build_model("tiny-qwen2-vl")' in b)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(source, str(page), "exec"), {"__name__": "__doc_snippet__"})
+    assert re.search(r"^2 steps, images packed: [1-9]\d*$", capsys.readouterr().out, flags=re.M)

@@ -150,16 +150,17 @@ def add_data_arguments(parser: argparse.ArgumentParser, what: str) -> None:
 def tokenizer_choice(args: argparse.Namespace) -> tuple[str, str]:
     """``(tokenizer name, where the choice came from)`` from ``--tokenizer`` and ``--model``; the two
     must agree when both are given (``--model`` only picks the tokenizer)."""
-    from padless.models.factory import tokenizer_name_for
+    from padless.models.factory import check_model_name, tokenizer_name_for
 
     implied = None
     if args.model is not None:
         if not args.model.strip():
             raise ValueError("--model needs a model name, got ''")
         try:
+            check_model_name(args.model)  # an unknown model is named as a model, not as its tokenizer
             implied = tokenizer_name_for(args.model)
         except ValueError as exc:
-            raise ValueError(f"--model {args.model}: {exc}") from None
+            raise ValueError(f"--model {args.model}: {as_flags(str(exc), ['processor'])}") from None
         implied = _SAME_TOKENIZER.get(implied, implied)
     if args.tokenizer is not None:
         if not args.tokenizer.strip():

@@ -3,8 +3,11 @@
 Lengths come from a file (``--lengths``), a built-in synthetic distribution (``--dist``) or real data
 (``--data``: a data file or a built-in corpus, tokenized with ``--tokenizer`` or the tokenizer of
 ``--model``); the flags and the description shared with ``padless plan`` are in
-:mod:`padless.cli._shared`. Sequences over ``--max-length`` follow ``--overlong`` with padless' shared
-default (``error``): stats prints what it found, then refuses as packing would.
+:mod:`padless.cli._shared`. stats reports rather than stops: without ``--overlong`` a sequence over
+``--max-length`` is split into pieces (:data:`STATS_OVERLONG`, every token kept) and the report says
+so and what ``padless pack`` would do instead; ``--overlong error`` refuses as packing would. The
+comparison of batching ways is :func:`padless.planning.lengths.compare_batching`: one overlong policy
+and one definition of padding for all of them, the one ``padless bench`` uses.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,10 +29,17 @@ from padless.cli._shared import (
     overlong_line,
     overlong_refusal,
     plan_from_args,
+    plural,
 )
 from padless.planning.lengths import compare_batching, overlong_costs, summarize_lengths
 
+if TYPE_CHECKING:
+    from padless.planning.plan import PackPlan
+
 HIST_FORMATS = (".png", ".svg", ".pdf")
+STATS_OVERLONG = "split"
+"""stats' overlong policy without ``--overlong``: a report keeps every token rather than stopping at the
+first long sequence (padless pack, the collators and the trainers default to ``error``)."""
 
 
 def _hist_path(name: str) -> Path:
@@ -73,14 +83,36 @@ def add_stats_arguments(parser: argparse.ArgumentParser) -> None:
         help="round padded batches up to a multiple (default: no rounding)",
     )
     parser.add_argument(
+        "--processor",
+        default=None,
+        metavar="NAME",
+        help="render --data chats with images through this processor of an image-text model (a hub name or "
+        "folder; 'offline': the Qwen2-VL processor padless builds from offline parts), as padless pack "
+        "--processor does (default: none; chats go through --tokenizer, text parts only)",
+    )
+    parser.add_argument(
         "--hist", metavar="PNG", help="also draw a length histogram to this file (.png unless .svg/.pdf; default: none)"
+    )
+    from padless.planning.checks import OVERLONG_DEFAULT
+
+    overlong = next(a for a in parser._actions if a.dest == "overlong")
+    overlong.default = None
+    overlong.help = (
+        f"what a sequence over --max-length does (default: {STATS_OVERLONG}, so the report keeps every token; "
+        f"padless pack and the collators default to {OVERLONG_DEFAULT})"
     )
     parser.description = (
         f"{parser.description}. Lengths: --lengths, --data or --dist (default: --dist lognormal). "
-        "Sequences over --max-length are counted, with what each --overlong policy would cost; "
-        "with --overlong error, the default here as in padless pack and the collators, they stop "
-        "the plan as they would stop packing."
+        "Sequences over --max-length are counted, with what each --overlong policy would cost; without "
+        f"--overlong they are split ({STATS_OVERLONG}: every token kept) and the report says so; "
+        "--overlong error stops the plan as it would stop packing."
     )
+
+
+_DEFAULT_WHY = {
+    STATS_OVERLONG: ", so the report keeps every token",
+    "drop": " with --processor: a document with images is placed whole, never cut",
+}
 
 
 def _overlong_lines(costs: dict[str, dict[str, int]], max_length: int, policy: str) -> list[str]:
@@ -95,25 +127,37 @@ def _overlong_lines(costs: dict[str, dict[str, int]], max_length: int, policy: s
 
 def run_stats(args: argparse.Namespace) -> int:
     hist = _hist_path(args.hist) if args.hist is not None else None
-    found = input_lengths(args)
+    chosen = args.overlong is not None
+    if args.processor is not None and args.data is None:
+        raise ValueError("--processor applies to --data (chats with images to render), not to --lengths or --dist")
+    # a document with images is placed whole (packing refuses to cut one): with --processor, drop is the report's
+    args.overlong = args.overlong or (STATS_OVERLONG if args.processor is None else "drop")
+    if args.processor is not None:
+        from padless.cli._processor import processor_lengths
+
+        found = processor_lengths(args)
+    else:
+        found = input_lengths(args)
     lengths = found.lengths
     summary = summarize_lengths(lengths)
     costs = overlong_costs(lengths, args.max_length)
     over = costs["overlong"]["sequences"]
     # as packing would, --overlong error refuses sequences over --max-length: print what is known, then refuse
     plan = None if overlong_refusal(over, args) else plan_from_args(args, lengths)
-    batching = (
-        None if plan is None else compare_batching(lengths, plan, args.batch_size, args.seed, args.pad_to_multiple_of)
-    )
+    batching = None
+    if plan is not None:
+        batching = compare_batching(
+            lengths, plan, args.batch_size, args.seed, args.pad_to_multiple_of, overlong=args.overlong
+        )
     if hist is not None:
         _histogram(lengths, args.max_length, hist, found.source)
     if args.json:
         doc: dict[str, Any] = {
             "source": found.source, **({"data": found.data} if found.data else {}), "batch_size": args.batch_size,
-            "lengths": summary.as_dict(), "overlong": {"policy_used": args.overlong, **costs},
+            "lengths": summary.as_dict(), "overlong": {"policy_used": args.overlong, "policy_given": chosen, **costs},
             "plan": None if plan is None else {"strategy": args.strategy, "max_length": args.max_length,
                                                **plan.stats.as_dict()},
-            "batching": batching,
+            "batching": batching, "smaller_than_one_row": None if plan is None else plan.num_rows <= 1,
         }  # fmt: skip
         if hist is not None:
             doc["histogram"] = str(hist)
@@ -122,27 +166,50 @@ def run_stats(args: argparse.Namespace) -> int:
         lines = describe_lengths(found, summary)
         if over:
             lines += _overlong_lines(costs, args.max_length, args.overlong)
+            if not chosen:
+                lines.append(
+                    f"  ({args.overlong} is stats' default{_DEFAULT_WHY[args.overlong]}; padless pack, the collators "
+                    "and the trainers stop at them unless told --overlong / overlong= split, truncate or drop)"
+                )
         if plan is not None and batching is not None:
             lines += describe_plan(plan, args)
-            lines += _batching_lines(batching, args)
+            lines += batching_lines(batching, plan, args, over)
         if hist is not None:
             lines.append(f"histogram: {hist}")
         print("\n".join(lines))
+    # only under --overlong error, given here (stats reports rather than stops by default)
     if (refusal := overlong_refusal(over, args, first_overlong(found, args.max_length))) is not None:
-        raise refusal
+        raise ValueError(str(refusal).replace(" (the default)", ""))
     return 0
 
 
-def _batching_lines(batching: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[str]:
+def batching_lines(
+    batching: dict[str, dict[str, Any]], plan: PackPlan, args: argparse.Namespace, over: int
+) -> list[str]:
+    """The comparison table: each way of batching the same placed tokens (``over`` sequences over the
+    limit, each way under ``--overlong``), its padding (the share of computed tokens that are not the
+    data's, as ``padless bench`` counts it) and its tokens computed against packing's; no ratio where
+    every token fits in one row (nothing is packed side by side)."""
+    real = plan.stats.real_tokens
+    policy = f", overlong {args.overlong} for every way" if over else ""
+    lines = [
+        f"batching at batch size {args.batch_size}: the same {plural(real, 'token')}{policy}; padding = share of "
+        "computed tokens that are not data (as padless bench counts it)",
+        f"  {'':<34}{'padding':>9}{'tokens computed':>18}{'vs packed':>11}",
+    ]
+    one_row = plan.num_rows <= 1
     packed = batching["packed"]["tokens_computed"]
-    lines = [f"batching at batch size {args.batch_size} (padding baselines truncate at {args.max_length}):",
-             f"  {'':<30}{'padding':>9}{'tokens computed':>18}{'vs packed':>11}"]  # fmt: skip
     for name, label in (
-        ("pad_to_longest", "pad to longest"),
+        ("pad_to_longest", "pad to longest (shuffled)"),
         ("bucketed", "bucketed (length-grouped)"),
         ("packed", f"packed ({args.strategy})"),
     ):
         row = batching[name]
-        ratio = f"{row['tokens_computed'] / packed:.2f}x" if packed else "-"
-        lines.append(f"  {label:<30}{100 * row['padding_fraction']:>8.2f}%{row['tokens_computed']:>18,}{ratio:>11}")
+        ratio = "-" if one_row or not packed else f"{row['tokens_computed'] / packed:.2f}x"
+        lines.append(f"  {label:<34}{100 * row['padding_fraction']:>8.2f}%{row['tokens_computed']:>18,}{ratio:>11}")
+    if one_row:
+        lines.append(
+            f"  all {plural(real, 'token')} fit in one row of --max-length {plan.max_length}: smaller than one row, "
+            "so there is no ratio to packing (it would only feed them as one padding-free row)"
+        )
     return lines

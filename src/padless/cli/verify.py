@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -193,9 +194,12 @@ def _run(
     if lengths:
         sequences = [f["input_ids"] for f in random_sequences(lengths, model.config.vocab_size, args.seed)]
     loaded = [f"; loaded in {time.perf_counter() - start:.1f} s"]  # told with the first line: errors stay one line
+    checked = f"attention checked: {', '.join(backends)} (built {{0}}, each switched on in turn)"
 
     def progress(line: str) -> None:
-        print(line + (loaded.pop() if loaded else ""), file=sys.stderr, flush=True)
+        if loaded:  # the model line names the implementation it was built with, not the ones checked
+            line = re.sub(r"attention '([^']*)'", lambda m: checked.format(m.group(1)), line, count=1) + loaded.pop()
+        print(line, file=sys.stderr, flush=True)
 
     try:
         return verify_isolation(

@@ -65,6 +65,10 @@ _TINY_COMMON: dict[str, Any] = dict(
     max_position_embeddings=512,
 )
 TINY_FAMILIES = ("gpt2", "llama", "qwen2", "mistral")
+TINY_VISION = "tiny-qwen2-vl"
+"""A tiny random Qwen2-VL matched to the offline processor (:func:`padless.data.images.offline_processor`:
+GPT-2's tokenizer with Qwen-VL's special tokens): its vocabulary, vision token ids, BOS/EOS and pad are
+the processor's, so its documents train with images offline (``processor="offline"``)."""
 
 RENAMED: dict[str, str] = {"gpt2-tiny": "gpt2-2layer"}
 """Old built-in names -> new ones (``gpt2-tiny`` was one letter from the 512-token ``tiny-gpt2``)."""
@@ -73,7 +77,7 @@ RENAMED: dict[str, str] = {"gpt2-tiny": "gpt2-2layer"}
 def builtin_models() -> list[str]:
     """Every model name padless builds itself: the ``tiny-*`` test configs (512-token vocabulary), the
     GPT-2 sizes (GPT-2's 50,257-token vocabulary) and the packaged pretrained models."""
-    return [*(f"tiny-{f}" for f in TINY_FAMILIES), *GPT2_SIZES, *PRETRAINED]
+    return [*(f"tiny-{f}" for f in TINY_FAMILIES), TINY_VISION, *GPT2_SIZES, *PRETRAINED]
 
 
 def _check_renamed(name: str) -> None:
@@ -107,6 +111,39 @@ def tiny_config(family: str, vocab_size: int = 512) -> PretrainedConfig:
         raise ValueError(f"unknown tiny family {family!r}; choose one of {', '.join(TINY_FAMILIES)}")
     extra: dict[str, Any] = {"sliding_window": None} if family == "mistral" else {}
     return classes[family](vocab_size=vocab_size, **_TINY_COMMON, **extra)
+
+
+def tiny_vision_config() -> PretrainedConfig:
+    """The config of :data:`TINY_VISION`: a 2-layer, 64-wide Qwen2-VL text model (M-RoPE) with a 1-block
+    vision tower (patches of 14, merged 2x2), its ids read from the offline processor's tokenizer, so no
+    id lies outside the vocabulary (``len(processor.tokenizer)``, 50,263)."""
+    from transformers import Qwen2VLConfig
+
+    from padless.data.shards import cached_processor
+
+    tok = cached_processor("offline").tokenizer
+    start, end, image, video = tok.convert_tokens_to_ids(
+        ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    )
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    text = {
+        **_TINY_COMMON,
+        **ids,
+        "vocab_size": len(tok),
+        "max_position_embeddings": 2048,
+        "rope_parameters": {"rope_type": "default", "mrope_section": [4, 2, 2], "rope_theta": 10000.0},
+    }
+    vision = {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2, "patch_size": 14,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "in_chans": 3}  # fmt: skip
+    return Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=image,
+        video_token_id=video,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+        **ids,
+    )
 
 
 def gpt2_config(size: str, *, dropout: float = 0.0, vocab_size: int = GPT2_VOCAB_SIZE) -> PretrainedConfig:
@@ -233,6 +270,11 @@ def tokenizer_name_for(model_name: str) -> str:
         return "gpt2"
     if model_name in PRETRAINED:
         return PRETRAINED[model_name]
+    if model_name == TINY_VISION:
+        raise ValueError(
+            f"{model_name!r} reads text and images through the offline processor, not a tokenizer; use "
+            "processor='offline' (padless.data.images.offline_processor)"
+        )
     if model_name.startswith("tiny-"):
         raise ValueError(
             f"{model_name!r} has a {512}-token test vocabulary and no tokenizer; build it with "
@@ -269,6 +311,10 @@ def model_config(name: str, *, vocab_size: int | None = None, cache_dir: str | P
 
     if name in PRETRAINED:
         return AutoConfig.from_pretrained(str(smollm2_dir(cache_dir)))
+    if name == TINY_VISION:
+        if vocab_size is not None:
+            raise ValueError(f"vocab_size={vocab_size} cannot be set for {name!r}: it is the offline processor's")
+        return tiny_vision_config()
     if name.startswith("tiny-"):
         return tiny_config(name.removeprefix("tiny-"), **({"vocab_size": vocab_size} if vocab_size else {}))
     if name in GPT2_SIZES:
@@ -285,7 +331,8 @@ def build_model(
     vocab_size: int | None = None,
     cache_dir: str | Path | None = None,
 ) -> PreTrainedModel:
-    """A causal LM by name: ``tiny-<family>``, a GPT-2 size, ``smollm2-135m`` (pretrained, packaged), or
+    """A causal LM by name: ``tiny-<family>``, ``tiny-qwen2-vl`` (a vision-language model matched to the
+    offline processor, :data:`TINY_VISION`), a GPT-2 size, ``smollm2-135m`` (pretrained, packaged), or
     any transformers name/local path.
 
     Models built from a config are initialised with ``seed`` so that every strategy of a benchmark
@@ -314,7 +361,11 @@ def build_model(
         config = model_config(name, vocab_size=vocab_size)
         torch.manual_seed(seed)
         config.use_cache = False
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+        if name == TINY_VISION:
+            from transformers import AutoModelForImageTextToText as auto_class
+        else:
+            auto_class = AutoModelForCausalLM
+        model = auto_class.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
     else:
         model = from_pretrained(
             _load_pretrained, name, "model", builtin_models(), attn_implementation=attn_implementation, dtype=dtype

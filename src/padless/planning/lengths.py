@@ -2,12 +2,16 @@
 
 Three ways to batch the same sequences, compared on lengths alone (no tokens are touched):
 
-* pad to longest: consecutive batches of ``batch_size``, each padded to its longest sequence;
-* bucketed: a length-grouped sampler (shuffle, sort by length inside chunks of many batches, cut
-  into batches), as Hugging Face's ``group_by_length`` does, then pad to longest;
-* packed: rows of ``max_length`` from :func:`padless.planning.plan.plan_packs`.
+* pad to longest: the sequences shuffled (as a trainer's sampler feeds them), cut into batches of
+  ``batch_size``, each padded to its longest sequence;
+* bucketed: a length-grouped sampler (the same shuffle, then sorted by length inside chunks of many
+  batches, cut into batches), as Hugging Face's ``group_by_length`` does, then pad to longest;
+* packed: rows of ``max_length`` from :func:`padless.planning.plan.plan_packs`, fed ``batch_size``
+  rows at a time, each batch as wide as its longest row (as :class:`padless.PackingCollator` feeds them).
 
-The padding baselines truncate at ``max_length``, as a padding collator with that limit would.
+Every way places the same tokens: the overlong policy of the plan applies to all three
+(:func:`padless.planning.padding.placed_lengths`), and padding is measured by the one definition
+:func:`padless.planning.padding.padding_fraction` that ``padless bench`` shares.
 Lengths come from a file (:func:`load_lengths`), a built-in synthetic distribution
 (:func:`synthetic_lengths`) or a real corpus (``padless.data.corpus_lengths``).
 """
@@ -22,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from padless.planning.checks import check_choice, check_int
+from padless.planning.padding import padded_tokens, padding_fraction, placed_lengths
 from padless.planning.plan import PackPlan, validate_lengths
 
 LENGTH_PARAMETERS: dict[str, dict[str, float]] = {
@@ -121,27 +126,22 @@ def _check_batch(batch_size: int, pad_to_multiple_of: int | None) -> None:
         check_int(pad_to_multiple_of, "pad_to_multiple_of")
 
 
-def padded_tokens(lengths: np.ndarray, batch_size: int, pad_to_multiple_of: int | None = None) -> int:
-    """Tokens computed when consecutive batches of ``lengths`` are each padded to their longest."""
-    n = lengths.size
-    if n == 0:
-        return 0
-    starts = np.arange(0, n, batch_size)
-    longest = np.maximum.reduceat(lengths, starts)
-    if pad_to_multiple_of:
-        longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-    sizes = np.diff(np.append(starts, n))  # the last batch may be smaller
-    return int((longest * sizes).sum())
-
-
 def padding_fraction_pad_to_longest(
-    lengths: Sequence[int] | np.ndarray, batch_size: int, *, pad_to_multiple_of: int | None = None
+    lengths: Sequence[int] | np.ndarray,
+    batch_size: int,
+    *,
+    pad_to_multiple_of: int | None = None,
+    seed: int | None = None,
 ) -> float:
-    """Share of computed tokens that are padding when consecutive batches pad to their longest."""
+    """Share of computed tokens that are padding when consecutive batches pad to their longest: in the
+    given order, or with ``seed`` shuffled first as a trainer's sampler would, the shuffle
+    :func:`padding_fraction_bucketed` starts from with the same seed (compare the two that way: a file
+    sorted by length is already bucketed in its own order)."""
     arr = validate_lengths(lengths)
     _check_batch(batch_size, pad_to_multiple_of)
-    computed = padded_tokens(arr, batch_size, pad_to_multiple_of)
-    return 1.0 - int(arr.sum()) / computed if computed else 0.0
+    if seed is not None:
+        arr = arr[np.random.default_rng(seed).permutation(arr.size)]
+    return padding_fraction(int(arr.sum()), padded_tokens(arr, batch_size, pad_to_multiple_of)) or 0.0
 
 
 def group_by_length(lengths: np.ndarray, order: np.ndarray, chunk: int) -> np.ndarray:
@@ -179,25 +179,43 @@ def padding_fraction_bucketed(
     computed = padded_tokens(
         arr[bucketed_order(arr, batch_size, seed, mega_batch_mult)], batch_size, pad_to_multiple_of
     )
-    return 1.0 - int(arr.sum()) / computed if computed else 0.0
+    return padding_fraction(int(arr.sum()), computed) or 0.0
 
 
 def compare_batching(
-    lengths: np.ndarray, plan: PackPlan, batch_size: int, seed: int = 0, pad_to_multiple_of: int | None = None
+    lengths: np.ndarray,
+    plan: PackPlan,
+    batch_size: int,
+    seed: int = 0,
+    pad_to_multiple_of: int | None = None,
+    *,
+    overlong: str = "truncate",
 ) -> dict[str, dict[str, float | int]]:
-    """Padding fraction and tokens computed for pad-to-longest, bucketed and the packed ``plan``."""
-    clipped = np.minimum(validate_lengths(lengths), plan.max_length)
-    real = int(clipped.sum())
+    """Padding fraction and tokens computed for pad-to-longest, bucketed and the packed ``plan``, each
+    ``{"padding_fraction", "tokens_computed"}``; ``plan`` must come from ``lengths`` under ``overlong``
+    (its policy is applied to the padding baselines too, so all three place the same tokens).
+
+    Pad-to-longest and bucketing start from the same shuffle (``seed``): bucketing only re-orders
+    inside chunks of whole batches, so it pads no more than pad-to-longest except where a chunk's last,
+    smaller batch is concerned. The plan's rows go ``batch_size`` to a batch as wide as its longest row."""
+    _check_batch(batch_size, pad_to_multiple_of)
+    units = placed_lengths(validate_lengths(lengths), plan.max_length, overlong)
+    real = int(units.sum())
+    if real != plan.stats.real_tokens:
+        raise ValueError(
+            f"plan places {plan.stats.real_tokens:,} tokens but overlong={overlong!r} leaves {real:,} of these "
+            "lengths: plan them with the same policy"
+        )
+    shuffled = units[np.random.default_rng(seed).permutation(units.size)]  # bucketed_order's own shuffle
     computed = {
-        "pad_to_longest": padded_tokens(clipped, batch_size, pad_to_multiple_of),
-        "bucketed": padded_tokens(clipped[bucketed_order(clipped, batch_size, seed)], batch_size, pad_to_multiple_of),
+        "pad_to_longest": padded_tokens(shuffled, batch_size, pad_to_multiple_of),
+        "bucketed": padded_tokens(units[bucketed_order(units, batch_size, seed)], batch_size, pad_to_multiple_of),
+        "packed": padded_tokens(plan.row_lengths, batch_size, pad_to_multiple_of),
     }
-    out: dict[str, dict[str, float | int]] = {
-        name: {"padding_fraction": 1.0 - real / tokens if tokens else 0.0, "tokens_computed": tokens}
+    return {
+        name: {"padding_fraction": padding_fraction(real, tokens) or 0.0, "tokens_computed": tokens}
         for name, tokens in computed.items()
     }
-    out["packed"] = {"padding_fraction": plan.stats.padding_fraction, "tokens_computed": plan.stats.capacity_tokens}
-    return out
 
 
 def load_lengths(path: str | Path) -> np.ndarray:
