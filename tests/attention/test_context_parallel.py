@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,11 @@ def _diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+def _snippet() -> str:
+    page = Path(__file__).resolve().parents[2] / "docs" / "context-parallel.md"
+    return "\n".join(re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M))
+
+
 def _reference(dtype, ids, labels, pos):
     """The single-process packed run (padless attention), and each document alone."""
     from padless.objectives.loss import causal_lm_loss, trained_tokens
@@ -89,7 +95,7 @@ def _cp_run(dtype, ids, labels, pos, group, cp, rank, fault=None):
     import torch.distributed as dist
 
     import padless.attention.context_parallel as cpmod
-    from padless.objectives.context_parallel import (
+    from padless.objectives.context_loss import (
         context_parallel_forward,
         context_parallel_loss,
         sync_context_gradients,
@@ -120,17 +126,91 @@ def _cp_run(dtype, ids, labels, pos, group, cp, rank, fault=None):
     return logits.detach(), total, _grads(model), shard.start
 
 
+def _saved_bytes(model, shard, group) -> tuple[int, int]:
+    """(bytes of the tensors autograd saves in a context-parallel forward, bytes of the gathered K/V among
+    them), parameters not counted."""
+    from padless.objectives.context_loss import context_parallel_forward
+
+    params = {p.data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    gathered = [0]
+    length = shard.document_ids.shape[1]
+
+    def pack(t):
+        if t.data_ptr() not in params and t.data_ptr() not in seen:
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+            if t.ndim == 4 and t.shape[2] == length and t.shape[1] == 2:  # a gathered [R, Hk, L, D] K or V
+                gathered[0] += seen[t.data_ptr()]
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        context_parallel_forward(model, shard, group=group)
+    return sum(seen.values()), gathered[0]
+
+
+def _sliding_window_diffs(group, cp, rank) -> dict:
+    """A Mistral with a 5-token window, fp64: logits and grads against the single-process packed run."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    import padless.attention.context_parallel as cpmod
+    from padless.objectives.context_loss import context_parallel_step
+
+    ids, labels, pos = _rows(64)
+    config = MistralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=5, attn_implementation="padless",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ref = MistralForCausalLM(config).double()
+    from padless.objectives.loss import causal_lm_loss, trained_tokens
+
+    ref_logits = ref(input_ids=ids, position_ids=pos, use_cache=False).logits
+    causal_lm_loss(ref_logits, labels, int(trained_tokens(labels))).backward()
+    torch.manual_seed(0)
+    model = MistralForCausalLM(config).double()
+    model.set_attn_implementation(cpmod.register_context_parallel_attention())
+    shard = split_row(ids, labels, pos, cp=cp, rank=rank)
+    context_parallel_step(model, shard, group=group)
+    from padless.objectives.context_loss import context_parallel_forward
+
+    with torch.no_grad():
+        logits = context_parallel_forward(model, shard, group=group)
+    cut = slice(shard.start, shard.start + logits.shape[1])
+    return {
+        "logits": float((logits - ref_logits.detach()[:, cut]).abs().max()),
+        "grads": _diff(_grads(model), _grads(ref)),
+    }
+
+
 def _child(rank: int, world: int, init: str, out: str) -> None:
+    import contextlib
+    import io
+
     import torch.distributed as dist
+
+    import padless.attention.context_parallel as cpmod
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    alone = [dist.new_group([r]) for r in range(world)]
     groups = {4: (None, rank), 2: (pairs[rank // 2], rank % 2)}
     results = {}
+    ids, labels, pos = _rows(64)
+    memory = {}
+    for cp, (group, cp_rank) in {1: (alone[rank], 0), **groups}.items():
+        model = _model(torch.float32)
+        model.set_attn_implementation(cpmod.register_context_parallel_attention())
+        memory[cp] = _saved_bytes(model, split_row(ids, labels, pos, cp=cp, rank=cp_rank), group)
+    results["memory"] = {str(cp): list(v) for cp, v in memory.items()}
+    for cp, (group, cp_rank) in groups.items():
+        results[f"window cp={cp}"] = _sliding_window_diffs(group, cp, cp_rank)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(_snippet(), "docs/context-parallel.md", "exec"), {"__name__": "__doc_snippet__"})
+    results["snippet"] = printed.getvalue()
     for dtype in (torch.float32, torch.float64):
         name = str(dtype).removeprefix("torch.")
-        ids, labels, pos = _rows(64)
         ref_logits, alone, ref_loss, ref_grads = _reference(dtype, ids, labels, pos)
         for cp, (group, cp_rank) in groups.items():
             for fault in (None, "mask dropped", "labels shifted after the split", "loss normalised per rank"):
@@ -139,7 +219,7 @@ def _child(rank: int, world: int, init: str, out: str) -> None:
                 logits, loss, grads, start = _cp_run(dtype, ids, labels, pos, group, cp, cp_rank, fault)
                 cut = slice(start, start + logits.shape[1])
                 results[f"{name} cp={cp} {fault}"] = {
-                    "logits": float((logits - ref_logits[:, cut]).abs().max()),
+                    "logits": float((logits - ref_logits.detach()[:, cut]).abs().max()),
                     "alone": float((logits - alone[:, cut]).abs().max()),
                     "loss": abs(float(loss - ref_loss)),
                     "grads": _diff(grads, ref_grads),
@@ -166,6 +246,27 @@ def test_context_parallel_equals_one_process_and_documents_alone(cp_results, cp:
     for rank, results in cp_results.items():
         got = results[f"{dtype} cp={cp} None"]
         assert max(got.values()) < TOL[dtype], (rank, got)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_sliding_windows_are_honoured_in_the_global_mask(cp_results, cp: int) -> None:
+    for rank, results in cp_results.items():
+        got = results[f"window cp={cp}"]
+        assert max(got.values()) < TOL["float64"], (rank, got)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_activation_memory_per_rank_is_near_one_over_cp_but_the_gathered_kv(cp_results, cp: int) -> None:
+    for results in cp_results.values():
+        whole, _ = results["memory"]["1"]
+        saved, gathered = results["memory"][str(cp)]
+        assert gathered > 0
+        assert (saved - gathered) / whole < 1.2 / cp, results["memory"]
+
+
+def test_the_docs_snippet_trains_two_steps(cp_results) -> None:
+    out = cp_results[0]["snippet"]
+    assert re.search(r"^cp=4 step 2: loss \d+\.\d+, \d+ trained tokens$", out, flags=re.M), out
 
 
 @pytest.mark.parametrize("fault", ["mask dropped", "labels shifted after the split", "loss normalised per rank"])

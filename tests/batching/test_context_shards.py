@@ -11,15 +11,14 @@ from padless.layout import IGNORE_INDEX
 
 
 def test_split_row_shifts_before_the_split_and_pads_the_row_end() -> None:
-    ids = torch.arange(1, 8)  # one document of 7 tokens, cp = 2: padded to 8
-    shard0 = split_row(ids, ids.clone(), torch.arange(7), cp=2, rank=0)
-    shard1 = split_row(ids, ids.clone(), torch.arange(7), cp=2, rank=1)
-    assert shard0.targets.tolist() == [[2, 3, 4, 5]]  # the last target (5) lives on rank 1's first token
-    assert shard1.targets.tolist() == [[6, 7, IGNORE_INDEX, IGNORE_INDEX]]
-    assert shard1.input_ids.tolist() == [[5, 6, 7, 0]] and shard1.position_ids.tolist() == [[4, 5, 6, 0]]
-    assert shard0.num_items == shard1.num_items == 6
+    ids = torch.arange(1, 7)  # one document of 6 tokens, cp = 4: padded to 8
+    shards = [split_row(ids, ids.clone(), torch.arange(6), cp=4, rank=r) for r in range(4)]
+    assert [s.targets.tolist() for s in shards] == [[[2, 3]], [[4, 5]], [[6, IGNORE_INDEX]], [[IGNORE_INDEX] * 2]]
+    assert shards[3].input_ids.tolist() == [[0, 0]] and shards[3].position_ids.tolist() == [[0, 0]]
+    assert shards[0].document_ids.tolist() == [[0, 0, 0, 0, 0, 0, 1, 2]]  # each padding token its own document
+    assert {s.num_items for s in shards} == {5} and [s.start for s in shards] == [0, 2, 4, 6]
     with pytest.raises(ValueError, match="rank"):
-        split_row(ids, ids, torch.arange(7), cp=2, rank=2)
+        split_row(ids, ids, torch.arange(6), cp=2, rank=2)
 
 
 def test_targets_never_cross_a_document_boundary() -> None:

@@ -64,8 +64,9 @@ def split_row(
     """Rank ``rank``'s shard of packed rows split over ``cp`` ranks (module docstring).
 
     ``input_ids``, ``labels`` (unshifted), ``position_ids`` (restarting at 0 per document): ``[R, L]``
-    or ``[L]``. A row whose length does not divide by ``cp`` is padded at its end with ``pad_id``
-    (its own document, never trained) up to the next multiple."""
+    or ``[L]``. A row whose length does not divide by ``cp`` is padded at its end with ``pad_id`` up
+    to the next multiple: never trained, each padding token a document of its own (position 0), so it
+    costs one key per token (the work :mod:`padless.planning.context_balance` counts for padding)."""
     if cp < 1 or not 0 <= rank < cp:
         raise ValueError(f"cp must be >= 1 and rank in [0, cp), got cp={cp}, rank={rank}")
     rows = [t if t.ndim == 2 else t.unsqueeze(0) for t in (input_ids, labels, position_ids)]
@@ -79,8 +80,7 @@ def split_row(
     if extra:
         ids = torch.nn.functional.pad(ids, (0, extra), value=pad_id)
         lab = torch.nn.functional.pad(lab, (0, extra), value=IGNORE_INDEX)
-        pad_pos = torch.arange(extra, device=pos.device, dtype=pos.dtype).expand(pos.shape[0], -1)
-        pos = torch.cat([pos, pad_pos], dim=1)
+        pos = torch.nn.functional.pad(pos, (0, extra), value=0)  # each padding token its own document
     docs = document_ids_from_positions(pos)
     targets = shifted_targets(lab, docs)
     shard = ids.shape[1] // cp

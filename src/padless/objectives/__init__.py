@@ -6,5 +6,5 @@
 - ``rollouts``: per-token log-probs (and TRL's other per-token stats) of rollout completions from packed rows, in TRL's ``(B, T)`` layout.
 - ``grpo``: TRL's GRPO-family policy losses (grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo) on the ``(B, T)`` completion layout.
 - ``evaluation``: per-example evaluation loss computed from packed rows.
-- ``context_parallel``: the context-parallel loss (normalised over all ranks), its forward and step, gradients summed over the cp group.
+- ``context_loss``: the context-parallel loss (normalised over all ranks), its forward and step, gradients summed over the cp group.
 """

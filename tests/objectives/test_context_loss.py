@@ -8,7 +8,7 @@ import torch
 
 from padless.batching.context_shards import split_row
 from padless.layout import IGNORE_INDEX
-from padless.objectives.context_parallel import context_parallel_forward, context_parallel_loss
+from padless.objectives.context_loss import context_parallel_forward, context_parallel_loss
 from padless.objectives.loss import causal_lm_loss, trained_tokens
 
 
