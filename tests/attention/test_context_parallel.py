@@ -182,6 +182,30 @@ def _sliding_window_diffs(group, cp, rank) -> dict:
     }
 
 
+def _three_steps(group, cp, rank, dtype, optimizer) -> float:
+    """Max relative parameter difference after 3 optimiser steps: cp ranks vs one process on the same rows."""
+    import padless.attention.context_parallel as cpmod
+    from padless.objectives.context_loss import context_parallel_step
+    from padless.objectives.loss import causal_lm_loss, trained_tokens
+
+    ids, labels, pos = _rows(64)
+    one, split = _model(dtype), _model(dtype)
+    split.set_attn_implementation(cpmod.register_context_parallel_attention())
+    opt_one, opt_split = optimizer(one.parameters()), optimizer(split.parameters())
+    shard = split_row(ids, labels, pos, cp=cp, rank=rank)
+    for _ in range(3):
+        opt_one.zero_grad()
+        logits = one(input_ids=ids, position_ids=pos, use_cache=False).logits
+        causal_lm_loss(logits, labels, int(trained_tokens(labels))).backward()
+        opt_one.step()
+        opt_split.zero_grad()
+        context_parallel_step(split, shard, group=group)
+        opt_split.step()
+    return max(
+        float(((a - b).abs().max() / b.abs().max()).item()) for a, b in zip(split.parameters(), one.parameters())
+    )
+
+
 def _child(rank: int, world: int, init: str, out: str) -> None:
     import contextlib
     import io
@@ -205,6 +229,13 @@ def _child(rank: int, world: int, init: str, out: str) -> None:
     results["memory"] = {str(cp): list(v) for cp, v in memory.items()}
     for cp, (group, cp_rank) in groups.items():
         results[f"window cp={cp}"] = _sliding_window_diffs(group, cp, cp_rank)
+        sgd = lambda params: torch.optim.SGD(params, lr=0.5)  # noqa: E731
+        adamw = lambda params: torch.optim.AdamW(params, lr=1e-2)  # noqa: E731
+        # Adam divides by the root of tiny second moments, so fp32 rounding of near-zero gradients
+        # (1e-8) becomes an update: AdamW is held in fp64, SGD in fp32
+        results[f"three steps cp={cp}"] = max(
+            _three_steps(group, cp, cp_rank, torch.float32, sgd), _three_steps(group, cp, cp_rank, torch.float64, adamw)
+        )
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(_snippet(), "docs/context-parallel.md", "exec"), {"__name__": "__doc_snippet__"})
@@ -253,6 +284,12 @@ def test_sliding_windows_are_honoured_in_the_global_mask(cp_results, cp: int) ->
     for rank, results in cp_results.items():
         got = results[f"window cp={cp}"]
         assert max(got.values()) < TOL["float64"], (rank, got)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_three_steps_reach_the_one_process_parameters(cp_results, cp: int) -> None:
+    worst = max(r[f"three steps cp={cp}"] for r in cp_results.values())
+    assert worst < 1e-5, worst
 
 
 @pytest.mark.parametrize("cp", [2, 4])
