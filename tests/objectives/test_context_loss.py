@@ -47,3 +47,15 @@ def test_the_forward_needs_the_cp_backend() -> None:
     shard = split_row(torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long), torch.arange(4), cp=1, rank=0)
     with pytest.raises(ValueError, match="padless_cp"):
         context_parallel_forward(model, shard)
+
+
+def test_the_forward_refuses_a_model_it_cannot_make_exact() -> None:
+    from transformers import MambaConfig, MambaForCausalLM
+
+    from padless.attention.context_parallel import register_context_parallel_attention
+
+    model = MambaForCausalLM(MambaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, state_size=4))
+    model.config._attn_implementation = register_context_parallel_attention()  # as if set: the rule still refuses
+    shard = split_row(torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long), torch.arange(4), cp=1, rank=0)
+    with pytest.raises(ValueError, match="context_parallel refused.*mamba"):
+        context_parallel_forward(model, shard)

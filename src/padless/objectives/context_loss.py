@@ -11,12 +11,13 @@ trained tokens more: a different objective.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from padless.attention.context_parallel import context_parallel
+from padless.attention.context_parallel import check_context_parallel, context_parallel
 from padless.batching.context_shards import RowShard
 from padless.objectives.loss import _ce_sum
 
@@ -39,16 +40,24 @@ def sync_context_gradients(model: torch.nn.Module, group: Any = None) -> None:
             dist.all_reduce(param.grad, group=group)
 
 
+_CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Models :func:`check_context_parallel` accepted (their layers are read once)."""
+
+
 def context_parallel_forward(model: Any, shard: RowShard, *, group: Any = None, **kwargs: Any) -> torch.Tensor:
     """The model's logits ``[R, L/cp, V]`` for this rank's ``shard``, every attention layer attending
     over the whole rows (the model's attention implementation must be ``"padless_cp"``:
-    :func:`padless.attention.context_parallel.register_context_parallel_attention`)."""
+    :func:`padless.attention.context_parallel.register_context_parallel_attention`). A model with
+    layers it cannot make exact is refused (:func:`padless.attention.context_parallel.check_context_parallel`)."""
     backend = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if backend is not None and backend != "padless_cp":
         raise ValueError(
             f"model: attention implementation {backend!r} cannot gather keys over ranks (it must be 'padless_cp'); "
             "call model.set_attn_implementation(register_context_parallel_attention())"
         )
+    if model not in _CHECKED:
+        check_context_parallel(model)  # a model it cannot make exact is refused by name
+        _CHECKED.add(model)
     device = next(model.parameters()).device
     with context_parallel(shard.document_ids.to(device), group=group):
         out = model(
