@@ -15,6 +15,8 @@
 #              torch scans over the row on CUDA, then the CUDA kernels given the boundaries (kernels=True:
 #              fla cu_seqlens, causal_conv1d / mamba_ssm seq_idx) where they import, else recorded skipped,
 #              and kernels against scans                                          -> mixers.json
+#   context-parallel  (GPU runs only) context parallelism's flash-attn varlen path with per-rank
+#              boundaries against masked sdpa, cp = 2, 4, 8, with and without a window -> context_parallel.json
 #   bench      padless bench --preset gpt2 (short), in-process, with torch.cuda.set_sync_debug_mode("warn"):
 #              the host syncs of the training loop counted by source line     -> bench/, syncdebug.json
 #   fsdp       padless bench --distributed fsdp under torchrun, if this padless has it (else skipped)
@@ -153,6 +155,9 @@ else
     fi
     step autocast 120 "$PY" benchmarks/gpu_checks.py autocast "$OUT/autocast.json" --device $DEVICE
     step mixers 90 "$PY" benchmarks/gpu_checks.py mixers "$OUT/mixers.json" --device $DEVICE
+    if [ $DRY = 0 ]; then  # context parallel's flash-attn varlen path (per-rank boundaries) against masked sdpa
+        step context-parallel 60 "$PY" benchmarks/gpu_context_parallel.py "$OUT/context_parallel.json"
+    fi
     if [ $DRY = 1 ]; then
         BENCH="--preset quick --steps 2 --warmup-steps 1 --limit 60 --eval-examples 4 --max-length 256 --strategies padding,bucketing,packing,flattening --device cpu"
     else

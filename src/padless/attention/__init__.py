@@ -24,6 +24,8 @@
 - ``mixer_documents``: where a forward's documents lie, seen from a layer inside it: the boundaries sent.
 - ``per_document``: a layer run per document: grouped by length, right-padded, scattered back.
 - ``tree``: shared-prompt (tree) attention: completions attend to one prompt, not to each other.
+- ``context_parallel``: one packed row split over ranks: keys and values all-gathered, the document mask
+  from global indices (``"padless_cp"``), and the models it refuses.
 - ``multimodal``: how a vision-language model reads the images of a packed row (positions, image
   attention blocks): the families packed with images, the rest refused with the reason.
 - ``transformers_compat``: the transformers internals padless relies on, and the version they were read from.

@@ -12,5 +12,6 @@
 - ``samplers``: which examples (or packed rows) each micro-batch gets, on one rank or many.
 - ``rows``: packed rows as dataset items, read by the pieces they hold.
 - ``stream``: streaming packing with a bounded buffer and exact resume.
+- ``context_shards``: a packed row split over context-parallel ranks, positions and shifted targets computed before the split.
 - ``image_rows``: the image columns of rows packed beforehand (torch-free; pack_dataset, PackedRows, PackedStream, padless pack).
 """

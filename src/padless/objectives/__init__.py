@@ -7,4 +7,5 @@
 - ``grpo``: TRL's GRPO-family policy losses (grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo) on the ``(B, T)`` completion layout.
 - ``grpo_config``: the settings of the GRPO losses (GRPOLossConfig), read from TRL's GRPOConfig.
 - ``evaluation``: per-example evaluation loss computed from packed rows.
+- ``context_loss``: the context-parallel loss (normalised over all ranks), its forward and step, gradients summed over the cp group.
 """

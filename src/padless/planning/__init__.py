@@ -9,6 +9,7 @@
 - ``buffered``: the streaming planner (lengths arriving one by one, bounded buffer).
 - ``schedule``: the per-epoch schedule of packed rows for data-parallel training.
 - ``balance``: ranks and micro-batches balanced by cost (``a * l + l**2``) or tokens, the partition behind ``balance="cost"``.
+- ``context_balance``: a row's documents ordered (and dealt over rows) so its context-parallel shards do equal attention work.
 - ``lengths``: length statistics, padding fractions, synthetic lengths, length grouping.
 - ``partition``: the optimal partition of lengths into padded groups (bucketing, grouped attention).
 - ``checks``: the argument checks and the overlong error every stage shares.

@@ -1,0 +1,284 @@
+"""Context parallelism over packed documents: one packed row split over ``cp`` ranks, exact.
+
+A packed row of ``L`` tokens is split into ``cp`` equal contiguous shards; rank ``r`` of the cp group
+holds the tokens ``[r * L / cp, (r + 1) * L / cp)`` and runs the model on them alone. Every attention
+layer keeps its local queries and all-gathers the keys and values of the whole row (the grouped
+key/value heads only, before any repeat), with an autograd all-gather whose backward reduce-scatters
+the gradients back to the rank that owns each key (Llama 3's choice over a ring: any mask is easy).
+The document mask is built from GLOBAL indices: query ``i`` (global) sees key ``j`` exactly when both
+lie in the same document, ``j <= i``, and ``i - j < window`` under a sliding window. Document ids are
+computed on the whole row before the split (:func:`padless.batching.context_shards.split_row`), so no
+convention about where a shard's causal diagonal lies can shift the mask.
+
+How it reaches a transformers model: :func:`register_context_parallel_attention` registers
+:func:`context_parallel_attention` (and a mask function that builds nothing) with transformers'
+``AttentionInterface`` under ``"padless_cp"``. Inside a :func:`context_parallel` context the model's
+forward on the local shard (with the shard's global ``position_ids``) runs every attention layer over
+the whole row; outside one, the function is padless' own ``"padless"`` backend, unchanged.
+
+Kernels: on the CPU (gloo), sdpa with the boolean global mask ``[R, 1, L / cp, L]``; on CUDA, flash-attn
+varlen with per-rank boundaries (each local document piece's queries against its document's keys from
+the document start, aligned bottom-right), else the same masked sdpa.
+
+What it cannot make exact is refused by name (:func:`context_parallel_refusal`): token-mixing layers
+that are not attention (gated DeltaNet, Mamba, short convolutions: their state runs along the row, so
+a shard would need the previous shard's state), soft-capping, sinks, ALiBi, chunked or bidirectional
+attention. Sliding windows are honoured in the global mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from padless.attention.backend import padless_attention, padless_mask
+from padless.attention.mixers import mixer_layers
+from padless.attention.rules import attention_rules
+
+CP_BACKEND_NAME = "padless_cp"
+"""The name :func:`context_parallel_attention` is registered under."""
+
+
+@dataclass(frozen=True)
+class ContextParallelState:
+    """What every attention layer of a context-parallel forward reads: the whole row's documents and
+    where this rank's queries lie in it."""
+
+    document_ids: torch.Tensor
+    """``[R, L]`` int64 document ids of the whole rows (padding at a row end is its own document)."""
+    start: int
+    """Global index of this rank's first token (``rank * L / cp``)."""
+    stop: int
+    """Global index one past this rank's last token."""
+    group: Any
+    """The cp process group (``None``: the default group)."""
+
+    @property
+    def length(self) -> int:
+        """``L``: the whole row's length."""
+        return int(self.document_ids.shape[-1])
+
+
+_ACTIVE: ContextVar[ContextParallelState | None] = ContextVar("padless_context_parallel", default=None)
+
+
+def cp_rank_size(group: Any = None) -> tuple[int, int]:
+    """``(rank in the cp group, cp)``."""
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+@contextmanager
+def context_parallel(document_ids: torch.Tensor, *, group: Any = None) -> Iterator[ContextParallelState]:
+    """Run the forwards inside as this rank's shard of the rows whose ``document_ids`` (``[R, L]`` or
+    ``[L]``, the WHOLE rows, computed before the split) are given; ``group``: the cp process group.
+    ``L`` must divide by the group's size (pad the row end: :func:`padless.batching.context_shards.split_row`)."""
+    rank, cp = cp_rank_size(group)
+    ids = document_ids if document_ids.ndim == 2 else document_ids.unsqueeze(0)
+    if ids.ndim != 2 or ids.dtype.is_floating_point:
+        raise ValueError(f"document_ids must be [R, L] integers, got {ids.dtype} {tuple(document_ids.shape)}")
+    length = int(ids.shape[1])
+    if length % cp:
+        raise ValueError(f"document_ids cover {length} tokens, not a multiple of the cp group's size {cp}")
+    shard = length // cp
+    state = ContextParallelState(ids.long(), rank * shard, (rank + 1) * shard, group)
+    token = _ACTIVE.set(state)
+    try:
+        yield state
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_context() -> ContextParallelState | None:
+    """The enclosing :func:`context_parallel` state (``None`` outside one)."""
+    return _ACTIVE.get()
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along ``dim`` over the group in rank order; backward: reduce-scatter (sum the
+    gradient of the whole sequence over the ranks, keep this rank's slice)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
+        rank, world = cp_rank_size(group)
+        ctx.dim, ctx.group, ctx.rank, ctx.world, ctx.local = dim, group, rank, world, x.shape[dim]
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        grad = grad.contiguous()
+        if dist.get_backend(ctx.group) == "gloo":  # gloo has no reduce-scatter: all-reduce, keep the slice
+            dist.all_reduce(grad, group=ctx.group)
+            return grad.narrow(ctx.dim, ctx.rank * ctx.local, ctx.local).contiguous(), None, None
+        full = grad.movedim(ctx.dim, 0).contiguous()  # [L, ...]
+        out = full.new_empty((ctx.local, *full.shape[1:]))
+        dist.reduce_scatter_tensor(out, full, group=ctx.group)
+        return out.movedim(0, ctx.dim).contiguous(), None, None
+
+
+def gather_sequence(x: torch.Tensor, dim: int, group: Any = None) -> torch.Tensor:
+    """``x`` (this rank's shard along ``dim``) -> the whole sequence, differentiable: the gradient of
+    the result is reduce-scattered back to the shards."""
+    return _GatherSequence.apply(x, dim, group)
+
+
+def document_mask(document_ids: torch.Tensor, start: int, stop: int, window: int | None = None) -> torch.Tensor:
+    """``[R, stop - start, L]`` bool: query ``start + a`` sees key ``j`` when both are in the same
+    document of the whole row, ``j <= start + a`` and (with a window) ``start + a - j < window``."""
+    length = document_ids.shape[-1]
+    q = torch.arange(start, stop, device=document_ids.device)  # [Lq] global query indices
+    k = torch.arange(length, device=document_ids.device)  # [L] global key indices
+    gap = q[:, None] - k[None, :]  # [Lq, L]
+    allowed = gap >= 0
+    if window is not None:
+        allowed &= gap < window
+    same = document_ids[:, start:stop, None] == document_ids[:, None, :]  # [R, Lq, L]
+    return same & allowed
+
+
+def context_parallel_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: ``query`` ``[R, Hq, L/cp, D]``, ``key``/``value``
+    ``[R, Hk, L/cp, D]`` (this rank's shard) -> (``[R, L/cp, Hq, D]``, no weights). Inside a
+    :func:`context_parallel` context: the keys and values of the whole row are gathered and each
+    local query attends under the global document mask. Outside one: padless' own attention."""
+    state = _ACTIVE.get()
+    if state is None:
+        return padless_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    batch, heads, local, dim = query.shape
+    if local != state.stop - state.start or batch != state.document_ids.shape[0]:
+        raise ValueError(
+            f"context-parallel attention got {batch} x {local} queries but the context holds rows of "
+            f"{tuple(state.document_ids.shape)} split into shards of {state.stop - state.start}; "
+            "run the model on this rank's shard from padless.batching.context_shards.split_row"
+        )
+    if attention_mask is not None:
+        raise ValueError("context-parallel attention builds its own global document mask; send no attention_mask")
+    for name in ("softcap", "s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"context-parallel attention cannot apply {name}; the model is refused for cp")
+    kv = gather_sequence(torch.stack([key, value]), 3, state.group)  # [2, R, Hk, L, D]: one collective
+    window = kwargs.get("sliding_window")
+    ids = state.document_ids.to(query.device)
+    if query.is_cuda and _flash_varlen_available():
+        out = _flash_varlen(query, kv[0], kv[1], ids, state, scaling, dropout, window)
+        return out, None
+    mask = document_mask(ids, state.start, state.stop, window)[:, None]  # [R, 1, L/cp, L]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, kv[0], kv[1], attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=key.shape[1] != heads
+    )  # [R, Hq, L/cp, D]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _flash_varlen_available() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _flash_varlen(query, key, value, ids, state: ContextParallelState, scaling, dropout, window):  # pragma: no cover
+    """flash-attn varlen with per-rank boundaries (CUDA; written for a GPU run): each local piece of a
+    document holds queries ``[a, b)`` of a document starting at ``s``; its keys are ``[s, b)`` of the
+    gathered row, and flash's bottom-right causal alignment puts query ``a + i`` on key ``a + i``."""
+    from flash_attn import flash_attn_varlen_func
+
+    batch, heads, local, dim = query.shape
+    q_idx, k_idx, cu_q, cu_k = [], [], [0], [0]
+    host = ids.cpu()
+    length = state.length
+    for r in range(batch):
+        row = host[r]
+        piece = row[state.start : state.stop]
+        cuts = torch.nonzero(piece[1:] != piece[:-1]).flatten() + 1
+        bounds = [0, *cuts.tolist(), local]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            doc = row[state.start + a]
+            first = int(torch.nonzero(row == doc)[0])  # the document's global start
+            q_idx.append(torch.arange(r * local + a, r * local + b))
+            k_idx.append(torch.arange(r * length + first, r * length + state.start + b))
+            cu_q.append(cu_q[-1] + b - a)
+            cu_k.append(cu_k[-1] + state.start + b - first)
+    qi, ki = torch.cat(q_idx).to(query.device), torch.cat(k_idx).to(query.device)
+    q = query.transpose(1, 2).reshape(batch * local, heads, dim)[qi]
+    k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)[ki]
+    v = value.transpose(1, 2).reshape(batch * length, value.shape[1], dim)[ki]
+    cq = torch.tensor(cu_q, dtype=torch.int32, device=query.device)
+    ck = torch.tensor(cu_k, dtype=torch.int32, device=query.device)
+    extra = {} if window is None else {"window_size": (window - 1, 0)}
+    out = flash_attn_varlen_func(
+        q, k, v, cq, ck, int((cq[1:] - cq[:-1]).max()), int((ck[1:] - ck[:-1]).max()),
+        dropout_p=dropout, softmax_scale=scaling, causal=True, **extra,
+    )  # fmt: skip
+    full = out.new_empty(batch * local, heads, dim)
+    full[qi] = out
+    return full.reshape(batch, local, heads, dim)
+
+
+def context_parallel_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """transformers' mask interface for ``"padless_cp"``: no mask inside a :func:`context_parallel`
+    context (the attention builds the global one), padless' mask function outside it."""
+    if _ACTIVE.get() is not None:
+        return None
+    return padless_mask(*args, **kwargs)
+
+
+def register_context_parallel_attention(name: str = CP_BACKEND_NAME) -> str:
+    """Register :func:`context_parallel_attention` and :func:`context_parallel_mask` with transformers
+    under ``name`` (idempotent); then ``model.set_attn_implementation(name)``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, context_parallel_attention)
+    AttentionMaskInterface.register(name, context_parallel_mask)
+    return name
+
+
+def context_parallel_refusal(model: Any) -> str | None:
+    """Why ``model`` cannot run context-parallel exactly (``None``: it can). Token-mixing layers that
+    are not attention carry a state along the row that a shard would need from the shard before it;
+    soft-capping, sinks, ALiBi, chunked and bidirectional attention are not in the global mask."""
+    layers = mixer_layers(model)
+    if layers:
+        kinds = sorted({m.kind for m in layers})
+        return (
+            f"{type(model).__name__} has token-mixing layers that are not attention ({', '.join(kinds)}: "
+            f"{layers[0].name}, ...); their state runs along the whole row, so a shard would need the previous "
+            "shard's state (not passed between ranks yet)"
+        )
+    rules = attention_rules(model)
+    problems = {
+        "attention logit soft-capping": rules.softcap is not None,
+        "attention sinks": rules.sinks,
+        "an ALiBi bias": rules.alibi,
+        "bidirectional attention": rules.bidirectional,
+        "chunked attention": rules.chunk_size is not None,
+        f"layers that are not attention ({', '.join(rules.other_layer_types)})": bool(rules.other_layer_types),
+    }
+    found = [what for what, present in problems.items() if present]
+    if found:
+        return f"{type(model).__name__} uses {', '.join(found)}, which context-parallel attention does not apply"
+    return None
+
+
+def check_context_parallel(model: Any) -> None:
+    """Raise ``ValueError`` naming why ``model`` cannot run context-parallel (see :func:`context_parallel_refusal`)."""
+    reason = context_parallel_refusal(model)
+    if reason is not None:
+        raise ValueError(f"model: context_parallel refused: {reason}")
