@@ -85,7 +85,7 @@ def test_columns_map_other_field_names_on_both_commands(tmp_path, capsys):
 
 def test_the_overlong_refusal_of_stats_names_the_first_overlong_record(tmp_path, capsys):
     path = write(tmp_path / "d.jsonl", [{"text": "hello"}, {"text": "word " * 100}, {"text": "word " * 90}])
-    assert main(["stats", "--data", str(path), "--max-length", "64"]) == 2
+    assert main(["stats", "--data", str(path), "--max-length", "64", "--overlong", "error"]) == 2
     err = capsys.readouterr().err
     from padless.data.load import load_corpus
 

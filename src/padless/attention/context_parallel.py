@@ -223,9 +223,18 @@ def _flash_varlen(query, key, value, ids, state: ContextParallelState, scaling, 
     ck = torch.tensor(cu_k, dtype=torch.int32, device=query.device)
     extra = {} if window is None else {"window_size": (window - 1, 0)}
     out = flash_attn_varlen_func(
-        q, k, v, cq, ck, int((cq[1:] - cq[:-1]).max()), int((ck[1:] - ck[:-1]).max()),
-        dropout_p=dropout, softmax_scale=scaling, causal=True, **extra,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        cq,
+        ck,
+        int((cq[1:] - cq[:-1]).max()),
+        int((ck[1:] - ck[:-1]).max()),
+        dropout_p=dropout,
+        softmax_scale=scaling,
+        causal=True,
+        **extra,
+    )
     full = out.new_empty(batch * local, heads, dim)
     full[qi] = out
     return full.reshape(batch, local, heads, dim)

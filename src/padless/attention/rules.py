@@ -251,8 +251,11 @@ def text_model(model: Any) -> Any:
     subs = [v for v in vars(config).values() if _is_config(v) and v is not text]
     sub_types = {type(v) for v in subs} - {type(text)}
     modules = [(n, m) for n, m in base.named_modules() if n]
-    towers = [n for n, m in modules if (c := getattr(m, "config", None)) is not None and (
-        any(c is v for v in subs) or type(c) in sub_types)]  # fmt: skip
+    towers = [
+        n
+        for n, m in modules
+        if (c := getattr(m, "config", None)) is not None and (any(c is v for v in subs) or type(c) in sub_types)
+    ]
     outside = lambda name: not any(name == t or name.startswith(t + ".") for t in towers)  # noqa: E731
     models = [(n, m) for n, m in modules if isinstance(m, PreTrainedModel)]
     found = next((m for _, m in models if m.config is text), None)
@@ -321,11 +324,16 @@ def _text_facts(
     if module is base or (module is None and (config is config_of(model_or_config) or not _windowed(config))):
         return config, outer, None, None
     if module is None:
-        return config, outer, None, (
-            f"padless found no language model in {type(base).__name__} (no submodule whose config is its text "
-            f"config {type(config).__name__}, nor one holding its attention layers), so it cannot read which "
-            "sliding windows or chunks its attention applies"
-        )  # fmt: skip
+        return (
+            config,
+            outer,
+            None,
+            (
+                f"padless found no language model in {type(base).__name__} (no submodule whose config is its text "
+                f"config {type(config).__name__}, nor one holding its attention layers), so it cannot read which "
+                "sliding windows or chunks its attention applies"
+            ),
+        )
     text_class = _unsharded_class(type(module))
     outer_impl = getattr(base.config, "_attn_implementation", None)
     inner_impl = getattr(module.config, "_attn_implementation", None)

@@ -14,8 +14,11 @@ SHOWN = 3
 """Bad records named on the command line (the rest are counted)."""
 CHATS = ("messages", "sharegpt", "alpaca", "conversational_prompt_completion")
 """Forms rendered as chats (a chat template, a system prompt it may add)."""
-_TRAINED = {"all": "every token", "assistant": "the assistant turns", "completion": "the assistant turns after the "
-            "last user turn"}  # fmt: skip
+_TRAINED = {
+    "all": "every token",
+    "assistant": "the assistant turns",
+    "completion": "the assistant turns after the last user turn",
+}
 
 
 def add_record_arguments(group: Any) -> None:

@@ -51,8 +51,15 @@ def processor_lengths(args: argparse.Namespace) -> InputLengths:
         f"train on: the assistant turns; {report.trained_tokens:,} of {report.tokens:,} tokens trained; "
         f"{report.image_documents:,} documents with {report.images:,} images (placed whole by packing)",
     ]
-    data = {"processor": args.processor, "vocab_size": len(processor.tokenizer), "kind": "messages",
-            "train_on": "assistant", "tokens": report.tokens, "trained_tokens": report.trained_tokens,
-            "image_documents": report.image_documents, "images": report.images}  # fmt: skip
+    data = {
+        "processor": args.processor,
+        "vocab_size": len(processor.tokenizer),
+        "kind": "messages",
+        "train_on": "assistant",
+        "tokens": report.tokens,
+        "trained_tokens": report.trained_tokens,
+        "image_documents": report.image_documents,
+        "images": report.images,
+    }
     where = "file" if Path(name).expanduser().exists() else "corpus"
     return InputLengths(validate_lengths(corpus.lengths), f"{where} {name}", notes, data)

@@ -11,6 +11,7 @@
 - ``balance``: ranks and micro-batches balanced by cost (``a * l + l**2``) or tokens, the partition behind ``balance="cost"``.
 - ``context_balance``: a row's documents ordered (and dealt over rows) so its context-parallel shards do equal attention work.
 - ``lengths``: length statistics, padding fractions, synthetic lengths, length grouping.
+- ``padding``: the one definition of padding (real vs computed tokens) the stats table and the bench share.
 - ``partition``: the optimal partition of lengths into padded groups (bucketing, grouped attention).
 - ``checks``: the argument checks and the overlong error every stage shares.
 """
