@@ -215,11 +215,14 @@ def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exac
     caplog.set_level(logging.INFO, logger="padless.integrations.transformers")
     trainer.train()
     said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "padless.integrations.transformers"]
+    fill = sum(len(f["input_ids"]) for f in feats) / (32 * plan.num_rows)
     line = (
         f"padless: {type(model).__name__}, attention {attn}, layout {layout}, exact (padless rule), 32-token rows, "
-        f"{5 / plan.num_rows:.1f} documents per row (planned rows)"
+        f"{5 / plan.num_rows:.1f} documents per row (planned rows), rows {100 * fill:.1f}% full, isolation guard on "
+        "step 1"
     )
-    assert said == [(logging.INFO, line)]
+    assert said[0] == (logging.INFO, line) and len(said) == 2  # the start line, then the guard's after step 1
+    assert said[1][0] == logging.INFO and re.fullmatch(support.GUARD_LINE, said[1][1]), said[1]
 
 
 def test_the_start_line_counts_the_documents_of_rows_packed_beforehand(tmp_path):
@@ -231,7 +234,9 @@ def test_the_start_line_counts_the_documents_of_rows_packed_beforehand(tmp_path)
                  {"input_ids": list(range(1, 12)), "seq_lengths": [4, 4, 3]}]  # fmt: skip
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1)
     trainer = PackedTrainer(model=support.model("sdpa", "tiny-gpt2"), args=args, train_dataset=prepacked, max_length=32)
-    assert trainer.start_line().endswith(", 32-token rows, 2.5 documents per row (planned rows)")
+    assert trainer.start_line().endswith(
+        ", 32-token rows, 2.5 documents per row (planned rows), rows 46.9% full, isolation guard on step 1"
+    )  # 30 tokens in 2 rows of 32
 
 
 def test_the_start_line_is_shown_where_the_application_set_up_no_logging(monkeypatch, capsys):

@@ -38,8 +38,11 @@ dicts, made a ``Dataset``) are checked by padless' record checks before TRL read
 (:func:`check_sft_records`), so a misspelt field fails naming the record, the field and the fields it
 has, not with a ``KeyError`` from inside ``datasets.map``. padless' errors raised inside name the
 trainer argument (``SFTTrainer(overlong=...)``, ``SFTConfig(max_length=...)``: :data:`SFT_WORDS`).
-``train`` first logs one line: model, attention backend, row layout, the rule's verdict, rows and
-documents per row (:func:`padless.integrations.transformers.start_line`).
+``train`` first logs one line: model, attention backend, row layout, the rule's verdict, rows, documents
+per row, how full the rows are and what the plan truncated, split or dropped
+(:func:`padless.integrations.transformers.start_line`, :func:`padless.integrations.trainer_rows.plan_said`).
+In both packed modes the first packed step is checked on the model (``guard``, an argument of this
+trainer: :mod:`padless.integrations.first_step`), and a line after the first step says what that cost.
 
 ``GRPOTrainer`` and ``DPOTrainer`` are imported from here too: TRL's RL trainers whose log-prob passes
 run on packed rows (:mod:`padless.integrations.trl_rl`).
@@ -59,6 +62,7 @@ import torch  # noqa: E402
 import trl  # noqa: E402
 
 from padless.integrations.datasets import pack_dataset, resolve_strategy  # noqa: E402
+from padless.integrations.first_step import attach_guard, guarded_loss, keep_placements  # noqa: E402
 from padless.integrations.transformers import (  # noqa: E402
     announce,
     balance_options,
@@ -69,7 +73,7 @@ from padless.integrations.transformers import (  # noqa: E402
     loader_for,
     naming_argument,
     packed_batches,
-    planned_documents_per_row,
+    plan_said,
     record_fields,
     records,
     shifts_labels,
@@ -224,8 +228,10 @@ class PackedSFTTrainer(trl.SFTTrainer):
     plus, keyword-only: ``overlong`` (what a sequence longer than ``max_length`` does when packing),
     ``balance`` (``"tokens"``, default, or ``"cost"``: with ``packing=True``, each step's rows dealt so
     that the ranks' costs ``sum(a * l + l**2)`` are even, docs/balance.md) and ``cost_a`` (``"cost"``
-    only; default ``12 * hidden_size`` of the model's config) and ``max_image_patches`` (with
-    ``packing=True`` and images: the most vision-encoder patches a row's images may hold)."""
+    only; default ``12 * hidden_size`` of the model's config), ``max_image_patches`` (with
+    ``packing=True`` and images: the most vision-encoder patches a row's images may hold) and ``guard``
+    (packed modes: ``True``, default, checks the first packed step on the model; ``False``; or an
+    :class:`padless.IsolationGuard` with its period)."""
 
     def __init__(
         self,
@@ -240,6 +246,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
         balance: str = "tokens",
         cost_a: float | None = None,
         max_image_patches: int | None = None,
+        guard: Any = True,
         **trl_kwargs: Any,
     ) -> None:
         with trainer_words(SFT_WORDS):
@@ -295,6 +302,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
             if hasattr(self, "_loss_shifts_labels"):  # a model loaded by TRL from a name: read loss_type again
                 self._loss_shifts_labels = shifts_labels(inner)
             self._rows: tuple[Any, Any, Any] | None = None
+            self.padless_guard = attach_guard(self, guard if self._padless_mode else False, "SFTTrainer")
             if self._padless_mode is None:
                 return
             packed = self._padless_mode == "packed"
@@ -406,6 +414,13 @@ class PackedSFTTrainer(trl.SFTTrainer):
         return self._packed_rows()[0] if self._padless_mode == "packed" and self.train_dataset is not None else None
 
     def get_train_dataloader(self) -> Any:
+        if self._padless_mode == "padding_free" and self.padless_guard.guard is not None:
+            collator = self.data_collator  # TRL's loader drops the placements: the guard finds them again
+            self.data_collator = self.padless_guard.remembering(collator)
+            try:
+                return super().get_train_dataloader()
+            finally:
+                self.data_collator = collator
         if self._padless_mode != "packed":
             return super().get_train_dataloader()
         if self.train_dataset is None:
@@ -419,17 +434,16 @@ class PackedSFTTrainer(trl.SFTTrainer):
         if self._padless_mode == "packed":
             with trainer_words(SFT_WORDS):
                 sampler, _ = self._packed_rows()
-            per_row = planned_documents_per_row(self.train_dataset, sampler)
             rows = f"{self.args.max_length}-token rows{balance_said({**self._padless_balance, **self._padless_images})}"
-            return start_line(
-                self.model, self.data_collator, rows=rows, documents=f"{per_row:.1f} documents per row (planned rows)"
-            )
+            documents = f"{plan_said(self.train_dataset, sampler, self.args.max_length)}, {self.padless_guard.said()}"
+            return start_line(self.model, self.data_collator, rows=rows, documents=documents)
         if self._padless_mode == "padding_free":
             return start_line(
                 self.model,
                 self.data_collator,
                 rows="one row per micro-batch",
-                documents=f"{self.args.per_device_train_batch_size} documents per row (per_device_train_batch_size)",
+                documents=f"{self.args.per_device_train_batch_size} documents per row (per_device_train_batch_size), "
+                f"{self.padless_guard.said()}",
             )
         return start_line(self.model, None, rows="TRL's padded batches", documents="1 document per row")
 
@@ -445,6 +459,10 @@ class PackedSFTTrainer(trl.SFTTrainer):
         with trainer_words(SFT_WORDS):
             return super().evaluate(*args, **kwargs)
 
+    def _prepare_inputs(self, inputs: Any) -> Any:
+        """TRL's move to the device, the packed batch's placements kept (the guard reads them)."""
+        return keep_placements(inputs, super()._prepare_inputs(inputs))
+
     # ------------------------------------------------------------------ metrics
 
     def compute_loss(
@@ -459,7 +477,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
 
             check_attention_mask(inputs)
         before = getattr(self, "_total_train_tokens", None)
-        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        out = guarded_loss(self.padless_guard, super().compute_loss, model, inputs, return_outputs, num_items_in_batch)
         if self._padless_mode is not None and before is not None and self.model.training:
             fed = torch.tensor(inputs["input_ids"].numel(), device=inputs["input_ids"].device)
             total = int(self.accelerator.gather_for_metrics(fed).sum().item())
