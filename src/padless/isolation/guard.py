@@ -34,8 +34,8 @@ as ``prompt + completion`` run alone, reading the prompt's columns first (the pr
 ``budget`` bounds a check's cost for a guard left on by default (the trainers' first-step check,
 :mod:`padless.integrations.first_step`): every checked document is cut to its first tokens (its
 logits there depend on those tokens only) so that the runs alone and the padded reference together
-hold at most ``budget`` x the batch's tokens, and the reference is padded to the longest checked
-document instead of the row width.
+hold at most ``budget`` x the batch's tokens, and the reference is padded a little past the longest
+checked document (:data:`MIN_TOKENS` columns) instead of to the row width.
 
 The guard does not consult the exactness rule (:func:`padless.attention.select.check_exact`) nor the
 collator's verdict: it measures, so that it also catches what the rule's verdict cannot see, a
@@ -45,7 +45,8 @@ model, backend or batch changed after the verdict was given.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -59,7 +60,8 @@ if TYPE_CHECKING:
 
 
 MIN_TOKENS = 16
-"""The fewest tokens a checked document keeps under :attr:`IsolationGuard.budget`."""
+"""The fewest tokens a checked document keeps under :attr:`IsolationGuard.budget`, and the padding columns
+of the padded reference past the longest checked document there."""
 
 
 class IsolationError(RuntimeError):
@@ -134,8 +136,8 @@ class IsolationGuard:
     budget: float | None = None
     """The most tokens a check runs (alone and padded together), as a share of the batch's ``R x L``
     tokens: each checked document is cut to its first tokens to fit (at least :data:`MIN_TOKENS`), and
-    the padded reference is as wide as the longest checked document. ``None``: whole documents, the
-    reference as wide as the rows (see the module docstring)."""
+    the padded reference is :data:`MIN_TOKENS` wider than the longest checked document. ``None``: whole
+    documents, the reference as wide as the rows (see the module docstring)."""
     calls: int = field(default=0, init=False)
     """Calls so far."""
     last: GuardCheck | None = field(default=None, init=False)
@@ -213,7 +215,8 @@ class IsolationGuard:
         """Tokens each checked document keeps under :attr:`budget` (``None``: whole documents)."""
         if self.budget is None or documents == 0:
             return None
-        return max(MIN_TOKENS, int(self.budget * shape[0] * shape[1] / (2 * documents)))
+        spare = self.budget * shape[0] * shape[1] - documents * MIN_TOKENS  # the reference's padding columns
+        return max(MIN_TOKENS, int(spare / (2 * documents)))
 
     def check(self, model: Any, batch: Mapping[str, Any], logits: torch.Tensor | None = None) -> GuardCheck:
         """Run the chosen documents alone and compare (no counting, no raising)."""
@@ -248,12 +251,14 @@ class IsolationGuard:
                               (), int(images.sum()) if images is not None else 0)  # fmt: skip
         model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _small_runs_threads(model, self.budget is not None):
                 if logits is None:
                     logits = model(**forward_inputs(batch)).logits
                 dtype = compute_dtype(model, logits)
                 with computing_in(model, dtype):  # the documents alone in the dtype the logits were computed in
-                    padded = padded_logits(model, docs, None if self.budget is not None else int(ids.shape[1]))
+                    longest = max(len(d.columns) for d in docs)  # under a budget: padding enough to be padding's noise
+                    width = longest + MIN_TOKENS if self.budget is not None else int(ids.shape[1])
+                    padded = padded_logits(model, docs, width)
                     result = compare_documents(
                         model,
                         logits,
@@ -276,6 +281,22 @@ class IsolationGuard:
             tuple(result.evidence),
             int(images.sum()) if images is not None else 0,
         )
+
+
+@contextmanager
+def _small_runs_threads(model: Any, small: bool) -> Iterator[None]:
+    """One CPU thread for a budgeted check's runs (a few dozen tokens each): ops that small run as fast on
+    one thread, and on a CPU shared with other jobs each op of several threads waits for the slowest
+    (measured on 2 busy cores, SmolLM2-135M: 1.0-1.6 s on one thread against 9-17 s on two)."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    threads = torch.get_num_threads()
+    if small and on_cpu and threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def _image_pieces(model: Any, batch: Mapping[str, Any]) -> np.ndarray | None:
