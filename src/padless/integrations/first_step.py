@@ -14,10 +14,10 @@ training on documents that see each other.
 * ``guard=IsolationGuard(...)``: its period and options (``every=100``: every 100th packed forward;
   ``documents``, ``budget``, ``on_failure``, ``tolerance``).
 
-Where the guard reads the step's logits (``PackedTrainer``, ``SFTTrainer``: the training forward's own,
-unless dropout is on) it adds only the runs alone and the padded reference; ``GRPOTrainer`` and
-``DPOTrainer`` keep only the trained positions' logits, so their guard re-runs its batch (one forward
-chunk) once. Its cost is measured, the guard's time against the whole first step's (Trainer's
+Where the guard reads the step's logits (``PackedTrainer``: the training forward's own, unless dropout is
+on) it adds only the runs alone and the padded reference; TRL's trainers build no full logits
+(``SFTTrainer``'s fused LM head; ``GRPOTrainer`` and ``DPOTrainer`` keep the trained positions' only), so
+their guard re-runs its batch (one forward without gradients, once). Its cost is measured, the guard's time against the whole first step's (Trainer's
 ``on_step_begin`` to ``on_step_end``), and logged right after the first step::
 
     padless: isolation guard, step 1: 2 documents (64 tokens) run alone match their packed rows (max |diff|
@@ -85,6 +85,11 @@ class FirstStepGuard:
     def due(self, model: Any) -> bool:
         """Whether the next training forward of ``model`` is checked."""
         return self.guard is not None and bool(getattr(model, "training", False)) and self.guard.due()
+
+    def tick(self) -> None:
+        """Count a training forward that is not checked (the guard's period counts every packed forward)."""
+        if self.guard is not None:
+            self.guard.calls += 1
 
     def wants_logits(self, model: Any) -> bool:
         """Whether the step's own logits may be compared (no dropout on in training mode)."""
@@ -219,15 +224,30 @@ def keep_placements(inputs: Any, prepared: Any) -> Any:
 
 
 def guarded_loss(
-    run: FirstStepGuard, compute: Any, model: Any, inputs: Any, return_outputs: bool, num_items_in_batch: Any
+    run: FirstStepGuard,
+    compute: Any,
+    model: Any,
+    inputs: Any,
+    return_outputs: bool,
+    num_items_in_batch: Any,
+    *,
+    has_logits: bool = True,
 ) -> Any:
     """Trainer's ``compute_loss`` (``compute``), with the guard run on a due training forward, on that
-    forward's logits (re-run when dropout is on or the logits are not the whole rows')."""
-    from padless.batching.batch import PackedBatch
-
+    forward's logits (re-run when dropout is on or the logits are not the whole rows'). ``has_logits=False``:
+    the loss builds no logits (TRL's fused LM head; asking for them would re-run the batch and warn), so the
+    guard re-runs the batch itself."""
     placements = run.placements_of(inputs) if run.due(model) else None
     if placements is None:
+        if run.guard is not None and getattr(model, "training", False):
+            run.tick()
         return compute(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+    from padless.batching.batch import PackedBatch
+
+    if not has_logits:
+        out = compute(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        run(model, PackedBatch(inputs, placements))
+        return out
     loss, outputs = compute(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
     logits = outputs.get("logits") if isinstance(outputs, dict) else getattr(outputs, "logits", None)
     whole = logits is not None and tuple(logits.shape[:2]) == tuple(inputs["input_ids"].shape)

@@ -241,13 +241,14 @@ def planned_documents_per_row(dataset: Any, sampler: DistributedPackedBatchSampl
     return plan.index.size / max(plan.num_rows, 1)
 
 
-def plan_said(dataset: Any, sampler: DistributedPackedBatchSampler, max_length: int) -> str:
+def plan_said(dataset: Any, sampler: DistributedPackedBatchSampler, max_length: int) -> tuple[str, str]:
     """What the start line says of the rows planned for ``dataset``: documents per row (every rank's rows,
-    :func:`planned_documents_per_row`), how full the rows are (real tokens over ``rows x max_length``),
-    and every sequence the plan truncated, split or dropped (never silent)::
+    :func:`planned_documents_per_row`) and how full the rows are (real tokens over ``rows x max_length``);
+    then, apart (the trainer puts it last), every sequence the plan truncated, split or dropped, never
+    silent::
 
-        2.5 documents per row (planned rows), rows 78.1% full; 7 of 40 sequences truncated to 32 tokens
-        (312 tokens cut)
+        ("2.5 documents per row (planned rows), rows 78.1% full",
+         "; 7 of 40 sequences truncated to 32 tokens (312 tokens cut)")
     """
     from padless.integrations.datasets import sequence_lengths
 
@@ -256,7 +257,7 @@ def plan_said(dataset: Any, sampler: DistributedPackedBatchSampler, max_length: 
     if is_prepacked(dataset):
         lengths = sequence_lengths(dataset)
         fill = float(lengths.sum()) / max(lengths.size * max_length, 1)
-        return f"{said}, rows {100 * fill:.1f}% full"
+        return f"{said}, rows {100 * fill:.1f}% full", ""
     stats = sampler.schedule().plan.stats
     said += f", rows {100 * stats.efficiency:.1f}% full"
     n = stats.num_sequences
@@ -270,4 +271,4 @@ def plan_said(dataset: Any, sampler: DistributedPackedBatchSampler, max_length: 
         lost.append(f"{stats.split_sequences} of {n} sequences split across rows (each piece trains as a document)")
     if stats.dropped_sequences:
         lost.append(f"{stats.dropped_sequences} of {n} sequences dropped ({stats.dropped_tokens:,} tokens)")
-    return said + "".join(f"; {x}" for x in lost)
+    return said, "".join(f"; {x}" for x in lost)

@@ -294,7 +294,8 @@ class PackedTrainer(Trainer):
         with trainer_words(PACKED_TRAINER_WORDS):
             sampler, _ = self._packed_rows()
         rows = f"{self.max_length}-token rows{balance_said(self.plan_options)}"
-        documents = f"{plan_said(self.train_dataset, sampler, self.max_length)}, {self.padless_guard.said()}"
+        planned, lost = plan_said(self.train_dataset, sampler, self.max_length)
+        documents = f"{planned}, {self.padless_guard.said()}{lost}"
         return start_line(self.model, self.data_collator, rows=rows, documents=documents)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:

@@ -435,7 +435,8 @@ class PackedSFTTrainer(trl.SFTTrainer):
             with trainer_words(SFT_WORDS):
                 sampler, _ = self._packed_rows()
             rows = f"{self.args.max_length}-token rows{balance_said({**self._padless_balance, **self._padless_images})}"
-            documents = f"{plan_said(self.train_dataset, sampler, self.args.max_length)}, {self.padless_guard.said()}"
+            planned, lost = plan_said(self.train_dataset, sampler, self.args.max_length)
+            documents = f"{planned}, {self.padless_guard.said()}{lost}"
             return start_line(self.model, self.data_collator, rows=rows, documents=documents)
         if self._padless_mode == "padding_free":
             return start_line(
@@ -477,7 +478,15 @@ class PackedSFTTrainer(trl.SFTTrainer):
 
             check_attention_mask(inputs)
         before = getattr(self, "_total_train_tokens", None)
-        out = guarded_loss(self.padless_guard, super().compute_loss, model, inputs, return_outputs, num_items_in_batch)
+        out = guarded_loss(
+            self.padless_guard,
+            super().compute_loss,
+            model,
+            inputs,
+            return_outputs,
+            num_items_in_batch,
+            has_logits=False,
+        )
         if self._padless_mode is not None and before is not None and self.model.training:
             fed = torch.tensor(inputs["input_ids"].numel(), device=inputs["input_ids"].device)
             total = int(self.accelerator.gather_for_metrics(fed).sum().item())

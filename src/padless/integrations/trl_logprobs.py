@@ -133,6 +133,8 @@ class _PackedLogprobs:
         guard = getattr(self, "padless_guard", None)  # absent while TRL's __init__ precomputes log-probs
         if guard is not None and guard.due(model):
             guard(model, batch)
+        elif guard is not None and model.training:
+            guard.tick()
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """TRL's ``train``, after logging :meth:`start_line` (:func:`padless.integrations.transformers.announce`)."""
