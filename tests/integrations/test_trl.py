@@ -411,7 +411,10 @@ def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exac
     caplog.set_level(logging.INFO, logger="padless.integrations.transformers")
     support.first_step(kind, attn, str(tmp_path), rows_per_batch=2)
     said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "padless.integrations.transformers"]
-    assert said[0] == (logging.INFO, f"padless: GPT2LMHeadModel, attention {attn}, " + line.format(docs=docs, fill=fill))
+    assert said[0] == (
+        logging.INFO,
+        f"padless: GPT2LMHeadModel, attention {attn}, " + line.format(docs=docs, fill=fill),
+    )
     guarded = kind != "sft-padded"  # packed rows: the guard's line follows the first step
     assert len(said) == 1 + guarded and all(level == logging.INFO for level, _ in said)
     assert not guarded or re.fullmatch(support.GUARD_LINE, said[1][1]), said

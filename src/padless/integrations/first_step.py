@@ -32,9 +32,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from transformers import TrainerCallback
+from padless._optional import require
 
-from padless.isolation.guard import GuardCheck, IsolationError, IsolationGuard, dropout_active
+require("accelerate", "padless' trainers")
+
+from transformers import TrainerCallback  # noqa: E402
+
+from padless.isolation.guard import GuardCheck, IsolationError, IsolationGuard, dropout_active  # noqa: E402
 
 DEFAULT_BUDGET = 0.05
 """The default guard's bound: its runs alone and padded hold at most this share of the checked batch's

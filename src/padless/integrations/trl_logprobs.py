@@ -13,10 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from padless.attention.adapters import base_model_of, without_ddp
-from padless.integrations.first_step import attach_guard
-from padless.integrations.trainer_boundary import announce, start_line, trainer_words
-from padless.integrations.trainer_rows import training_dtype
+from padless._optional import require
+
+require("trl", "padless.integrations.trl")
+
+from padless.attention.adapters import base_model_of, without_ddp  # noqa: E402
+from padless.integrations.first_step import attach_guard  # noqa: E402
+from padless.integrations.trainer_boundary import announce, start_line, trainer_words  # noqa: E402
+from padless.integrations.trainer_rows import training_dtype  # noqa: E402
 
 
 def _span(mask: np.ndarray, side: str, where: str) -> int:

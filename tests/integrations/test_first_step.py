@@ -1,8 +1,7 @@
 """The first packed step checked on the model (padless.integrations.first_step): every padless trainer
 guards its first packed forward by default, guard=False skips it, an IsolationGuard sets its period, and a
 model that mixes the documents of a packed row (a forward that drops the document boundaries the
-collator sends) is stopped on step 1, before any update, naming the documents. Also: the start line
-says what the plan truncated, split or dropped and how full the rows are."""
+collator sends) is stopped on step 1, before any update, naming the documents."""
 
 from __future__ import annotations
 
@@ -187,17 +186,3 @@ def test_dpo_trainer_guards_its_first_step_and_stops_a_mixing_model(tmp_path, sh
     with pytest.raises(IsolationError, match=r"^DPOTrainer: the isolation guard stopped training .* step 1"):
         train(DPOTrainer, dpo_config(tmp_path / "mixing"), model=leaky(reference()), ref_model=reference(),
               share_prompt=share)  # fmt: skip
-
-
-def test_the_start_line_says_what_the_plan_truncated_split_or_dropped(tmp_path):
-    for overlong, said in [
-        ("truncate", "; 2 of 8 sequences truncated to 12 tokens (8 tokens cut)"),
-        ("split", "; 2 of 8 sequences split across rows (each piece trains as a document)"),
-        ("drop", "; 2 of 8 sequences dropped (32 tokens)"),
-    ]:
-        from padless.integrations.transformers import PackedTrainer
-
-        trainer = PackedTrainer(model=support.model("sdpa", "tiny-llama"), args=args(tmp_path), max_length=12,
-                                train_dataset=features(), overlong=overlong)  # fmt: skip
-        line = trainer.start_line()
-        assert line.endswith(f", isolation guard on step 1{said}"), line  # said last, after the guard
