@@ -31,8 +31,17 @@ def features(lengths=LENGTHS):
 def args(tmp_path, steps=1, **changes):
     from transformers import TrainingArguments
 
-    options = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=steps, disable_tqdm=True,
-                   save_strategy="no", per_device_train_batch_size=1, learning_rate=1e-2, seed=0)  # fmt: skip
+    options = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        max_steps=steps,
+        disable_tqdm=True,
+        save_strategy="no",
+        per_device_train_batch_size=1,
+        learning_rate=1e-2,
+        seed=0,
+    )
     return TrainingArguments(**{**options, **changes})
 
 
@@ -77,7 +86,7 @@ def test_the_first_step_is_checked_and_its_cost_said(tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if r.name == "padless.integrations.transformers"]
     assert said[0].endswith(", isolation guard on step 1") and len(said) == 2
     assert re.fullmatch(support.GUARD_LINE, said[1]), said[1]
-    ((check, seconds),) = trainer.padless_guard.checks  # fmt: skip  (step 1 only)
+    ((check, seconds),) = trainer.padless_guard.checks  # step 1 only
     assert check.passed and check.step == 1 and len(check.pieces) == 2 and seconds > 0
     assert trainer.padless_guard.step_seconds > seconds  # the step's time holds the guard's
 
@@ -133,8 +142,18 @@ def test_sft_trainer_guards_packed_rows_and_stops_a_mixing_model(tmp_path):
     from padless.integrations.trl import SFTTrainer
 
     support.offline_hub()
-    config = dict(output_dir=str(tmp_path), packing=True, max_length=32, per_device_train_batch_size=1, max_steps=1,
-                  use_cpu=True, bf16=False, report_to="none", save_strategy="no", disable_tqdm=True)  # fmt: skip
+    config = dict(
+        output_dir=str(tmp_path),
+        packing=True,
+        max_length=32,
+        per_device_train_batch_size=1,
+        max_steps=1,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     data = support.dataset(features())
     model = lambda: leaky(tiny_llama(len(tiny_tokenizer())))  # noqa: E731
     trainer = SFTTrainer(
@@ -143,8 +162,9 @@ def test_sft_trainer_guards_packed_rows_and_stops_a_mixing_model(tmp_path):
     with pytest.raises(IsolationError, match=r"^SFTTrainer: the isolation guard stopped training .* step 1"):
         trainer.train()
     config["output_dir"] = str(tmp_path / "off")
-    off = SFTTrainer(model=model(), args=trl.SFTConfig(**config), train_dataset=data, processing_class=tiny_tokenizer(),
-                     guard=False)  # fmt: skip
+    off = SFTTrainer(
+        model=model(), args=trl.SFTConfig(**config), train_dataset=data, processing_class=tiny_tokenizer(), guard=False
+    )
     off.train()
     assert not off.padless_guard.checks
 
@@ -159,8 +179,13 @@ def test_grpo_trainer_stops_a_mixing_model_on_step_1(tmp_path):
     support.offline_hub()
     model = leaky(tiny_llama(len(tiny_tokenizer())))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=grpo_config(tmp_path, beta=0.0),
-                          train_dataset=dataset(), processing_class=tiny_tokenizer())  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=grpo_config(tmp_path, beta=0.0),
+        train_dataset=dataset(),
+        processing_class=tiny_tokenizer(),
+    )
     with pytest.raises(IsolationError, match=r"^GRPOTrainer: the isolation guard stopped training .* step 1"):
         trainer.train()
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
@@ -179,10 +204,28 @@ def test_dpo_trainer_guards_its_first_step_and_stops_a_mixing_model(tmp_path, sh
     trainer, _ = train(
         DPOTrainer, dpo_config(tmp_path / "exact", max_steps=1), ref_model=reference(), share_prompt=share
     )
-    (check, _), = trainer.padless_guard.checks  # fmt: skip
+    ((check, _),) = trainer.padless_guard.checks
     assert check.passed and check.pieces and check.noise is not None
     if share:  # a completion after its prompt is run alone as prompt + completion
         assert any(n > 1 for *_, n in check.pieces)
     with pytest.raises(IsolationError, match=r"^DPOTrainer: the isolation guard stopped training .* step 1"):
-        train(DPOTrainer, dpo_config(tmp_path / "mixing"), model=leaky(reference()), ref_model=reference(),
-              share_prompt=share)  # fmt: skip
+        train(
+            DPOTrainer,
+            dpo_config(tmp_path / "mixing"),
+            model=leaky(reference()),
+            ref_model=reference(),
+            share_prompt=share,
+        )
+
+
+def test_a_warning_guard_lets_training_go_on_and_says_so(tmp_path, caplog):
+    from padless import IsolationGuard
+    from padless.isolation.guard import IsolationWarning
+
+    guard = IsolationGuard(every=None, on_failure="warn", budget=0.05)
+    trainer = packed_trainer(tmp_path, model=leaky(support.model("sdpa", "tiny-llama")), steps=2, guard=guard)
+    caplog.set_level(logging.INFO, logger="padless.integrations.transformers")
+    with pytest.warns(IsolationWarning, match="are not isolated"):
+        trainer.train()
+    said = [r.getMessage() for r in caplog.records if r.name == "padless.integrations.transformers"]
+    assert "run alone DIFFER from their packed rows (on_failure='warn')" in said[1], said

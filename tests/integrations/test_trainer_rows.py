@@ -39,8 +39,13 @@ def test_the_start_line_says_what_the_plan_truncated_split_or_dropped(tmp_path):
         ("split", "; 2 of 8 sequences split across rows (each piece trains as a document)"),
         ("drop", "; 2 of 8 sequences dropped (32 tokens)"),
     ]:
-        trainer = PackedTrainer(model=support.model("sdpa", "tiny-llama"), args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"), max_length=12,
-                                train_dataset=[{"input_ids": list(range(1, n + 1))} for n in (19, 8, 11, 5, 7, 13, 6, 9)], overlong=overlong)  # fmt: skip
+        trainer = PackedTrainer(
+            model=support.model("sdpa", "tiny-llama"),
+            args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
+            max_length=12,
+            train_dataset=[{"input_ids": list(range(1, n + 1))} for n in (19, 8, 11, 5, 7, 13, 6, 9)],
+            overlong=overlong,
+        )
         line = trainer.start_line()
         assert line.endswith(f", isolation guard on step 1{said}"), line  # said last, after the guard
 
@@ -53,10 +58,16 @@ def test_sft_trainer_says_what_overlong_truncate_cut(tmp_path):
     from padless.integrations.trl import SFTTrainer
 
     support.offline_hub()
-    config = trl.SFTConfig(output_dir=str(tmp_path), packing=True, max_length=8, use_cpu=True, bf16=False,
-                           report_to="none")  # fmt: skip
+    config = trl.SFTConfig(
+        output_dir=str(tmp_path), packing=True, max_length=8, use_cpu=True, bf16=False, report_to="none"
+    )
     data = support.dataset([{"input_ids": list(range(2, 2 + n))} for n in (12, 5, 9, 3)])
-    trainer = SFTTrainer(model=tiny_llama(len(tiny_tokenizer())), args=config, train_dataset=data,
-                         processing_class=tiny_tokenizer(), overlong="truncate")  # fmt: skip
+    trainer = SFTTrainer(
+        model=tiny_llama(len(tiny_tokenizer())),
+        args=config,
+        train_dataset=data,
+        processing_class=tiny_tokenizer(),
+        overlong="truncate",
+    )
     line = trainer.start_line()
     assert line.endswith(", isolation guard on step 1; 2 of 4 sequences truncated to 8 tokens (5 tokens cut)"), line

@@ -24,6 +24,9 @@ def test_a_group_longer_than_a_row_is_refused_naming_max_length():
     group = {"prompt_ids": [1, 2, 3], "completion_ids": [[4, 5], [6]]}
     _check_group_sizes([group], 6, True, "GRPOTrainer")  # 3 + 2 + 1 tokens, the prompt once
     _check_group_sizes([group], None, False, "GRPOTrainer")  # one row per forward chunk: no bound
-    with pytest.raises(ValueError, match=r"needs 9 tokens in one row \(share_prompt=False\), more than "
-                       r"DPOTrainer\(max_length=8\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"needs 9 tokens in one row \(share_prompt=False\), more than "
+        r"DPOTrainer\(max_length=8\)",
+    ):
         _check_group_sizes([group], 8, False, "DPOTrainer")

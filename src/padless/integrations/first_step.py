@@ -143,6 +143,18 @@ class FirstStepGuard:
 
         return collate_and_remember
 
+    def loader(self, trainer: Any, build: Any) -> Any:
+        """``build()`` (Trainer's own ``get_train_dataloader``) with ``trainer.data_collator``
+        :meth:`remembering` while it builds the loader (as is, with no guard)."""
+        if self.guard is None:
+            return build()
+        collator = trainer.data_collator
+        trainer.data_collator = self.remembering(collator)
+        try:
+            return build()
+        finally:
+            trainer.data_collator = collator
+
     def placements_of(self, inputs: Any) -> Any:
         """``inputs``' placements, or those :meth:`remembering` kept for the same token ids (else None)."""
         placements = getattr(inputs, "placements", None)
@@ -160,8 +172,9 @@ class FirstStepGuard:
             what = f"nothing to run alone ({check.image_documents} documents hold images)"
         else:
             n = len(check.pieces)
+            verdict = "match their packed rows" if check.passed else "DIFFER from their packed rows (on_failure='warn')"
             what = (
-                f"{n} document{'s' * (n != 1)} ({check.tokens} tokens) run alone match their packed rows (max |diff| "
+                f"{n} document{'s' * (n != 1)} ({check.tokens} tokens) run alone {verdict} (max |diff| "
                 f"{check.max_logit_diff:.2g}, padding's noise {check.noise or 0:.2g}, limit {check.tolerance:.2g}, "
                 f"{check.dtype})"
             )

@@ -38,11 +38,9 @@ dicts, made a ``Dataset``) are checked by padless' record checks before TRL read
 (:func:`check_sft_records`), so a misspelt field fails naming the record, the field and the fields it
 has, not with a ``KeyError`` from inside ``datasets.map``. padless' errors raised inside name the
 trainer argument (``SFTTrainer(overlong=...)``, ``SFTConfig(max_length=...)``: :data:`SFT_WORDS`).
-``train`` first logs one line: model, attention backend, row layout, the rule's verdict, rows, documents
-per row, how full the rows are and what the plan truncated, split or dropped
-(:func:`padless.integrations.transformers.start_line`, :func:`padless.integrations.trainer_rows.plan_said`).
-In both packed modes the first packed step is checked on the model (``guard``, an argument of this
-trainer: :mod:`padless.integrations.first_step`), and a line after the first step says what that cost.
+``train`` first logs one line: model, backend, layout, verdict, rows, their fill, what the plan cut
+(:func:`padless.integrations.trainer_rows.plan_said`); in both packed modes the first packed step is
+checked on the model (``guard``: :mod:`padless.integrations.first_step`), its cost logged after it.
 
 ``GRPOTrainer`` and ``DPOTrainer`` are imported from here too: TRL's RL trainers whose log-prob passes
 run on packed rows (:mod:`padless.integrations.trl_rl`).
@@ -414,13 +412,8 @@ class PackedSFTTrainer(trl.SFTTrainer):
         return self._packed_rows()[0] if self._padless_mode == "packed" and self.train_dataset is not None else None
 
     def get_train_dataloader(self) -> Any:
-        if self._padless_mode == "padding_free" and self.padless_guard.guard is not None:
-            collator = self.data_collator  # TRL's loader drops the placements: the guard finds them again
-            self.data_collator = self.padless_guard.remembering(collator)
-            try:
-                return super().get_train_dataloader()
-            finally:
-                self.data_collator = collator
+        if self._padless_mode == "padding_free":  # TRL's loader drops the placements the guard reads
+            return self.padless_guard.loader(self, super().get_train_dataloader)
         if self._padless_mode != "packed":
             return super().get_train_dataloader()
         if self.train_dataset is None:

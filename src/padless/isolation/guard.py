@@ -247,8 +247,16 @@ class IsolationGuard:
             columns = (*context, *range(o, o + n))[: None if cap is None or context else cap]
             docs.append(Document(int(placements.feature[j]), tuple(ids[r, list(columns)].tolist()), r, columns))
         if not docs:  # nothing to run alone (every document holds images): an empty check
-            return GuardCheck(self.calls, [], 0.0, 0.0, None, dtype_name(logits.dtype) if logits is not None else "",
-                              (), int(images.sum()) if images is not None else 0)  # fmt: skip
+            return GuardCheck(
+                self.calls,
+                [],
+                0.0,
+                0.0,
+                None,
+                dtype_name(logits.dtype) if logits is not None else "",
+                (),
+                int(images.sum()) if images is not None else 0,
+            )
         model.eval()
         try:
             with torch.no_grad(), _small_runs_threads(model, self.budget is not None):
