@@ -8,6 +8,7 @@ that step (the guard's time over the rest of the step)::
 
     PYTHONPATH=src .venv/bin/python benchmarks/first_step_guard.py                  # 1 row of 2048, sdpa
     PYTHONPATH=src .venv/bin/python benchmarks/first_step_guard.py --rows 4 --backend padless
+    PYTHONPATH=src .venv/bin/python benchmarks/first_step_guard.py --trainer sft     # re-runs its batch
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--trainer", choices=("packed", "sft"), default="packed", help="PackedTrainer or padless' SFTTrainer"
+    )
     args = ap.parse_args()
 
     from transformers import TrainingArguments
@@ -49,6 +53,28 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("padless").setLevel(logging.INFO)
     with tempfile.TemporaryDirectory() as out:
+        if args.trainer == "sft":  # TRL's fused LM head builds no logits: the guard re-runs its batch
+            import datasets
+            import trl
+
+            from padless.integrations.trl import SFTTrainer
+
+            config = trl.SFTConfig(
+                output_dir=out,
+                use_cpu=True,
+                report_to="none",
+                max_steps=args.steps,
+                bf16=False,
+                per_device_train_batch_size=args.rows,
+                save_strategy="no",
+                disable_tqdm=True,
+                seed=args.seed,
+                packing=True,
+                max_length=args.max_length,
+            )
+            data = datasets.Dataset.from_list(docs)
+            SFTTrainer(model=model, args=config, train_dataset=data, processing_class=_tokenizer()).train()
+            return
         targs = TrainingArguments(
             output_dir=out,
             use_cpu=True,
@@ -60,6 +86,12 @@ def main() -> None:
             seed=args.seed,
         )
         PackedTrainer(model=model, args=targs, train_dataset=docs, max_length=args.max_length).train()
+
+
+def _tokenizer():
+    from padless.models.factory import load_tokenizer_for
+
+    return load_tokenizer_for("smollm2-135m")
 
 
 if __name__ == "__main__":
