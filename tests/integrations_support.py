@@ -14,6 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = "gpt2-2layer"
 """The one model name these tests use: GPT-2's real vocabulary (so tokenizer ids and pad id fit) at a
 tiny size. A GPT-2 also exercises Trainer's loss_type counting quirk."""
+
+GUARD_LINE = (
+    r"padless: isolation guard, step 1: \d+ documents? \(\d+ tokens\) run alone match their packed rows \(max "
+    r"\|diff\| \S+, padding's noise \S+, limit \S+, float32\); the guard took [\d.]+ m?s, [\d.]+% of the step "
+    r"\([\d.]+ m?s without it\)"
+)
+"""The line every padless trainer logs after its first step (padless.integrations.first_step), as a regex."""
+
 CORPUS, NUM_EXAMPLES, MAX_LENGTH = "dialogues", 8, 160
 
 

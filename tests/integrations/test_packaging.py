@@ -61,7 +61,9 @@ import importlib, pkgutil, sys
 for name in {blocked!r}:
     sys.modules[name] = None  # any import of it now raises ImportError
 import padless
-skipped = {{"padless.integrations.transformers", "padless.integrations.trl", "padless.integrations.trl_rl"}}  # they need their extra
+skipped = {{"padless.integrations.transformers", "padless.integrations.first_step", "padless.integrations.trl",
+           "padless.integrations.trl_rl", "padless.integrations.trl_logprobs", "padless.integrations.trl_grpo",
+           "padless.integrations.trl_dpo"}}  # they need their extra
 for info in pkgutil.walk_packages(padless.__path__, "padless."):
     if info.name not in skipped and not info.name.endswith("__main__"):  # __main__ runs the CLI
         importlib.import_module(info.name)
@@ -96,6 +98,9 @@ def test_no_core_module_imports_an_extra_and_a_missing_extra_is_named():
     assert "pip install 'padless[trainer]'" in lines["padless.integrations.transformers"]
     assert "'trl'" in lines["padless.integrations.trl"] or "'accelerate'" in lines["padless.integrations.trl"]
     assert "pip install 'padless[trl]'" in lines["padless.integrations.trl_rl"]
+    assert "pip install 'padless[trainer]'" in lines["padless.integrations.first_step"]
+    for name in ("trl_logprobs", "trl_grpo", "trl_dpo"):
+        assert "pip install 'padless[trl]'" in lines[f"padless.integrations.{name}"]
     assert "pip install 'padless[data]'" in lines["pack_dataset"]
     assert "reading a datasets folder" in lines["_read_datasets"] and "padless[data]" in lines["_read_datasets"]
 

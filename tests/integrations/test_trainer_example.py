@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import integrations_support as support  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "trainer.py"
 MAX_LENGTH, GRAD_ACCUM, NUM_EXAMPLES = 160, 2, 8
@@ -180,8 +183,9 @@ def test_example_script_runs_offline(tmp_path):
     assert "packed: 2 optimiser steps" in out.stdout
     # the start line reaches a user who set up no logging (stderr, as transformers' own warnings)
     starts = re.findall(r"^padless: .*$", out.stderr, flags=re.M)
-    assert len(starts) == 1 and re.fullmatch(
+    assert len(starts) == 2 and re.fullmatch(
         r"padless: GPT2LMHeadModel, attention padless, layout varlen, exact \(padless rule\), 128-token rows, "
-        r"\d+\.\d documents per row \(planned rows\)",
+        r"\d+\.\d documents per row \(planned rows\), rows \d+\.\d% full, isolation guard on step 1",
         starts[0],
     ), out.stderr[-3000:]
+    assert re.fullmatch(support.GUARD_LINE, starts[1]), starts[1]  # the first step checked, and its cost

@@ -215,70 +215,14 @@ def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exac
     caplog.set_level(logging.INFO, logger="padless.integrations.transformers")
     trainer.train()
     said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "padless.integrations.transformers"]
+    fill = sum(len(f["input_ids"]) for f in feats) / (32 * plan.num_rows)
     line = (
         f"padless: {type(model).__name__}, attention {attn}, layout {layout}, exact (padless rule), 32-token rows, "
-        f"{5 / plan.num_rows:.1f} documents per row (planned rows)"
+        f"{5 / plan.num_rows:.1f} documents per row (planned rows), rows {100 * fill:.1f}% full, isolation guard on "
+        "step 1"
     )
-    assert said == [(logging.INFO, line)]
-
-
-def test_the_start_line_counts_the_documents_of_rows_packed_beforehand(tmp_path):
-    from transformers import TrainingArguments
-
-    from padless.integrations.transformers import PackedTrainer
-
-    prepacked = [{"input_ids": list(range(1, 20)), "seq_lengths": [10, 9]},
-                 {"input_ids": list(range(1, 12)), "seq_lengths": [4, 4, 3]}]  # fmt: skip
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1)
-    trainer = PackedTrainer(model=support.model("sdpa", "tiny-gpt2"), args=args, train_dataset=prepacked, max_length=32)
-    assert trainer.start_line().endswith(", 32-token rows, 2.5 documents per row (planned rows)")
-
-
-def test_the_start_line_is_shown_where_the_application_set_up_no_logging(monkeypatch, capsys):
-    """No handler up to the root (no logging.basicConfig; pytest's own are removed here): the line reaches
-    stderr at INFO, where Python's default (WARNING, no handler) and transformers' verbosity would hide it."""
-    from padless.integrations.transformers import shown
-
-    monkeypatch.setattr(logging.getLogger(), "handlers", [])
-    log = logging.getLogger("padless.test_shown")
-    monkeypatch.setattr(log, "handlers", [])
-    monkeypatch.setattr(log, "level", logging.NOTSET)
-    shown(log).info("padless: the start line")
-    assert capsys.readouterr().err == "padless: the start line\n"
-    shown(log).info("again")  # one handler, not one per call
-    assert capsys.readouterr().err == "again\n"
-    configured = logging.getLogger("padless.test_configured")  # the application's own level is left alone
-    monkeypatch.setattr(logging.getLogger("padless"), "level", logging.WARNING)
-    shown(configured).info("hidden")
-    assert not configured.handlers and capsys.readouterr().err == ""
-
-
-def test_library_messages_in_trainer_words():
-    from padless.integrations.transformers import PACKED_TRAINER_WORDS, in_trainer_words
-
-    words = {**PACKED_TRAINER_WORDS, "seq_length": "SFTConfig.max_length", "strategy": "SFTConfig.packing_strategy"}
-    for message, said in [
-        (
-            "sequence 3 has length 40, longer than max_length 32 (and 2 more); choose overlong='truncate', 'split' or "
-            "'drop'",
-            "sequence 3 has length 40, longer than PackedTrainer(max_length=32) (and 2 more); choose "
-            "PackedTrainer(overlong='truncate'), 'split' or 'drop'",
-        ),
-        ("sequences longer than seq_length=16: 1", "sequences longer than SFTConfig(max_length=16): 1"),
-        ("unknown overlong policy 'x'; choose one of", "unknown PackedTrainer(overlong='x'); choose one of"),
-        (
-            "strategy='wrapped' splits; use strategy='bfd'",
-            "SFTConfig(packing_strategy='wrapped') splits; use SFTConfig(packing_strategy='bfd')",
-        ),
-        ("every sequence was dropped by overlong", "every sequence was dropped by PackedTrainer(overlong=...)"),
-        ("rows_per_batch must be an integer >= 1", "PackedTrainer(rows_per_batch=...) must be an integer >= 1"),
-        ("max_length_q and a packing_strategy='bfd' stay", "max_length_q and a packing_strategy='bfd' stay"),
-        (
-            "...; use backend 'padless'",
-            "...; use backend 'padless' (attn_implementation='padless' when loading the model)",
-        ),
-    ]:
-        assert in_trainer_words(message, words) == said
+    assert said[0] == (logging.INFO, line) and len(said) == 2  # the start line, then the guard's after step 1
+    assert said[1][0] == logging.INFO and re.fullmatch(support.GUARD_LINE, said[1][1]), said[1]
 
 
 def test_a_collator_that_adds_a_2d_mask_to_packed_rows_is_refused(tmp_path):

@@ -397,21 +397,27 @@ def test_a_list_of_records_is_taken_as_a_dataset(tmp_path):
 
 @pytest.mark.parametrize(("kind", "attn", "line"), [
     ("sft-packed", "sdpa", "layout 4d-mask, exact (padless rule), 160-token rows, {docs:.1f} documents per row "
-                           "(planned rows)"),
+                           "(planned rows), rows {fill:.1f}% full, isolation guard on step 1"),
     ("sft-packed", "padless", "layout varlen, exact (padless rule), 160-token rows, {docs:.1f} documents per row "
-                              "(planned rows)"),
+                              "(planned rows), rows {fill:.1f}% full, isolation guard on step 1"),
     ("sft-padding-free", "padless", "layout varlen, exact (padless rule), one row per micro-batch, 8 documents per "
-                                    "row (per_device_train_batch_size)"),
+                                    "row (per_device_train_batch_size), isolation guard on step 1"),
     ("sft-padded", "sdpa", "layout padded, exact (padded: nothing packed), TRL's padded batches, 1 document per row"),
 ])  # fmt: skip
 def test_training_starts_with_one_line_saying_what_trains_and_whether_it_is_exact(tmp_path, caplog, kind, attn, line):
-    docs = support.NUM_EXAMPLES / support.num_rows(support.examples())
+    rows = support.num_rows(support.examples())
+    docs = support.NUM_EXAMPLES / rows
+    fill = 100 * sum(len(f["input_ids"]) for f in support.examples()) / (rows * support.MAX_LENGTH)
     caplog.set_level(logging.INFO, logger="padless.integrations.transformers")
     support.first_step(kind, attn, str(tmp_path), rows_per_batch=2)
-    said = [r for r in caplog.records if r.name == "padless.integrations.transformers"]
-    assert [(r.levelno, r.getMessage()) for r in said] == [
-        (logging.INFO, f"padless: GPT2LMHeadModel, attention {attn}, " + line.format(docs=docs))
-    ]
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "padless.integrations.transformers"]
+    assert said[0] == (
+        logging.INFO,
+        f"padless: GPT2LMHeadModel, attention {attn}, " + line.format(docs=docs, fill=fill),
+    )
+    guarded = kind != "sft-padded"  # packed rows: the guard's line follows the first step
+    assert len(said) == 1 + guarded and all(level == logging.INFO for level, _ in said)
+    assert not guarded or re.fullmatch(support.GUARD_LINE, said[1][1]), said
 
 
 def test_a_2d_mask_added_to_packed_rows_is_refused(tmp_path):

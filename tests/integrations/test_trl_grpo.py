@@ -231,10 +231,11 @@ def test_three_steps_end_at_trls_parameters(trl_full, tmp_path, monkeypatch, cap
     assert passes.batches and all(b == share for b in passes.batches)  # every packed batch in the layout asked
     layout = "one prompt per group (share_prompt=True)" if share else "one document per completion (share_prompt=False)"
     said = [r.getMessage() for r in caplog.records if r.name == "padless.integrations.transformers"]
-    assert said == [
+    assert said[0] == (
         "padless: LlamaForCausalLM, attention sdpa, layout 4d-mask, exact (padless rule), GRPO log-probs "
-        f"on packed rows, one row per forward chunk, {layout}"
-    ]
+        f"on packed rows, one row per forward chunk, {layout}, isolation guard on step 1"
+    )
+    assert len(said) == 2 and re.fullmatch(support.GUARD_LINE, said[1]), said  # the guard's line after step 1
 
 
 @pytest.fixture(scope="module")
@@ -254,19 +255,19 @@ def test_chunks_balanced_by_cost_end_at_trls_parameters(trl_pairs, tmp_path, mon
     log-probs go back to TRL's rows, so the old-policy and reference log-probs (importance ratio and KL of
     the loss) are TRL's and the parameters end where TRL's do. Every pass's chunks: max/mean cost no higher
     than the order-preserving chunks'."""
-    import padless.integrations.trl_rl as trl_rl
+    import padless.integrations.trl_grpo as trl_grpo
     from padless.integrations.trl import GRPOTrainer
     from padless.planning.balance import group_loads
 
     path, initial, want = trl_pairs
-    seen, forward_chunks = [], trl_rl._forward_chunks
+    seen, forward_chunks = [], trl_grpo._forward_chunks
 
     def spy(features, size, **kwargs):
         chunks = forward_chunks(features, size, **kwargs)
         seen.append((features, size, kwargs, chunks))
         return chunks
 
-    monkeypatch.setattr(trl_rl, "_forward_chunks", spy)
+    monkeypatch.setattr(trl_grpo, "_forward_chunks", spy)
     caplog.set_level(logging.INFO, logger="padless.integrations.transformers")
     trainer, before = train(GRPOTrainer, grpo_config(tmp_path, num_generations=2), path, balance="cost")
     assert all(torch.equal(before[n], p) for n, p in initial.items())
@@ -291,7 +292,7 @@ def test_chunks_balanced_by_cost_end_at_trls_parameters(trl_pairs, tmp_path, mon
         reordered += chunks != in_order
     assert reordered  # some pass ran its groups in another order than TRL's
     said = [r.getMessage() for r in caplog.records if r.name == "padless.integrations.transformers"]
-    assert len(said) == 1 and said[0].endswith(", forward chunks balanced by cost a*l + l**2 (a=384)"), said
+    assert len(said) == 2 and said[0].endswith(", forward chunks balanced by cost a*l + l**2 (a=384)"), said
 
 
 def test_forward_chunks_by_cost_are_as_many_and_no_less_even():

@@ -1,6 +1,9 @@
 """IsolationGuard: passes on exact packed batches (given or re-run logits, every backend), catches a
 contaminated row, checks on the right steps, and refuses what it cannot compare."""
 
+import re
+
+import numpy as np
 import pytest
 import torch
 
@@ -123,3 +126,79 @@ def test_bad_input():
 
 def test_exported():
     assert padless.IsolationGuard is IsolationGuard and padless.IsolationError is IsolationError
+
+
+def test_every_none_checks_the_first_call_only():
+    model = _model("gpt2").eval()
+    batch = PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=3))
+    guard = IsolationGuard(every=None)
+    assert [guard.due() and guard(model, batch) is not None for _ in range(4)] == [True, False, False, False]
+    with pytest.raises(ValueError, match="every must be >= 1 or None"):
+        IsolationGuard(every=True)
+    with pytest.raises(ValueError, match="budget must be"):
+        IsolationGuard(budget=0)
+
+
+def test_a_budget_cuts_the_documents_and_still_catches_a_leak(monkeypatch):
+    """budget=0.05 of 2 rows x 64: each document keeps MIN_TOKENS (its logits there depend on them only);
+    the padded reference is MIN_TOKENS wider than the longest, not the row width."""
+    import padless.isolation.compare as compare
+    from padless.isolation.guard import MIN_TOKENS
+
+    widths, real = [], compare.padded_logits
+
+    def spy(model, docs, width=None):
+        widths.append(width)
+        return real(model, docs, width)
+
+    monkeypatch.setattr(compare, "padded_logits", spy)  # the guard imports it where used
+    model = _model("llama").eval()
+    batch = PackingCollator.for_model(model, max_length=64)(make_features([30, 25, 40, 20, 9], seed=7))
+    check = IsolationGuard(every=1, budget=0.05)(model, batch)
+    assert check.passed and all(n <= MIN_TOKENS for *_, n in check.pieces) and check.tokens > MIN_TOKENS
+    assert widths == [2 * MIN_TOKENS]
+    with pytest.raises(IsolationError, match="are not isolated"):
+        IsolationGuard(every=1, budget=0.05)(model, _leaky(batch))
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("backend", ["sdpa", "padless"])
+def test_rollout_completions_run_alone_with_their_prompt(share, backend):
+    """A completion placed after its prompt (prev_offset >= 0) is checked as prompt + completion, reading
+    the prompt's columns first; a row that lets completions see each other is caught."""
+    from padless.batching.preference import RolloutCollator
+
+    model = _model("llama", backend).eval()
+    rng = np.random.default_rng(0)
+    ids = lambda n: rng.integers(1, 200, n).tolist()  # noqa: E731
+    groups = [{"prompt_ids": ids(p), "completion_ids": [ids(c) for c in cs]} for p, cs in ((5, (3, 4)), (4, (6, 2, 5)))]
+    batch = RolloutCollator.for_model(model, share_prompt=share)(groups)
+    check = IsolationGuard(every=1, documents=5)(model, batch)
+    assert check.passed and check.max_logit_diff < 1e-5 and len(check.pieces) == 5
+    prompt = {0: 5, 1: 5, 2: 4, 3: 4, 4: 4}  # feature -> its group's prompt length
+    completion = {0: 3, 1: 4, 2: 6, 3: 2, 4: 5}
+    assert sorted((f, n) for f, _, _, n in check.pieces) == [(f, prompt[f] + completion[f]) for f in range(5)]
+    if backend == "sdpa":
+        forward = model.forward
+
+        def mixing(**kwargs):  # the batch keeps its boundaries; the forward drops them: plain causal rows
+            if kwargs.get("attention_mask") is not None and kwargs["attention_mask"].dim() == 4:
+                kwargs = {k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids")}
+            return forward(**kwargs)
+
+        model.forward = mixing
+        with pytest.raises(IsolationError, match="are not isolated"):
+            IsolationGuard(every=1, documents=5)(model, batch)
+
+
+def test_describe_names_the_documents_and_the_noise():
+    model = _model("gpt2").eval()
+    batch = PackingCollator.for_model(model, max_length=24)(make_features(LENGTHS, seed=1))
+    check = IsolationGuard(every=1, documents=2)(model, batch)
+    assert re.fullmatch(
+        r"step 1: packed documents \d+ \(row \d+, column \d+, \d+ tokens\), \d+ \(row \d+, column \d+, \d+ tokens\) "
+        r"against the same documents run alone: max \|diff\| \S+, padding's own noise \S+, limit \S+ \(float32\): "
+        r"isolated",
+        check.describe(),
+    )
+    assert check.tokens == sum(n for *_, n in check.pieces)

@@ -37,50 +37,66 @@ padless to Trainer (read from the sources of the transformers version
 Under FSDP2 nothing of this changes (FSDP2 averages gradients over ranks as DDP does); see
 :class:`PackedTrainer` for the two ways to shard.
 
-At the trainer boundary (shared with :mod:`padless.integrations.trl`): ``train`` first logs one line
-saying what trains and whether it is exact (:func:`start_line`, :func:`shown`); the records are checked
-before anything reads them (:func:`check_token_records`: a bad record is named with its number from 1
-and the fields it has); and padless' errors raised inside say their arguments as the trainer takes
-them (:func:`trainer_words`: ``max_length 16`` -> ``PackedTrainer(max_length=16)``).
+The first packed step is checked on the model: a few of its documents run alone against their packed
+rows (:mod:`padless.integrations.first_step`; ``guard=False`` turns it off, an
+:class:`padless.IsolationGuard` sets its period). ``train`` first logs one line: model, backend, layout,
+the rule's verdict, rows, how full they are, what the plan truncated, split or dropped, and the guard;
+right after the first step, a line with the guard's finding and its cost.
+
+The rows, sampler, collator and loader live in :mod:`padless.integrations.trainer_rows`; the start line,
+record checks and errors in the trainer's words in :mod:`padless.integrations.trainer_boundary` (shared
+with :mod:`padless.integrations.trl`); both are importable from here as before.
 """
 
 from __future__ import annotations
 
-import logging
-import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from padless._optional import require
 
 require("accelerate", "transformers.Trainer")
 
-import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import Trainer  # noqa: E402
 
-from padless.attention.transformers_compat import DISTRIBUTED_LOADING
-from padless.batching.collate import PackingCollator
-from padless.batching.rows import PackedRowView
-from padless.batching.samplers import DistributedPackedBatchSampler
-from padless.layout import IGNORE_INDEX  # noqa: E402
-from padless.models.fsdp import compute_dtype, is_sharded
-from padless.planning.balance import BALANCES, check_balance, cost_a_from_config
-from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
-from padless.planning.schedule import RowKey, check_choices
-
-logger = logging.getLogger(__name__)
-"""The trainers' start line (:func:`announce`) goes here, at INFO (shown by default: :func:`shown`)."""
-
-
-class EpochDataLoader(DataLoader):
-    """A DataLoader that passes ``set_epoch`` (Trainer calls it every epoch) to its batch sampler."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batch_sampler.set_epoch(epoch)
+from padless.attention.transformers_compat import DISTRIBUTED_LOADING  # noqa: E402
+from padless.batching.collate import PackingCollator  # noqa: E402
+from padless.batching.samplers import DistributedPackedBatchSampler  # noqa: E402
+from padless.integrations.first_step import attach_guard, guarded_loss, keep_placements  # noqa: E402
+from padless.integrations.trainer_boundary import (  # noqa: E402,F401  (re-exported: the trainers' boundary)
+    LAYOUT_NAMES,
+    announce,
+    check_token_records,
+    first_without,
+    in_trainer_words,
+    logger,
+    naming_argument,
+    present,
+    record_fields,
+    records,
+    shown,
+    start_line,
+    trainer_words,
+)
+from padless.integrations.trainer_rows import (  # noqa: E402,F401  (re-exported: the trainers' rows)
+    EpochDataLoader,
+    PrepackedRows,
+    balance_options,
+    balance_said,
+    dataset_image_patches,
+    exact_collator,
+    is_prepacked,
+    loader_for,
+    packed_batches,
+    pad_token_id_for,
+    plan_said,
+    planned_documents_per_row,
+    training_dtype,
+)
+from padless.models.fsdp import compute_dtype, is_sharded  # noqa: E402
+from padless.planning.checks import OVERLONG_DEFAULT, check_int  # noqa: E402
+from padless.planning.schedule import check_choices  # noqa: E402
 
 
 def count_shifted_labels(model: Any) -> Any:
@@ -106,403 +122,6 @@ def shifts_labels(model: Any) -> bool:
     return LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss and not getattr(
         model.config, "is_encoder_decoder", False
     )
-
-
-class PrepackedRows:
-    """A dataset of rows packed beforehand (``input_ids``, ``labels``, ``seq_lengths`` per row) seen
-    through row keys: key ``((i, 0, n),)`` is row ``i`` with its own documents; ``()`` is an empty row."""
-
-    def __init__(self, dataset: Any, *, pad_token_id: int = 0) -> None:
-        self.dataset = dataset
-        self.pad_token_id = pad_token_id
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key: RowKey) -> dict[str, np.ndarray]:
-        if not key:
-            return {
-                "input_ids": np.array([self.pad_token_id]),
-                "labels": np.array([IGNORE_INDEX]),
-                "seq_lengths": np.array([1]),
-            }
-        if len(key) != 1 or key[0][1] != 0:
-            raise ValueError(f"a pre-packed row is read whole, got the pieces {key}")
-        from padless.batching.vision import ALL_VISION_KEYS
-
-        row = self.dataset[int(key[0][0])]
-        ids = np.asarray(row["input_ids"], dtype=np.int64)
-        labels = row.get("labels")
-        return {
-            "input_ids": ids,
-            "labels": ids if labels is None else np.asarray(labels, dtype=np.int64),
-            "seq_lengths": np.asarray(row["seq_lengths"], dtype=np.int64),
-            # a row packed with its images (padless pack, pack_dataset) keeps them, in document order
-            **{k: row[k] for k in ALL_VISION_KEYS if row.get(k) is not None},
-        }
-
-
-def is_prepacked(dataset: Any) -> bool:
-    """Whether ``dataset`` holds packed rows (a ``seq_lengths`` column or key)."""
-    if hasattr(dataset, "column_names"):
-        return "seq_lengths" in dataset.column_names
-    return len(dataset) > 0 and isinstance(dataset[0], Mapping) and "seq_lengths" in dataset[0]
-
-
-def packed_batches(
-    dataset: Any,
-    max_length: int,
-    rows_per_batch: int,
-    *,
-    world_size: int,
-    rank: int,
-    seed: int,
-    strategy: str = "best_fit_decreasing",
-    overlong: str = OVERLONG_DEFAULT,
-    remainder: str = "empty",
-    pad_token_id: int = 0,
-    balance: str = "tokens",
-    cost_a: float | None = None,
-    max_image_patches: int | None = None,
-) -> tuple[DistributedPackedBatchSampler, Any]:
-    """The batch sampler of this rank's packed rows and the view that turns its keys into rows.
-
-    Sequences are planned into rows of ``max_length`` tokens (re-planned every epoch); a dataset packed
-    beforehand keeps its rows (one per key, each at most ``max_length`` tokens). ``balance``/``cost_a``:
-    what each step's deal to the ranks evens out (:func:`balance_options`). ``max_image_patches``: a
-    second limit per row, the vision-encoder patches of its documents' images
-    (:func:`dataset_image_patches`), so that one row does not collect every large image."""
-    from padless.integrations.datasets import sequence_lengths
-
-    lengths = sequence_lengths(dataset)
-    common: dict[str, Any] = dict(num_replicas=world_size, rank=rank, seed=seed, remainder=remainder, balance=balance,
-                                  cost_a=cost_a)  # fmt: skip
-    if max_image_patches is not None:
-        check_int(max_image_patches, "max_image_patches")
-        if is_prepacked(dataset):
-            raise ValueError(
-                "max_image_patches plans rows; rows packed beforehand (seq_lengths) keep theirs: bound them when "
-                "packing (padless.PackedRows(max_image_patches=...)) or pass the sequences unpacked"
-            )
-        common.update(costs=dataset_image_patches(dataset), max_cost=max_image_patches)
-    if is_prepacked(dataset):
-        if balance == "cost":  # the schedule sees one length per row: it would price a row as one document
-            raise ValueError(
-                "balance='cost' prices a row by its documents, and rows packed beforehand (seq_lengths) "
-                "are dealt as one length each; pass the sequences unpacked (the trainer plans the "
-                "rows), or balance='tokens'"
-            )
-        if lengths.size and int(lengths.max()) > max_length:
-            row = int(np.argmax(lengths))
-            raise ValueError(f"packed row {row} holds {int(lengths[row])} tokens, more than max_length={max_length}")
-        sampler = DistributedPackedBatchSampler(lengths, max_length, rows_per_batch, max_per_row=1, **common)
-        view: Any = PrepackedRows(dataset, pad_token_id=pad_token_id)
-    else:
-        sampler = DistributedPackedBatchSampler(
-            lengths, max_length, rows_per_batch, strategy=strategy, overlong=overlong, **common
-        )
-        view = PackedRowView(dataset, pad_token_id=pad_token_id)
-    sampler.schedule()  # plan now: an overlong sequence fails here, not at the first step
-    return sampler, view
-
-
-def dataset_image_patches(dataset: Any) -> np.ndarray:
-    """``[n]`` int64: the vision-encoder patches of every sequence's images (0 for text), read from the
-    ``image_grid_thw`` / ``video_grid_thw`` columns where a ``datasets.Dataset`` has them (no pixels read),
-    else per feature (:func:`padless.batching.vision.image_patches`)."""
-    from padless.batching.vision import image_patches
-
-    columns = getattr(dataset, "column_names", None) or []
-    grids = [c for c in ("image_grid_thw", "video_grid_thw") if c in columns]
-    if grids:
-        total = np.zeros(len(dataset), dtype=np.int64)
-        for column in grids:
-            for i, grid in enumerate(dataset[column]):
-                if grid:
-                    total[i] += int(np.asarray(grid, dtype=np.int64).reshape(-1, 3).prod(axis=1).sum())
-        return total
-    return np.fromiter((image_patches(dataset[i]) for i in range(len(dataset))), dtype=np.int64, count=len(dataset))
-
-
-def balance_options(model: Any, balance: object, cost_a: Any) -> dict[str, Any]:
-    """``balance`` and ``cost_a`` for :class:`padless.DistributedPackedBatchSampler`, checked
-    (:func:`padless.planning.balance.check_balance`): ``"tokens"`` with no ``cost_a``, or ``"cost"`` with
-    ``cost_a`` a number, else read once from ``model``'s config (``12 * hidden_size``:
-    :func:`padless.planning.balance.cost_a_from_config`; a PEFT model's base model). ``ValueError`` names
-    ``balance`` or ``cost_a``."""
-    from padless.attention.adapters import base_model_of
-
-    check_choice(balance, BALANCES, "balance")
-    if balance == "cost" and cost_a is None:
-        cost_a = cost_a_from_config(base_model_of(model).config)
-    return {"balance": balance, "cost_a": check_balance(balance, cost_a)}
-
-
-def balance_said(options: Mapping[str, Any]) -> str:
-    """What the start line adds for :func:`balance_options`' ``options``: nothing for ``"tokens"`` (the
-    default), else ``", ranks balanced by cost a*l + l**2 (a=768)"``; and ``", at most 1024 image patches
-    per row"`` with ``max_image_patches``."""
-    images = (
-        f", at most {options['max_image_patches']:,} image patches per row" if options.get("max_image_patches") else ""
-    )
-    if options.get("balance", "tokens") == "tokens":
-        return images
-    return f", ranks balanced by cost a*l + l**2 (a={options['cost_a']:g}){images}"
-
-
-def exact_collator(
-    model: Any, max_length: int | None, *, device: Any, pad_token_id: int, dtype: Any = None, **kwargs: Any
-) -> PackingCollator:
-    """A :class:`padless.PackingCollator` fitted to ``model`` (:meth:`padless.PackingCollator.for_model`:
-    the exactness rule asked once, its verdict held as the collator's ``verdict``, else ``ValueError`` naming
-    a backend that is exact) for the device training runs on, its compute ``dtype`` (``None``: the
-    model's, an FSDP2 model's ``param_dtype`` included: :func:`padless.devices.compute_target`; see
-    :func:`training_dtype`) and the row length. The model may still sit on the CPU in fp32: what
-    counts is where the step runs."""
-    return PackingCollator.for_model(
-        model, device=device, dtype=dtype, max_length=max_length, pad_token_id=pad_token_id, **kwargs
-    )
-
-
-def training_dtype(args: Any) -> Any:
-    """The compute dtype of a Trainer step: bf16 or fp16 autocast over the weights when ``args.bf16`` or
-    ``args.fp16`` is set (fp32 master weights train in the half dtype), else ``None`` (the model's)."""
-    if getattr(args, "bf16", False):
-        return torch.bfloat16
-    if getattr(args, "fp16", False):
-        return torch.float16
-    return None
-
-
-def pad_token_id_for(model: Any, processing_class: Any = None) -> int:
-    """An id to fill row ends with (never attended to, never trained): the tokenizer's or the model's
-    pad token, else its EOS, else 0."""
-    tokenizer = getattr(processing_class, "tokenizer", processing_class)
-    for candidate in (
-        getattr(tokenizer, "pad_token_id", None),
-        getattr(model.config, "pad_token_id", None),
-        getattr(model.config, "eos_token_id", None),
-    ):
-        if isinstance(candidate, list):
-            candidate = candidate[0] if candidate else None
-        if isinstance(candidate, int):
-            return candidate
-    return 0
-
-
-def loader_for(trainer: Trainer, view: Any, sampler: DistributedPackedBatchSampler) -> EpochDataLoader:
-    """The training loader over ``sampler``'s rows with the trainer's collator and worker settings."""
-    args = trainer.args
-    workers = args.dataloader_num_workers
-    return EpochDataLoader(
-        view,
-        batch_sampler=sampler,
-        collate_fn=trainer.data_collator,
-        num_workers=workers,
-        pin_memory=args.dataloader_pin_memory,
-        persistent_workers=args.dataloader_persistent_workers and workers > 0,
-    )
-
-
-LAYOUT_NAMES: dict[str, str] = {"mask4d": "4d-mask", "varlen": "varlen", "position_ids": "position-ids"}
-"""How the start line names a collator's attention inputs (:data:`padless.attention.select.AttentionInputs`)."""
-
-
-def start_line(model: Any, collator: PackingCollator | None, *, rows: str, documents: str) -> str:
-    """The line a padless trainer logs when training starts: the model, its attention backend, the row
-    layout the collator sends, the rule's verdict (the collator was fitted to this model by
-    ``for_model`` or :func:`padless.check_collator`, which raise otherwise), the ``rows`` and the
-    ``documents`` per row::
-
-        padless: GPT2LMHeadModel, attention sdpa, layout 4d-mask, exact (padless rule), 160-token rows,
-        2.7 documents per row (planned rows)
-
-    ``collator=None``: padded batches (nothing packed, so nothing to isolate)."""
-    from padless.attention.adapters import base_model_of
-
-    inner = base_model_of(model)
-    name = type(inner).__name__ if inner is model else f"{type(model).__name__}({type(inner).__name__})"
-    parts = [f"padless: {name}", f"attention {inner.config._attn_implementation}"]
-    if collator is None:
-        parts += ["layout padded", "exact (padded: nothing packed)"]
-    else:
-        layout = LAYOUT_NAMES.get(collator.attention, collator.attention)
-        windows = collator.windows
-        if isinstance(windows, Mapping):  # one mask per layer type: name the windows it carries
-            windows = ", ".join(map(str, sorted({w for w in windows.values() if w is not None}))) or None
-        if windows is not None:
-            layout += f" with sliding window {windows}"
-        verdict = "exact (padless rule)" if collator.verdict is not None else "not checked by padless' rule"
-        parts += [f"layout {layout}", verdict]
-        v = collator.verdict
-        if v is not None and v.vision is not None:
-            parts.append(f"images packed with their documents ({v.vision.family})")
-        elif v is not None and v.images_reason is not None and "no vision tower" not in v.images_reason:
-            parts.append("images refused (text-only rows)")
-    return ", ".join([*parts, rows, documents])
-
-
-def planned_documents_per_row(dataset: Any, sampler: DistributedPackedBatchSampler) -> float:
-    """Mean documents per row of ``sampler``'s current plan, every rank's rows (a piece of a split
-    sequence trains as a document and counts as one); for rows packed beforehand, their ``seq_lengths``."""
-    from padless.integrations.datasets import sequence_lengths
-
-    if is_prepacked(dataset):
-        docs = sequence_lengths(dataset, "seq_lengths")
-        return float(docs.mean()) if docs.size else 0.0
-    plan = sampler.schedule().plan
-    return plan.index.size / max(plan.num_rows, 1)
-
-
-def shown(log: logging.Logger) -> logging.Logger:
-    """``log``, visible by default. Trainer logs its own start-up lines at INFO, which transformers'
-    default verbosity (WARNING) hides; the start line says whether the run is exact, so it must reach
-    the user, yet it is no warning. So, as PyTorch Lightning and DeepSpeed do for their start-up lines
-    (and as transformers gives its library logger a stderr handler): where the application has set up
-    no logging (no handler up to the root, no level on ``padless``), ``log`` gets a stderr handler at
-    INFO; a setup of its own (``logging.basicConfig``, a level on ``logging.getLogger("padless")``)
-    is left alone. Silence it with ``logging.getLogger("padless").setLevel(logging.WARNING)`` first."""
-    if not log.hasHandlers() and all(x.level == logging.NOTSET for x in (log, logging.getLogger("padless"))):
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-    return log
-
-
-def announce(trainer: Trainer, line: str) -> None:
-    """Log the start ``line`` at INFO through :data:`logger` (:func:`shown`), on the main process only."""
-    if trainer.is_world_process_zero():
-        shown(logger).info(line)
-
-
-def present(record: Mapping[str, Any]) -> dict[str, Any]:
-    """``record``'s fields that hold a value: a ``datasets.Dataset`` gives every record every column,
-    ``None`` where the record had no such field (inside messages too)."""
-    return {k: v for k, v in record.items() if v is not None}
-
-
-def records(dataset: Any, columns: list[str] | None = None) -> Iterator[tuple[int, Any]]:
-    """``(record number from 1, record)`` of a ``datasets.Dataset`` (read in batches of 1,000, only
-    ``columns`` if given; :func:`present` fields) or of any iterable of records."""
-    if hasattr(dataset, "column_names") and hasattr(dataset, "iter"):
-        view = dataset
-        if columns is not None:
-            columns = [c for c in columns if c in view.column_names]
-            if not columns:  # none of them: every record is empty of them
-                yield from ((n, {}) for n in range(1, len(view) + 1))
-                return
-            view = view.select_columns(columns)
-        number = 0
-        for batch in view.with_format("arrow").iter(batch_size=1000):
-            for record in batch.to_pylist():
-                number += 1
-                yield number, present(record)
-        return
-    for number, record in enumerate(dataset, 1):
-        yield number, present(record) if isinstance(record, Mapping) else record
-
-
-def record_fields(dataset: Any, number: int) -> Any:
-    """Record ``number`` (from 1) of ``dataset`` with every field it has (:func:`present`)."""
-    record = dataset.with_format(None)[number - 1] if hasattr(dataset, "with_format") else dataset[number - 1]
-    return present(record) if isinstance(record, Mapping) else record
-
-
-def first_without(dataset: Any, field: str) -> int | None:
-    """The number (from 1) of the first record of ``dataset`` without ``field``, else None; a
-    ``datasets.Dataset`` is answered from its columns and their missing values, without decoding rows."""
-    if hasattr(dataset, "column_names") and hasattr(dataset, "with_format"):
-        if not len(dataset):
-            return None
-        if field not in dataset.column_names:
-            return 1
-        column = dataset.with_format("arrow", columns=[field])[:][field]
-        if not column.null_count:
-            return None
-        return int(np.argmax(column.is_null().to_numpy(zero_copy_only=False))) + 1
-    for number, record in records(dataset):
-        if not isinstance(record, Mapping) or record.get(field) is None:
-            return number
-    return None
-
-
-def check_token_records(dataset: Any, argument: str = "train_dataset", trainer: str = "PackedTrainer") -> None:
-    """Raise ``ValueError`` naming the first record of ``dataset`` without ``input_ids``: its number
-    (from 1) and its fields, by padless' record check (:func:`padless.data.records.record_kind`), before
-    anything reads the dataset and fails on a raw ``KeyError``."""
-    from padless.data.records import RecordError, record_kind, where
-
-    number = first_without(dataset, "input_ids")
-    if number is None:
-        return
-    at = where(number)
-    with naming_argument(argument):
-        kind = record_kind(record_fields(dataset, number), at)  # raises: none of the fields padless knows
-        raise RecordError(
-            "not_tokens",
-            f"{at}: a {kind!r} record without 'input_ids': {trainer} trains token ids; "
-            "tokenize it first (padless.load_corpus), or train text and chats with "
-            "padless.integrations.trl.SFTTrainer",
-        )
-
-
-@contextmanager
-def naming_argument(argument: str) -> Iterator[None]:
-    """Record errors raised inside name the trainer argument that holds the records (``train_dataset:``)."""
-    from padless.data.records import RecordError
-
-    try:
-        yield
-    except RecordError as err:
-        err.args = (f"{argument}: {err}", *err.args[1:])
-        raise
-
-
-def in_trainer_words(message: str, words: Mapping[str, str]) -> str:
-    """A padless message in the words of a trainer, as the CLI puts messages in its flags
-    (``padless.cli._shared.as_flags``). ``words``: library argument -> where the trainer takes it, as
-    ``Owner.field``; ``{"overlong": "SFTTrainer.overlong", "seq_length": "SFTConfig.max_length"}`` turns
-
-    * ``overlong='truncate'`` into ``SFTTrainer(overlong='truncate')``,
-    * ``longer than max_length 16`` / ``seq_length=16`` into ``SFTConfig(max_length=16)``,
-    * ``unknown overlong policy 'x'`` (key ``"overlong policy"``) into ``unknown SFTTrainer(overlong='x')``,
-    * ``dropped by overlong`` / ``max_length must`` into ``dropped by SFTTrainer(overlong=...)`` /
-      ``SFTConfig(max_length=...) must``;
-
-    key ``"backend"``: a note after ``use backend 'x'`` (``{backend}`` is the backend's name)."""
-    value = r"""(?P<v>'[^']*'|"[^"]*"|[^\s,;:)]+)"""
-    for name in sorted((w for w in words if w != "backend"), key=len, reverse=True):
-        owner, field = words[name].rsplit(".", 1)
-        said = lambda m: f"{owner}({field}={m['v']})"  # noqa: B023,E731
-        message = re.sub(rf"(?<=unknown ){re.escape(name)} {value}", said, message)
-        message = re.sub(rf"(?<![\w.(]){re.escape(name)}={value}", said, message)
-        message = re.sub(rf"(?<![\w.(]){re.escape(name)} (?P<v>\d+)\b", said, message)
-        message = re.sub(rf"(?<=by ){re.escape(name)}\b(?![=(\w])", f"{owner}({field}=...)", message)
-        message = re.sub(rf"(?<![\w.(]){re.escape(name)}(?= must\b)", f"{owner}({field}=...)", message)
-    if "backend" in words:
-        note = words["backend"]
-        message = re.sub(r"use backend '(?P<b>[\w-]+)'", lambda m: f"{m[0]} ({note.format(backend=m['b'])})", message)
-    return message
-
-
-@contextmanager
-def trainer_words(words: Mapping[str, str]) -> Iterator[None]:
-    """A ``ValueError`` raised inside, by padless code, says its arguments as the trainer takes them
-    (:func:`in_trainer_words`); other libraries' errors pass as they are."""
-    try:
-        yield
-    except ValueError as err:
-        if _raised_by_padless(err) and err.args and isinstance(err.args[0], str):
-            err.args = (in_trainer_words(err.args[0], words), *err.args[1:])
-        raise
-
-
-def _raised_by_padless(err: BaseException) -> bool:
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith("padless.")
 
 
 def _named(eval_dataset: Any) -> list[tuple[str, Any]]:
@@ -558,7 +177,8 @@ class PackedTrainer(Trainer):
     each step's rows dealt so that the ranks' costs ``sum(a * l + l**2)`` are even, docs/balance.md) and
     ``cost_a`` (``"cost"`` only; default ``12 * hidden_size`` of the model's config), ``max_image_patches``
     (a vision-language dataset: the most vision-encoder patches a row's images may hold, a second limit of
-    the plan). ``data_collator`` may be a
+    the plan), ``guard`` (``True``, default: the first packed step checked on the model; ``False``; or an
+    :class:`padless.IsolationGuard` with its period: :mod:`padless.integrations.first_step`). ``data_collator`` may be a
     :class:`padless.PackingCollator` (default: one for the model's backend); evaluation batches go
     through it too. The plan's seed is ``args.data_seed`` or ``args.seed``.
 
@@ -587,6 +207,7 @@ class PackedTrainer(Trainer):
         balance: str = "tokens",
         cost_a: float | None = None,
         max_image_patches: int | None = None,
+        guard: Any = True,
         **trainer_kwargs: Any,
     ) -> None:
         with trainer_words(PACKED_TRAINER_WORDS):
@@ -642,6 +263,7 @@ class PackedTrainer(Trainer):
                 strategy=strategy,
                 overlong=overlong,
             )
+            self.padless_guard = attach_guard(self, guard, "PackedTrainer")
             self.batch_sampler: DistributedPackedBatchSampler | None = None
             self._rows: tuple[Any, DistributedPackedBatchSampler, Any] | None = None
             if train_dataset is not None:
@@ -671,11 +293,10 @@ class PackedTrainer(Trainer):
         """What :meth:`train` logs first (:func:`start_line`): model, backend, layout, verdict, rows."""
         with trainer_words(PACKED_TRAINER_WORDS):
             sampler, _ = self._packed_rows()
-        per_row = planned_documents_per_row(self.train_dataset, sampler)
         rows = f"{self.max_length}-token rows{balance_said(self.plan_options)}"
-        return start_line(
-            self.model, self.data_collator, rows=rows, documents=f"{per_row:.1f} documents per row (planned rows)"
-        )
+        planned, lost = plan_said(self.train_dataset, sampler, self.max_length)
+        documents = f"{planned}, {self.padless_guard.said()}{lost}"
+        return start_line(self.model, self.data_collator, rows=rows, documents=documents)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """Trainer's ``train``, after logging :meth:`start_line` (:func:`announce`)."""
@@ -718,7 +339,13 @@ class PackedTrainer(Trainer):
         check_attention_mask(inputs)
         prepared = super()._prepare_inputs(inputs)
         remember_moved(inputs, prepared)
-        return prepared
+        return keep_placements(inputs, prepared)
+
+    def compute_loss(
+        self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
+        """Trainer's loss; on the guarded step, the guard runs on its logits first (:mod:`padless.integrations.first_step`)."""
+        return guarded_loss(self.padless_guard, super().compute_loss, model, inputs, return_outputs, num_items_in_batch)
 
     def _set_signature_columns_if_needed(self) -> None:
         """Keep ``seq_lengths`` through Trainer's column removal (evaluation loaders): without it a row

@@ -40,8 +40,9 @@ has, not with a ``KeyError`` from inside ``datasets.map``; then padless renders 
 and ``labels`` (:mod:`padless.integrations.sft_records`: every form ``load_corpus`` reads, Alpaca,
 ShareGPT and TRL's prompt / completion included; what is trained follows ``SFTConfig`` as in TRL). padless' errors raised inside name the
 trainer argument (``SFTTrainer(overlong=...)``, ``SFTConfig(max_length=...)``: :data:`SFT_WORDS`).
-``train`` first logs one line: model, attention backend, row layout, the rule's verdict, rows and
-documents per row (:func:`padless.integrations.transformers.start_line`).
+``train`` first logs one line: model, backend, layout, verdict, rows, their fill, what the plan cut
+(:func:`padless.integrations.trainer_rows.plan_said`); in both packed modes the first packed step is
+checked on the model (``guard``: :mod:`padless.integrations.first_step`), its cost logged after it.
 
 ``GRPOTrainer`` and ``DPOTrainer`` are imported from here too: TRL's RL trainers whose log-prob passes
 run on packed rows (:mod:`padless.integrations.trl_rl`).
@@ -61,6 +62,7 @@ import torch  # noqa: E402
 import trl  # noqa: E402
 
 from padless.integrations.datasets import pack_dataset, resolve_strategy  # noqa: E402
+from padless.integrations.first_step import attach_guard, guarded_loss, keep_placements  # noqa: E402
 from padless.integrations.sft_records import (  # noqa: E402,F401  (check_sft_records: a public name of this module)
     CHAT_FIELDS,
     check_sft_records,
@@ -75,7 +77,7 @@ from padless.integrations.transformers import (  # noqa: E402
     exact_collator,
     loader_for,
     packed_batches,
-    planned_documents_per_row,
+    plan_said,
     shifts_labels,
     start_line,
     trainer_words,
@@ -111,8 +113,10 @@ class PackedSFTTrainer(trl.SFTTrainer):
     plus, keyword-only: ``overlong`` (what a sequence longer than ``max_length`` does when packing),
     ``balance`` (``"tokens"``, default, or ``"cost"``: with ``packing=True``, each step's rows dealt so
     that the ranks' costs ``sum(a * l + l**2)`` are even, docs/balance.md) and ``cost_a`` (``"cost"``
-    only; default ``12 * hidden_size`` of the model's config) and ``max_image_patches`` (with
-    ``packing=True`` and images: the most vision-encoder patches a row's images may hold)."""
+    only; default ``12 * hidden_size`` of the model's config), ``max_image_patches`` (with
+    ``packing=True`` and images: the most vision-encoder patches a row's images may hold) and ``guard``
+    (packed modes: ``True``, default, checks the first packed step on the model; ``False``; or an
+    :class:`padless.IsolationGuard` with its period)."""
 
     def __init__(
         self,
@@ -127,6 +131,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
         balance: str = "tokens",
         cost_a: float | None = None,
         max_image_patches: int | None = None,
+        guard: Any = True,
         **trl_kwargs: Any,
     ) -> None:
         with trainer_words(SFT_WORDS):
@@ -182,6 +187,7 @@ class PackedSFTTrainer(trl.SFTTrainer):
             if hasattr(self, "_loss_shifts_labels"):  # a model loaded by TRL from a name: read loss_type again
                 self._loss_shifts_labels = shifts_labels(inner)
             self._rows: tuple[Any, Any, Any] | None = None
+            self.padless_guard = attach_guard(self, guard if self._padless_mode else False, "SFTTrainer")
             if self._padless_mode is None:
                 return
             packed = self._padless_mode == "packed"
@@ -302,6 +308,8 @@ class PackedSFTTrainer(trl.SFTTrainer):
         return self._packed_rows()[0] if self._padless_mode == "packed" and self.train_dataset is not None else None
 
     def get_train_dataloader(self) -> Any:
+        if self._padless_mode == "padding_free":  # TRL's loader drops the placements the guard reads
+            return self.padless_guard.loader(self, super().get_train_dataloader)
         if self._padless_mode != "packed":
             return super().get_train_dataloader()
         if self.train_dataset is None:
@@ -315,17 +323,17 @@ class PackedSFTTrainer(trl.SFTTrainer):
         if self._padless_mode == "packed":
             with trainer_words(SFT_WORDS):
                 sampler, _ = self._packed_rows()
-            per_row = planned_documents_per_row(self.train_dataset, sampler)
             rows = f"{self.args.max_length}-token rows{balance_said({**self._padless_balance, **self._padless_images})}"
-            return start_line(
-                self.model, self.data_collator, rows=rows, documents=f"{per_row:.1f} documents per row (planned rows)"
-            )
+            planned, lost = plan_said(self.train_dataset, sampler, self.args.max_length)
+            documents = f"{planned}, {self.padless_guard.said()}{lost}"
+            return start_line(self.model, self.data_collator, rows=rows, documents=documents)
         if self._padless_mode == "padding_free":
             return start_line(
                 self.model,
                 self.data_collator,
                 rows="one row per micro-batch",
-                documents=f"{self.args.per_device_train_batch_size} documents per row (per_device_train_batch_size)",
+                documents=f"{self.args.per_device_train_batch_size} documents per row (per_device_train_batch_size), "
+                f"{self.padless_guard.said()}",
             )
         return start_line(self.model, None, rows="TRL's padded batches", documents="1 document per row")
 
@@ -341,6 +349,10 @@ class PackedSFTTrainer(trl.SFTTrainer):
         with trainer_words(SFT_WORDS):
             return super().evaluate(*args, **kwargs)
 
+    def _prepare_inputs(self, inputs: Any) -> Any:
+        """TRL's move to the device, the packed batch's placements kept (the guard reads them)."""
+        return keep_placements(inputs, super()._prepare_inputs(inputs))
+
     # ------------------------------------------------------------------ metrics
 
     def compute_loss(
@@ -355,7 +367,15 @@ class PackedSFTTrainer(trl.SFTTrainer):
 
             check_attention_mask(inputs)
         before = getattr(self, "_total_train_tokens", None)
-        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        out = guarded_loss(
+            self.padless_guard,
+            super().compute_loss,
+            model,
+            inputs,
+            return_outputs,
+            num_items_in_batch,
+            has_logits=False,
+        )
         if self._padless_mode is not None and before is not None and self.model.training:
             fed = torch.tensor(inputs["input_ids"].numel(), device=inputs["input_ids"].device)
             total = int(self.accelerator.gather_for_metrics(fed).sum().item())

@@ -26,6 +26,17 @@ judged with bf16's floor, and the documents are re-run under the same autocast. 
 two forwards differ, so given logits are refused while dropout is active; ``logits=None`` re-runs
 the batch with the model in eval mode. The cost is measured by benchmarks/guard.py.
 
+Shared-prompt and rollout rows (:class:`padless.RolloutCollator`, :class:`padless.PreferenceCollator`)
+place completions whose first token is predicted by their prompt's last: such a completion is checked
+as ``prompt + completion`` run alone, reading the prompt's columns first (the prompt starts where its
+``position_ids`` count from 0).
+
+``budget`` bounds a check's cost for a guard left on by default (the trainers' first-step check,
+:mod:`padless.integrations.first_step`): every checked document is cut to its first tokens (its
+logits there depend on those tokens only) so that the runs alone and the padded reference together
+hold at most ``budget`` x the batch's tokens, and the reference is padded a little past the longest
+checked document (:data:`MIN_TOKENS` columns) instead of to the row width.
+
 The guard does not consult the exactness rule (:func:`padless.attention.select.check_exact`) nor the
 collator's verdict: it measures, so that it also catches what the rule's verdict cannot see, a
 model, backend or batch changed after the verdict was given.
@@ -34,7 +45,8 @@ model, backend or batch changed after the verdict was given.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -45,6 +57,11 @@ from padless.devices import dtype_name
 
 if TYPE_CHECKING:
     from padless.isolation.compare import Evidence, Tolerance
+
+
+MIN_TOKENS = 16
+"""The fewest tokens a checked document keeps under :attr:`IsolationGuard.budget`, and the padding columns
+of the padded reference past the longest checked document there."""
 
 
 class IsolationError(RuntimeError):
@@ -82,13 +99,30 @@ class GuardCheck:
     def passed(self) -> bool:
         return self.max_logit_diff <= self.tolerance
 
+    @property
+    def tokens(self) -> int:
+        """Tokens of the checked documents (each run alone)."""
+        return sum(length for *_, length in self.pieces)
+
+    def describe(self) -> str:
+        """One line: the documents checked, the difference, padding's noise and the limit, the verdict."""
+        if not self.pieces:
+            return f"step {self.step}: no document to run alone ({self.image_documents} hold images)"
+        where = ", ".join(f"{f} (row {r}, column {o}, {n} tokens)" for f, r, o, n in self.pieces)
+        verdict = "isolated" if self.passed else "documents of a packed row are not isolated"
+        return (
+            f"step {self.step}: packed documents {where} against the same documents run alone: max |diff| "
+            f"{self.max_logit_diff:.3g}, padding's own noise {self.noise or 0:.3g}, limit {self.tolerance:.3g} "
+            f"({self.dtype}): {verdict}"
+        )
+
 
 @dataclass
 class IsolationGuard:
     """Checks packed rows against documents run alone every ``every`` calls (see the module docstring)."""
 
-    every: int = 100
-    """Check on the 1st call and every ``every`` calls after it."""
+    every: int | None = 100
+    """Check on the 1st call and every ``every`` calls after it; ``None``: on the 1st call only."""
     documents: int = 2
     """Documents of the batch run alone per check."""
     on_failure: Literal["raise", "warn"] = "raise"
@@ -99,14 +133,21 @@ class IsolationGuard:
     """How many times padding's noise is allowed; default :data:`padless.isolation.compare.NOISE_FACTOR`."""
     seed: int = 0
     """Seed of the choice of documents (a check's choice depends on the seed and the step)."""
+    budget: float | None = None
+    """The most tokens a check runs (alone and padded together), as a share of the batch's ``R x L``
+    tokens: each checked document is cut to its first tokens to fit (at least :data:`MIN_TOKENS`), and
+    the padded reference is :data:`MIN_TOKENS` wider than the longest checked document. ``None``: whole
+    documents, the reference as wide as the rows (see the module docstring)."""
     calls: int = field(default=0, init=False)
     """Calls so far."""
     last: GuardCheck | None = field(default=None, init=False)
     """The latest check, if any."""
 
     def __post_init__(self) -> None:
-        if self.every < 1:
-            raise ValueError(f"every must be >= 1, got {self.every}")
+        if self.every is not None and (isinstance(self.every, bool) or self.every < 1):
+            raise ValueError(f"every must be >= 1 or None (the first call only), got {self.every}")
+        if self.budget is not None and not 0 < self.budget <= 1:
+            raise ValueError(f"budget must be a share of the batch's tokens in (0, 1] or None, got {self.budget}")
         if self.documents < 1:
             raise ValueError(f"documents must be >= 1, got {self.documents}")
         if self.on_failure not in ("raise", "warn"):
@@ -118,17 +159,16 @@ class IsolationGuard:
         ``batch``: the :class:`padless.batching.batch.PackedBatch` of the step (its placements say
         where the documents are); ``logits``: ``[R, L, V]`` from the step's forward, or None to re-run it.
         """
+        due = self.due()
         self.calls += 1
-        if (self.calls - 1) % self.every:
+        if not due:
             return None
         check = self.check(model, batch, logits)
         self.last = check
         if not check.passed:
             message = (
-                f"step {check.step}: packed documents {check.pieces} differ from the same documents run "
-                f"alone by {check.max_logit_diff:.3g} (limit {check.tolerance:.3g}; padding's own noise "
-                f"{check.noise or 0:.3g}, {check.dtype}): documents of a packed row are not isolated; run "
-                "padless.verify_isolation(model) on this backend"
+                check.describe()
+                + "; run padless.verify_isolation(model) on this backend"
                 + "".join(f"\n  {e.describe()}" for e in check.evidence)
             )
             if self.on_failure == "raise":
@@ -136,7 +176,16 @@ class IsolationGuard:
             warnings.warn(message, IsolationWarning, stacklevel=2)
         return check
 
-    def _pick(self, batch: Mapping[str, Any], image_pieces: np.ndarray | None = None) -> list[int]:
+    def due(self) -> bool:
+        """Whether the next call checks (the 1st, then every ``every``-th)."""
+        if self.every is None:
+            return self.calls == 0
+        return self.calls % self.every == 0
+
+    def _pick(self, batch: Mapping[str, Any], image_pieces: np.ndarray | None = None) -> list[tuple[int, int]]:
+        """``(piece, first column)`` of the documents to check: pieces that start a document, and
+        completions after their prompt (first column: the prompt's), none holding images; documents with
+        others before them first."""
         placements = getattr(batch, "placements", None)
         if placements is None:
             raise ValueError(
@@ -145,22 +194,40 @@ class IsolationGuard:
             )
         prev = placements.prev_offsets()
         text = np.ones(prev.size, dtype=bool) if image_pieces is None else ~image_pieces
-        starts = np.flatnonzero((prev < 0) & text)  # pieces that start a document (and hold no image)
+        first_col = placements.offset.copy()
+        inner = first_col > 0
+        after = np.flatnonzero(prev >= 0)
+        positions = batch.get("position_ids")
+        if after.size and positions is not None and positions.dim() == 2:
+            pos = positions.detach().cpu().numpy()
+            first_col[after] = prev[after] - pos[placements.row[after], prev[after]]  # the prompt starts at position 0
+            inner[after] = (first_col[after] > 0) | (placements.offset[after] != prev[after] + 1)
+        else:  # no positions to find the prompt by: completions are not checked
+            text[after] = False
+        eligible = np.flatnonzero(text)
         rng = np.random.default_rng([self.seed, self.calls])
-        inner, first = starts[placements.offset[starts] > 0], starts[placements.offset[starts] == 0]
-        order = np.concatenate([rng.permutation(inner), rng.permutation(first)])
-        return order[: self.documents].tolist()
+        order = np.concatenate(
+            [rng.permutation(eligible[inner[eligible]]), rng.permutation(eligible[~inner[eligible]])]
+        )
+        return [(int(j), int(first_col[j])) for j in order[: self.documents]]
+
+    def _cap(self, shape: tuple[int, ...], documents: int) -> int | None:
+        """Tokens each checked document keeps under :attr:`budget` (``None``: whole documents)."""
+        if self.budget is None or documents == 0:
+            return None
+        spare = self.budget * shape[0] * shape[1] - documents * MIN_TOKENS  # the reference's padding columns
+        return max(MIN_TOKENS, int(spare / (2 * documents)))
 
     def check(self, model: Any, batch: Mapping[str, Any], logits: torch.Tensor | None = None) -> GuardCheck:
         """Run the chosen documents alone and compare (no counting, no raising)."""
         from padless.batching.batch import forward_inputs
         from padless.devices import compute_dtype
-        from padless.isolation.compare import NOISE_FACTOR, Document, compare_documents, computing_in
+        from padless.isolation.compare import NOISE_FACTOR, Document, compare_documents, computing_in, padded_logits
 
         images = _image_pieces(model, batch)
         chosen = self._pick(batch, images)
         was_training = model.training
-        if logits is not None and was_training and _dropout_active(model):
+        if logits is not None and was_training and dropout_active(model):
             raise ValueError(
                 "dropout is active, so the step's logits differ from any re-run; call the guard "
                 "without logits (it re-runs the batch in eval mode) or turn dropout off"
@@ -171,30 +238,47 @@ class IsolationGuard:
                 f"logits {tuple(logits.shape)} do not cover input_ids {tuple(ids.shape)} (logits kept "
                 "only at trained positions?); call the guard without logits to re-run the batch"
             )
+        cap = self._cap(tuple(ids.shape), len(chosen))
+        prev = placements.prev_offsets()
         docs = []
-        for j in chosen:
+        for j, first in chosen:
             r, o, n = int(placements.row[j]), int(placements.offset[j]), int(placements.length[j])
-            docs.append(
-                Document(int(placements.feature[j]), tuple(ids[r, o : o + n].tolist()), r, tuple(range(o, o + n)))
+            context = tuple(range(first, int(prev[j]) + 1)) if prev[j] >= 0 else ()  # the prompt before a completion
+            columns = (*context, *range(o, o + n))[: None if cap is None or context else cap]
+            docs.append(Document(int(placements.feature[j]), tuple(ids[r, list(columns)].tolist()), r, columns))
+        if not docs:  # nothing to run alone (every document holds images): an empty check
+            return GuardCheck(
+                self.calls,
+                [],
+                0.0,
+                0.0,
+                None,
+                dtype_name(logits.dtype) if logits is not None else "",
+                (),
+                int(images.sum()) if images is not None else 0,
             )
         model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _small_runs_threads(model, self.budget is not None):
                 if logits is None:
                     logits = model(**forward_inputs(batch)).logits
                 dtype = compute_dtype(model, logits)
                 with computing_in(model, dtype):  # the documents alone in the dtype the logits were computed in
+                    longest = max(len(d.columns) for d in docs)  # under a budget: padding enough to be padding's noise
+                    width = longest + MIN_TOKENS if self.budget is not None else int(ids.shape[1])
+                    padded = padded_logits(model, docs, width)
                     result = compare_documents(
                         model,
                         logits,
                         docs,
                         tolerance=self.tolerance,
                         factor=NOISE_FACTOR if self.factor is None else self.factor,
+                        padded=padded,
                     )
         finally:
             model.train(was_training)
         judgment = result.judgment  # measured against the noise floor, not the rule's verdict
-        pieces = [(d.index, d.row, d.columns[0], len(d.columns)) for d in docs]
+        pieces = [(d.index, d.row, d.columns[0], len(d.columns)) for d in docs]  # a completion: from its prompt
         return GuardCheck(
             self.calls,
             pieces,
@@ -205,6 +289,22 @@ class IsolationGuard:
             tuple(result.evidence),
             int(images.sum()) if images is not None else 0,
         )
+
+
+@contextmanager
+def _small_runs_threads(model: Any, small: bool) -> Iterator[None]:
+    """One CPU thread for a budgeted check's runs (a few dozen tokens each): ops that small run as fast on
+    one thread, and on a CPU shared with other jobs each op of several threads waits for the slowest
+    (measured on 2 busy cores, SmolLM2-135M: 1.0-1.6 s on one thread against 9-17 s on two)."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    threads = torch.get_num_threads()
+    if small and on_cpu and threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def _image_pieces(model: Any, batch: Mapping[str, Any]) -> np.ndarray | None:
@@ -230,7 +330,9 @@ def _image_pieces(model: Any, batch: Mapping[str, Any]) -> np.ndarray | None:
     )
 
 
-def _dropout_active(model: Any) -> bool:
+def dropout_active(model: Any) -> bool:
+    """Whether ``model`` has a dropout that is on in training mode (a module with ``p > 0``, or an
+    attention dropout in its config): its training logits then differ from any re-run."""
     if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
         return True
     config = getattr(model, "config", None)
