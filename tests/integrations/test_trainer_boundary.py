@@ -56,3 +56,24 @@ def test_library_messages_in_trainer_words():
         ),
     ]:
         assert in_trainer_words(message, words) == said
+
+
+def test_the_start_line_says_how_a_hybrids_documents_reach_its_mixers():
+    """Boundaries sent (and by which path each kind of mixer keeps documents apart), or, for a collator
+    padless did not fit, that the mixers read restarted position ids."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "attention"))
+    from test_mixers import build
+
+    import padless
+    from padless.integrations.trainer_boundary import start_line
+
+    model = build("qwen3_5_text", "sdpa")
+    fitted = padless.PackingCollator.for_model(model, max_length=32)
+    said = start_line(model, fitted, rows="32-token rows", documents="2 documents per row")
+    assert "boundaries sent to the token mixers (1 gated_deltanet layer: one chunked scan" in said
+    free = padless.PackingCollator(model_free=True, max_length=32)
+    said = start_line(model, free, rows="32-token rows", documents="2 documents per row")
+    assert "no document boundaries sent: the token mixers read restarted position_ids" in said

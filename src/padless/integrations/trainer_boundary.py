@@ -39,6 +39,7 @@ def start_line(model: Any, collator: Any, *, rows: str, documents: str) -> str:
 
     ``collator=None``: padded batches (nothing packed, so nothing to isolate)."""
     from padless.attention.adapters import base_model_of
+    from padless.attention.facts import model_facts
 
     inner = base_model_of(model)
     name = type(inner).__name__ if inner is model else f"{type(model).__name__}({type(inner).__name__})"
@@ -55,6 +56,10 @@ def start_line(model: Any, collator: Any, *, rows: str, documents: str) -> str:
         verdict = "exact (padless rule)" if collator.verdict is not None else "not checked by padless' rule"
         parts += [f"layout {layout}", verdict]
         v = collator.verdict
+        if v is None and collator.attention != "varlen" and model_facts(inner).mixer_layers:
+            parts.append("no document boundaries sent: the token mixers read restarted position_ids")
+        if v is not None and v.mixers:
+            parts.append(f"boundaries sent to the token mixers ({v.mixers})")
         if v is not None and v.vision is not None:
             parts.append(f"images packed with their documents ({v.vision.family})")
         elif v is not None and v.images_reason is not None and "no vision tower" not in v.images_reason:
