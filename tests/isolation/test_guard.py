@@ -202,3 +202,31 @@ def test_describe_names_the_documents_and_the_noise():
         check.describe(),
     )
     assert check.tokens == sum(n for *_, n in check.pieces)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "padless"])
+def test_a_budgeted_rerun_runs_only_the_prefix_its_documents_need(monkeypatch, backend):
+    """Without the step's logits (TRL's trainers) a budgeted check re-runs only the rows holding its
+    documents, up to their last checked token, picking documents that end first: the logits there are
+    the whole batch's (a causal model reads no later token), and a leak is still caught."""
+    from padless.isolation import guard as guard_module
+
+    model = _model("llama", backend).eval()
+    batch = PackingCollator.for_model(model, max_length=64)(make_features([30, 25, 40, 20, 9, 33, 12], seed=8))
+    whole = model(**forward_inputs(batch)).logits
+    widths, real = [], guard_module._prefix
+
+    def spy(b, rows, width):
+        cut = real(b, rows, width)
+        widths.append(cut["input_ids"].shape)
+        got = model(**cut).logits
+        for i, r in enumerate(rows):
+            torch.testing.assert_close(got[i], whole[r, :width], atol=1e-5, rtol=1e-5)
+        return cut
+
+    monkeypatch.setattr(guard_module, "_prefix", spy)
+    check = IsolationGuard(every=1, budget=0.05, documents=2)(model, batch)
+    assert check.passed and widths and widths[0][1] < batch["input_ids"].shape[1]
+    monkeypatch.undo()  # the leaky rows' logits are not the exact batch's
+    with pytest.raises(IsolationError, match="are not isolated"):
+        IsolationGuard(every=1, budget=0.05)(model, _leaky(batch))
