@@ -177,6 +177,44 @@ def test_the_padding_collator_repads_as_the_processor_pads_a_batch(family):
             torch.testing.assert_close(logits[i, : len(d["input_ids"])], alone, rtol=0, atol=ATOL)
 
 
+@pytest.mark.parametrize("path", ["pack_dataset", "PackedRows", "PackedStream"])
+@pytest.mark.parametrize("family", list(BUILDERS))
+def test_rows_packed_beforehand_carry_documents_of_their_own_sizes(family, path):
+    """``pack_dataset`` keeps a row's images as Arrow lists (images of different sizes stay ragged), and
+    :class:`padless.PackedRows` and :class:`padless.PackedStream` concatenate its documents' tensors:
+    both re-pad as the collator does, which re-pads across rows, and the rows equal each document alone."""
+    from datasets import Dataset
+
+    from padless.batching.rows import PackedRows
+    from padless.batching.stream import PackedStream
+    from padless.integrations.datasets import pack_dataset
+
+    model, docs = BUILDERS[family]("sdpa")
+    width = 2 * max(len(d["input_ids"]) for d in docs)
+    if path == "pack_dataset":
+        rows = [{k: v.tolist() if torch.is_tensor(v) else v for k, v in d.items()} for d in docs]
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        packed = pack_dataset(Dataset.from_dict({k: [r.get(k) for r in rows] for k in keys}), width)
+    elif path == "PackedRows":
+        packed = PackedRows(docs, width)
+    else:
+        packed = list(PackedStream(docs, width, buffer_size=len(docs)))
+    features = [packed[i] for i in range(len(packed))]
+    assert len(features) < len(docs)
+    batch = PackingCollator.for_model(model, max_length=width)(features)
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        alone = [model(**_inputs(d)).logits[0] for d in docs]
+    seen = 0
+    for r, row in enumerate(features):
+        ids, offset = list(row["input_ids"]), 0
+        for n in row["seq_lengths"]:
+            i = next(j for j, d in enumerate(docs) if d["input_ids"] == ids[offset : offset + n])
+            torch.testing.assert_close(logits[r, offset : offset + n], alone[i], rtol=0, atol=ATOL)
+            offset, seen = offset + n, seen + 1
+    assert seen == len(docs)
+
+
 def test_llava_next_tiles_of_another_size_are_still_refused():
     """Only the dims the model crops back are re-padded: tiles of another height differ in a dim it reads."""
     model, docs = llava_next("sdpa")

@@ -47,6 +47,21 @@ def _tensor(value: Any, key: str, where: str) -> torch.Tensor:
         raise ValueError(f"{where}'s {key!r} is not an array ({type(value).__name__}): {err}") from None
 
 
+def _images(value: Any, key: str, keys: Any, where: str) -> torch.Tensor:
+    """An image key as one tensor; a list of images of different sizes (a row packed beforehand in
+    Arrow, each document padded to its own) is stacked image by image, zero-padded on the dims the
+    model crops back by ``image_sizes`` (:func:`padless.layout.repadded_dims`)."""
+    try:
+        return _float32(_tensor(value, key, where))
+    except ValueError:
+        if not isinstance(value, (list, tuple)) or not value:
+            raise
+        parts = [_float32(_tensor(v, key, where))[None] for v in value]
+        if not repadded_dims(key, parts[0].dim(), keys):
+            raise
+        return _concat(parts, key, 0, [], keys)
+
+
 def _float32(t: torch.Tensor) -> torch.Tensor:
     """Pixel values read back from lists (``datasets`` rows) as float64 are the processor's float32."""
     return t.float() if t.dtype == torch.float64 else t
@@ -109,7 +124,7 @@ def read_images(
         )
     n = ids.size
     tokens = {k: per_token(feature, k, n, where) for k in scheme.token_keys if k in feature}
-    tensors = {k: _float32(_tensor(feature[k], k, where)) for k in keys if k not in tokens}
+    tensors = {k: _images(feature[k], k, keys, where) for k in keys if k not in tokens}
     if scheme.image_dim == 1:
         tensors = {k: v[None] if v.dim() < 2 else v for k, v in tensors.items()}
     missing = [k for k in scheme.token_keys if k not in tokens]
@@ -338,7 +353,7 @@ def padded_vision(features: Sequence[Mapping[str, Any]], lengths: Sequence[int],
                 values[i, : v.size] = v
             out[key] = torch.from_numpy(values)
             continue
-        parts = [_tensor(features[i][key], key, f"feature {i}") for i in where]
+        parts = [_images(features[i][key], key, keys, f"feature {i}") for i in where]
         out[key] = _concat(parts, key, _image_axis(key, parts[0], keys), where, keys)
     return out
 
@@ -375,6 +390,6 @@ def row_vision(pieces: Sequence[Sequence[int]], features: Mapping[int, Mapping[s
                     f"{len(f['input_ids'])}: a document with images is placed whole; raise max_length or drop it "
                     "(overlong='drop')"
                 )
-            parts.append(_float32(_tensor(f[key], key, f"sequence {i}")))
+            parts.append(_images(f[key], key, keys, f"sequence {i}"))
         out[key] = _concat(parts, key, _image_axis(key, parts[0], keys), [int(i) for i, _, _ in pieces], keys)
     return out
