@@ -15,6 +15,7 @@ and gradients of every parameter (vision tower included), fp32, 1e-5."""
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from quick_vlms import END, IMAGE, MROPE, START, TEXT, _build, _words  # noqa: E
 from wide_vlms import CLIP, _tokens  # noqa: E402
 
 from padless.attention.accept import check_batch  # noqa: E402
+from padless.attention.select import use_backend  # noqa: E402
 from padless.batching.collate import PackingCollator, PaddingCollator  # noqa: E402
 
 ATOL = 1e-5
@@ -48,9 +50,16 @@ def _grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_packs_exactly(model, docs, max_length):
-    """Pack ``docs`` for ``model`` and compare every document's logits and every gradient with the
-    documents run alone; returns the batch."""
+def _built(builder, attn):
+    """``builder``'s model on ``attn``; ``padless``: built on sdpa (which the documents alone run on), then
+    swapped to padless attention for the packed rows."""
+    return builder("sdpa" if attn == "padless" else attn)
+
+
+def assert_packs_exactly(model, docs, max_length, attn="sdpa"):
+    """Pack ``docs`` for ``model`` (on ``attn``: ``padless`` swaps to padless attention after the documents
+    ran alone) and compare every document's logits and every gradient with the documents run alone;
+    returns the batch."""
     model.zero_grad()
     alone = []
     for d in docs:
@@ -58,6 +67,10 @@ def assert_packs_exactly(model, docs, max_length):
         _loss(logits, d["labels"]).backward()
         alone.append(logits.detach())
     want = _grads(model)
+    if attn == "padless":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.set_attn_implementation(use_backend("padless"))
     batch = PackingCollator.for_model(model, max_length=max_length)(docs)
     check_batch(model, batch)
     assert batch["input_ids"].shape[0] < len(docs), "documents share rows"
@@ -155,12 +168,12 @@ def _shapes(docs):
     return {tuple(d["pixel_values"].shape[1:]) for d in docs if "pixel_values" in d}
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "padless"])
 @pytest.mark.parametrize("family", list(BUILDERS))
 def test_documents_padded_to_their_own_images_pack_exactly(family, attn):
-    model, docs = BUILDERS[family](attn)
+    model, docs = _built(BUILDERS[family], attn)
     assert len(_shapes(docs)) > 1, "the documents differ in shape beyond the first dimension"
-    batch = assert_packs_exactly(model, docs, max_length=2 * max(len(d["input_ids"]) for d in docs))
+    batch = assert_packs_exactly(model, docs, 2 * max(len(d["input_ids"]) for d in docs), attn)
     assert batch["pixel_values"].shape[0] == sum(d["pixel_values"].shape[0] for d in docs if "pixel_values" in d)
 
 
@@ -262,11 +275,11 @@ def glm_doc(videos, seed, images=()):
     return feature
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "padless"])
 def test_glm4v_documents_with_videos_pack_exactly(attn):
-    model = glm4v(attn)
+    model = _built(glm4v, attn)
     docs = [glm_doc([(2, 4, 4)], 0), glm_doc([], 1), glm_doc([(3, 2, 4), (1, 4, 2)], 2), glm_doc([(2, 2, 2)], 3)]
-    batch = assert_packs_exactly(model, docs, max_length=2 * max(len(d["input_ids"]) for d in docs))
+    batch = assert_packs_exactly(model, docs, 2 * max(len(d["input_ids"]) for d in docs), attn)
     assert int((batch["mm_token_type_ids"] == 2).sum()) == sum(
         t * h * w // 4 for t, h, w in [(2, 4, 4), (3, 2, 4), (1, 4, 2), (2, 2, 2)]
     )
