@@ -52,11 +52,11 @@ def _images(value: Any, key: str, keys: Any, where: str) -> torch.Tensor:
     Arrow, each document padded to its own) is stacked image by image, zero-padded on the dims the
     model crops back by ``image_sizes`` (:func:`padless.layout.repadded_dims`)."""
     try:
-        return _float32(_tensor(value, key, where))
+        return _tensor(value, key, where)
     except ValueError:
         if not isinstance(value, (list, tuple)) or not value:
             raise
-        parts = [_float32(_tensor(v, key, where))[None] for v in value]
+        parts = [_tensor(v, key, where)[None] for v in value]
         if not repadded_dims(key, parts[0].dim(), keys):
             raise
         return _concat(parts, key, 0, [], keys)
@@ -124,7 +124,7 @@ def read_images(
         )
     n = ids.size
     tokens = {k: per_token(feature, k, n, where) for k in scheme.token_keys if k in feature}
-    tensors = {k: _images(feature[k], k, keys, where) for k in keys if k not in tokens}
+    tensors = {k: _float32(_images(feature[k], k, keys, where)) for k in keys if k not in tokens}
     if scheme.image_dim == 1:
         tensors = {k: v[None] if v.dim() < 2 else v for k, v in tensors.items()}
     missing = [k for k in scheme.token_keys if k not in tokens]
@@ -390,6 +390,6 @@ def row_vision(pieces: Sequence[Sequence[int]], features: Mapping[int, Mapping[s
                     f"{len(f['input_ids'])}: a document with images is placed whole; raise max_length or drop it "
                     "(overlong='drop')"
                 )
-            parts.append(_images(f[key], key, keys, f"sequence {i}"))
+            parts.append(_float32(_images(f[key], key, keys, f"sequence {i}")))
         out[key] = _concat(parts, key, _image_axis(key, parts[0], keys), [int(i) for i, _, _ in pieces], keys)
     return out
