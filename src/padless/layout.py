@@ -77,6 +77,19 @@ def image_axis(key: str, ndim: int, keys: Iterable[str] = ()) -> int:
     return 1 if PER_SAMPLE_RANKS.get(key) == ndim else 0
 
 
+def repadded_dims(key: str, ndim: int, keys: Iterable[str] = ()) -> tuple[int, ...]:
+    """The dims of an image-major ``key`` tensor (``ndim`` dims) that each document pads to its own
+    images and the model crops back per image by ``image_sizes`` (``keys``: the vision keys beside it),
+    so documents of different sizes are zero-padded at the end of these dims to the largest, as their
+    processor pads a batch: LLaVA-NeXT's any-resolution tiles (``pixel_values [images, tiles, C, H, W]``,
+    padded on ``tiles``; the model keeps each image's first tiles, counted from ``image_sizes``) and
+    Pixtral's images (``pixel_values [images, C, H, W]``, padded at the bottom and right; Pixtral's
+    tower keeps each image's ``image_sizes`` patches). ``()``: every dim but the first must agree."""
+    if key != "pixel_values" or "image_sizes" not in keys:
+        return ()
+    return {5: (1,), 4: (2, 3)}.get(ndim, ())
+
+
 def _as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     arr = np.asarray(lengths, dtype=np.int64)
     if arr.ndim != 1:

@@ -79,6 +79,9 @@ class VisionScheme:
     """The image placeholder token."""
     tokens_per_image: int | None = None
     """Placeholder tokens per image where the family fixes it (``None``: from ``image_grid_thw``, or unknown)."""
+    video_token_id: int | None = None
+    """The video placeholder token as the model reads it: GLM-4V's video frames hold the image token
+    (``mm_token_type_ids`` 2 tells them apart), so one forward holds images or videos, not both."""
     merge: int = 1
     """Qwen-VL's spatial merge: an image of grid ``t x h x w`` patches takes ``t*h*w // merge**2`` tokens."""
     rope_owner: type | None = None
@@ -125,7 +128,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "mistral3": _ANYRES,  # image_sizes: each image's own size inside its padded pixel_values
     "internvl": dict(positions="text"),
     "aya_vision": dict(positions="text"),  # Cohere2's sliding layers: windows read from its language model
-    "glm4v": _QWEN,
+    "glm4v": {**_QWEN, "videos_at_image_token": True},  # its frames hold the image token, typed 2
 }
 """Model type -> the scheme's fields: the families whose packed image-text rows the multimodal sweep
 proves equal to each document alone (logits and gradients)."""
@@ -178,6 +181,10 @@ def vision_scheme(
     if image_token_id is None:
         image_token_id = getattr(config, "image_token_index", None)
     fields.setdefault("tokens_per_image", getattr(config, "mm_tokens_per_image", None))
+    video_token_id = getattr(config, "video_token_id", None)
+    if video_token_id is None:
+        video_token_id = getattr(config, "video_token_index", None)
+    fields["video_token_id"] = image_token_id if fields.pop("videos_at_image_token", False) else video_token_id
     if fields["positions"] == "rope3d":
         owner = _rope_owner(model_or_config, modules)
         if owner is None:
@@ -187,6 +194,9 @@ def vision_scheme(
             )
         fields.update(rope_owner=owner[0], rope_config=owner[1])
         fields["merge"] = int(getattr(config.vision_config, "spatial_merge_size", 1))
+    elif family == "llava" and getattr(config.vision_config, "model_type", None) == "pixtral":
+        # Pixtral's tower: images of their own sizes, padded (cropped back by image_sizes), tokens per its patches
+        fields.update(image_keys=("pixel_values", "image_sizes"), tokens_per_image=None)
     elif family == "llava":
         fields["tokens_per_image"] = getattr(config, "image_seq_length", None)
     return VisionScheme(family=family, image_token_id=image_token_id, **fields), None

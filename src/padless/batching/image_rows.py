@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from padless.layout import IMAGE_COLUMNS, PER_SAMPLE_RANKS, PER_TOKEN_COLUMNS, image_axis
+from padless.layout import IMAGE_COLUMNS, PER_SAMPLE_RANKS, PER_TOKEN_COLUMNS, image_axis, repadded_dims
 
 __all__ = [
     "IMAGE_COLUMNS",
@@ -84,7 +84,8 @@ def require_whole(
 
 def concat_images(parts: Sequence[Any], key: str, keys: Iterable[str] = ()) -> np.ndarray:
     """The images of a row's documents (numpy, lists or tensors) as one array, stacked along the image
-    axis; per-sample tensors of different image sizes are zero-padded to the largest, as their
+    axis; per-sample tensors of different image sizes are zero-padded to the largest, and image-major ones
+    on the dims the model crops back by ``image_sizes`` (:func:`padless.layout.repadded_dims`), as their
     processor pads a batch."""
     arrays = [np.asarray(p.detach().cpu().numpy() if hasattr(p, "detach") else p) for p in parts]
     ranks = {a.ndim for a in arrays}
@@ -96,7 +97,11 @@ def concat_images(parts: Sequence[Any], key: str, keys: Iterable[str] = ()) -> n
     if axis == 1:
         size = [max(a.shape[d] for a in arrays) for d in range(arrays[0].ndim)]
         arrays = [np.pad(a, [(0, 0), (0, 0), *((0, size[d] - a.shape[d]) for d in range(2, a.ndim))]) for a in arrays]
-    elif len({a.shape[1:] for a in arrays}) != 1:
+    else:
+        dims = repadded_dims(key, arrays[0].ndim, keys)
+        size = {d: max(a.shape[d] for a in arrays) for d in dims}
+        arrays = [np.pad(a, [(0, size[d] - a.shape[d] if d in size else 0) for d in range(a.ndim)]) for a in arrays]
+    if axis == 0 and len({a.shape[1:] for a in arrays}) != 1:
         raise ValueError(
             f"{key!r} differs in shape beyond the first dimension across a row's documents "
             f"({sorted({a.shape[1:] for a in arrays})}); process every image with the same processor settings"

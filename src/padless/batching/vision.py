@@ -34,7 +34,7 @@ from padless.attention.multimodal import (  # noqa: F401 (IMAGE_KEYS, block_ids 
     image_inputs,
     rope_positions,
 )
-from padless.layout import position_ids_from_lengths
+from padless.layout import position_ids_from_lengths, repadded_dims
 
 VIDEO_KEYS: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 """Qwen-VL's video inputs: concatenated like images (``second_per_grid_ts`` one value per video)."""
@@ -45,6 +45,21 @@ def _tensor(value: Any, key: str, where: str) -> torch.Tensor:
         return value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
     except (TypeError, ValueError) as err:
         raise ValueError(f"{where}'s {key!r} is not an array ({type(value).__name__}): {err}") from None
+
+
+def _images(value: Any, key: str, keys: Any, where: str) -> torch.Tensor:
+    """An image key as one tensor; a list of images of different sizes (a row packed beforehand in
+    Arrow, each document padded to its own) is stacked image by image, zero-padded on the dims the
+    model crops back by ``image_sizes`` (:func:`padless.layout.repadded_dims`)."""
+    try:
+        return _tensor(value, key, where)
+    except ValueError:
+        if not isinstance(value, (list, tuple)) or not value:
+            raise
+        parts = [_tensor(v, key, where)[None] for v in value]
+        if not repadded_dims(key, parts[0].dim(), keys):
+            raise
+        return _concat(parts, key, 0, [], keys)
 
 
 def _float32(t: torch.Tensor) -> torch.Tensor:
@@ -109,14 +124,21 @@ def read_images(
         )
     n = ids.size
     tokens = {k: per_token(feature, k, n, where) for k in scheme.token_keys if k in feature}
-    tensors = {k: _float32(_tensor(feature[k], k, where)) for k in keys if k not in tokens}
+    tensors = {k: _float32(_images(feature[k], k, keys, where)) for k in keys if k not in tokens}
     if scheme.image_dim == 1:
         tensors = {k: v[None] if v.dim() < 2 else v for k, v in tensors.items()}
     missing = [k for k in scheme.token_keys if k not in tokens]
     if missing:
         raise ValueError(f"{where} carries images but no {', '.join(map(repr, missing))}, which {scheme.family} needs")
     images = _count_images(tensors, scheme)
-    placeholders = int(np.count_nonzero(ids == scheme.image_token_id)) if scheme.image_token_id is not None else None
+    image_at, video_at = _placeholders(ids, tokens.get("mm_token_type_ids"), scheme)
+    shared = scheme.video_token_id is not None and scheme.video_token_id == scheme.image_token_id
+    if shared and "pixel_values" in tensors and "pixel_values_videos" in tensors:
+        raise ValueError(
+            f"{where} holds images and videos: {scheme.family} reads both at its image token "
+            f"(id {scheme.image_token_id}), so one forward holds images or videos, not both; split them"
+        )
+    placeholders = None if image_at is None else int(image_at.sum())
     expected = _expected_tokens(tensors, scheme, images)
     if placeholders is not None and expected is not None and placeholders != expected:
         raise ValueError(
@@ -124,9 +146,17 @@ def read_images(
             f"{images} image{'s' if images != 1 else ''} take {expected}: the ids and the image inputs do not "
             "come from the same processor call (or the text was truncated through an image)"
         )
-    if "mm_token_type_ids" in tokens and scheme.image_token_id is not None:
+    if video_at is not None and "video_grid_thw" in tensors:
+        grid = tensors["video_grid_thw"].reshape(-1, 3).long()
+        frames = int((grid.prod(dim=1) // scheme.merge**2).sum())
+        if int(video_at.sum()) != frames:
+            raise ValueError(
+                f"{where} has {int(video_at.sum())} video placeholder tokens but its video_grid_thw takes {frames}: "
+                "the ids and the video inputs do not come from the same processor call"
+            )
+    if "mm_token_type_ids" in tokens and image_at is not None:
         marked = tokens["mm_token_type_ids"] == 1
-        if not np.array_equal(marked, ids == scheme.image_token_id):
+        if not np.array_equal(marked, image_at):
             raise ValueError(
                 f"{where}'s mm_token_type_ids mark {int(marked.sum())} image tokens where its input_ids hold "
                 f"{placeholders} image placeholders; they must mark the same positions"
@@ -147,6 +177,19 @@ ALL_VISION_KEYS: tuple[str, ...] = (
 )
 """Processor outputs a vision-language feature may carry (``token_type_ids`` counts only where the
 model's family reads it; elsewhere the text rule's check of zeros applies)."""
+
+
+def _placeholders(
+    ids: np.ndarray, types_: np.ndarray | None, scheme: VisionScheme
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``[n]`` bool: where a document's image and its video placeholders lie (``None``: the family names no
+    such token). Where videos hold the image token (GLM-4V), ``mm_token_type_ids`` 2 marks their frames."""
+    image_at = None if scheme.image_token_id is None else ids == scheme.image_token_id
+    video_at = None if scheme.video_token_id is None else ids == scheme.video_token_id
+    if image_at is not None and scheme.video_token_id == scheme.image_token_id:
+        frames = types_ == 2 if types_ is not None else np.zeros_like(image_at)
+        image_at, video_at = image_at & ~frames, image_at & frames
+    return image_at, video_at
 
 
 def _count_images(tensors: dict[str, torch.Tensor], scheme: VisionScheme) -> int:
@@ -227,6 +270,14 @@ def packed_vision(
                 values[r, o : o + n] = docs[f].tokens[key][s : s + n]
         out[key] = torch.from_numpy(values)
     keys = list(dict.fromkeys(k for f in order for k in docs[f].tensors))
+    if scheme.video_token_id is not None and scheme.video_token_id == scheme.image_token_id:
+        held = {k: [f for f in order if k in docs[f].tensors] for k in ("pixel_values", "pixel_values_videos")}
+        if all(held.values()):
+            raise ValueError(
+                f"features {held['pixel_values']} hold images and features {held['pixel_values_videos']} videos: "
+                f"{scheme.family} reads both at its image token (id {scheme.image_token_id}), so one forward holds "
+                "images or videos, not both; batch them apart"
+            )
     for key in keys:
         # a document holds images, videos or both: each kind's keys come from the documents that hold it
         group = VIDEO_KEYS if key in VIDEO_KEYS else tuple(k for k in keys if k not in VIDEO_KEYS)
@@ -234,7 +285,7 @@ def packed_vision(
         missing = [f for f in holders if key not in docs[f].tensors]
         if missing:
             raise ValueError(f"feature {missing[0]} carries no {key!r} while others of the batch do")
-        out[key] = _concat([docs[f].tensors[key] for f in holders], key, scheme.image_dim, holders)
+        out[key] = _concat([docs[f].tensors[key] for f in holders], key, scheme.image_dim, holders, keys)
     if scheme.positions != "rope3d":
         return out, None
     text = np.stack([position_ids_from_lengths(d) for d in row_docs])
@@ -242,21 +293,29 @@ def packed_vision(
     return out, np.concatenate([text[None], rope])
 
 
-def _concat(parts: list[torch.Tensor], key: str, dim: int, order: list[int]) -> torch.Tensor:
+def _pad_to(parts: list[torch.Tensor], dims: Sequence[int]) -> list[torch.Tensor]:
+    """``parts`` zero-padded at the end of ``dims`` to the largest of them."""
+    sizes = {d: max(p.shape[d] for p in parts) for d in dims}
+    out = []
+    for p in parts:
+        pad = []
+        for d in reversed(range(1, p.dim())):
+            pad += [0, sizes[d] - p.shape[d] if d in sizes else 0]
+        out.append(torch.nn.functional.pad(p, pad) if any(pad) else p)
+    return out
+
+
+def _concat(parts: list[torch.Tensor], key: str, dim: int, order: list[int], keys: Any = ()) -> torch.Tensor:
     """``parts`` concatenated along ``dim``; other dims must agree, except that per-sample image tensors
-    (``dim=1``) are zero-padded to the largest image, as the processor pads a batch of them."""
+    (``dim=1``) are zero-padded to the largest image, and image-major ones on the dims the model crops
+    back by ``image_sizes`` (:func:`padless.layout.repadded_dims`; ``keys``: the vision keys beside
+    ``key``), as the processor pads a batch of them."""
     rank = {p.dim() for p in parts}
     if len(rank) != 1:
         raise ValueError(f"{key!r} has {sorted(rank)} dimensions across features {order}; one processor makes them all")
     if dim == 1:
-        sizes = [max(p.shape[d] for p in parts) for d in range(parts[0].dim())]
-        padded = []
-        for p in parts:
-            pad = []
-            for d in reversed(range(2, p.dim())):
-                pad += [0, sizes[d] - p.shape[d]]
-            padded.append(torch.nn.functional.pad(p, pad) if any(pad) else p)
-        return torch.cat(padded, dim=1)
+        return torch.cat(_pad_to(parts, range(2, parts[0].dim())), dim=1)
+    parts = _pad_to(parts, repadded_dims(key, parts[0].dim(), keys))
     trailing = {tuple(p.shape[1:]) for p in parts}
     if len(trailing) != 1:
         raise ValueError(
@@ -301,8 +360,8 @@ def padded_vision(features: Sequence[Mapping[str, Any]], lengths: Sequence[int],
                 values[i, : v.size] = v
             out[key] = torch.from_numpy(values)
             continue
-        parts = [_tensor(features[i][key], key, f"feature {i}") for i in where]
-        out[key] = _concat(parts, key, _image_axis(key, parts[0], keys), where)
+        parts = [_images(features[i][key], key, keys, f"feature {i}") for i in where]
+        out[key] = _concat(parts, key, _image_axis(key, parts[0], keys), where, keys)
     return out
 
 
@@ -338,6 +397,6 @@ def row_vision(pieces: Sequence[Sequence[int]], features: Mapping[int, Mapping[s
                     f"{len(f['input_ids'])}: a document with images is placed whole; raise max_length or drop it "
                     "(overlong='drop')"
                 )
-            parts.append(_float32(_tensor(f[key], key, f"sequence {i}")))
-        out[key] = _concat(parts, key, _image_axis(key, parts[0], keys), [int(i) for i, _, _ in pieces])
+            parts.append(_float32(_images(f[key], key, keys, f"sequence {i}")))
+        out[key] = _concat(parts, key, _image_axis(key, parts[0], keys), [int(i) for i, _, _ in pieces], keys)
     return out
