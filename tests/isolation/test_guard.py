@@ -205,28 +205,30 @@ def test_describe_names_the_documents_and_the_noise():
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "padless"])
-def test_a_budgeted_rerun_runs_only_the_prefix_its_documents_need(monkeypatch, backend):
-    """Without the step's logits (TRL's trainers) a budgeted check re-runs only the rows holding its
-    documents, up to their last checked token, picking documents that end first: the logits there are
-    the whole batch's (a causal model reads no later token), and a leak is still caught."""
+def test_a_budgeted_rerun_runs_windows_of_its_documents(monkeypatch, backend):
+    """Without the step's logits (TRL's trainers) a budgeted check runs each checked document in a window
+    of its row (MIN_TOKENS of its neighbour before it) instead of the whole batch: an isolated document's
+    logits there are the whole batch's, and a leak is still caught."""
     from padless.isolation import guard as guard_module
 
     model = _model("llama", backend).eval()
     batch = PackingCollator.for_model(model, max_length=64)(make_features([30, 25, 40, 20, 9, 33, 12], seed=8))
     whole = model(**forward_inputs(batch)).logits
-    widths, real = [], guard_module._prefix
+    pl = batch.placements
+    starts = {(int(r), int(o)) for r, o in zip(pl.row, pl.offset, strict=True)}
+    widths, real = [], guard_module._window
 
-    def spy(b, rows, width):
-        cut = real(b, rows, width)
-        widths.append(cut["input_ids"].shape)
-        got = model(**cut).logits
-        for i, r in enumerate(rows):
-            torch.testing.assert_close(got[i], whole[r, :width], atol=1e-5, rtol=1e-5)
+    def spy(b, row, start, end):
+        cut = real(b, row, start, end)
+        widths.append(end - start)
+        first = min(o for r, o in starts if r == row and start < o < end)  # the checked document's start
+        got = model(**cut).logits[0, first - start :]
+        torch.testing.assert_close(got, whole[row, first:end], atol=1e-5, rtol=1e-5)
         return cut
 
-    monkeypatch.setattr(guard_module, "_prefix", spy)
+    monkeypatch.setattr(guard_module, "_window", spy)
     check = IsolationGuard(every=1, budget=0.05, documents=2)(model, batch)
-    assert check.passed and widths and widths[0][1] < batch["input_ids"].shape[1]
+    assert check.passed and len(widths) == 2 and max(widths) < batch["input_ids"].shape[1]
     monkeypatch.undo()  # the leaky rows' logits are not the exact batch's
     with pytest.raises(IsolationError, match="are not isolated"):
         IsolationGuard(every=1, budget=0.05)(model, _leaky(batch))

@@ -182,13 +182,10 @@ class IsolationGuard:
             return self.calls == 0
         return self.calls % self.every == 0
 
-    def _pick(
-        self, batch: Mapping[str, Any], image_pieces: np.ndarray | None = None, early: int | None = None
-    ) -> list[tuple[int, int]]:
+    def _pick(self, batch: Mapping[str, Any], image_pieces: np.ndarray | None = None) -> list[tuple[int, int]]:
         """``(piece, first column)`` of the documents to check: pieces that start a document, and
         completions after their prompt (first column: the prompt's), none holding images; documents with
-        others before them first. ``early``: the tokens each keeps (its cap); those ending first are
-        picked (the batch is re-run up to their end only)."""
+        others before them first."""
         placements = getattr(batch, "placements", None)
         if placements is None:
             raise ValueError(
@@ -212,11 +209,6 @@ class IsolationGuard:
         order = np.concatenate(
             [rng.permutation(eligible[inner[eligible]]), rng.permutation(eligible[~inner[eligible]])]
         )
-        if early:  # the documents ending first (inner ones before the rest): a re-run stops at their end
-            end = placements.offset + np.minimum(placements.length, early)
-            order = np.concatenate(
-                [o[np.argsort(end[o], kind="stable")] for o in (order[inner[order]], order[~inner[order]])]
-            )
         return [(int(j), int(first_col[j])) for j in order[: self.documents]]
 
     def _cap(self, shape: tuple[int, ...], documents: int) -> int | None:
@@ -233,11 +225,7 @@ class IsolationGuard:
         from padless.isolation.compare import NOISE_FACTOR, Document, compare_documents, computing_in, padded_logits
 
         images = _image_pieces(model, batch)
-        ids = batch["input_ids"]
-        early = None
-        if logits is None and self.budget is not None and images is None:
-            early = self._cap(tuple(ids.shape), self.documents)
-        chosen = self._pick(batch, images, early)
+        chosen = self._pick(batch, images)
         was_training = model.training
         if logits is not None and was_training and dropout_active(model):
             raise ValueError(
@@ -272,15 +260,10 @@ class IsolationGuard:
         model.eval()
         try:
             with torch.no_grad(), _small_runs_threads(model, self.budget is not None):
-                if logits is None:  # the rows that hold the checked documents, up to their last checked token
-                    rows = sorted({d.row for d in docs})
-                    width = max(max(d.columns) for d in docs) + 1
-                    cut = _prefix(batch, rows, width) if early is not None else None
-                    if cut is None:
-                        logits = model(**forward_inputs(batch)).logits
-                    else:
-                        logits = model(**cut).logits
-                        docs = [Document(d.index, d.input_ids, rows.index(d.row), d.columns) for d in docs]
+                if logits is None and self.budget is not None and images is None:
+                    logits, docs = _windowed(model, batch, docs)  # each document with the tokens before it
+                if logits is None:
+                    logits = model(**forward_inputs(batch)).logits
                 dtype = compute_dtype(model, logits)
                 with computing_in(model, dtype):  # the documents alone in the dtype the logits were computed in
                     longest = max(len(d.columns) for d in docs)  # under a budget: padding enough to be padding's noise
@@ -362,40 +345,65 @@ _CUT_PER_TOKEN = ("input_ids", "labels", "token_type_ids", "mm_token_type_ids")
 _BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
-def _prefix(batch: Mapping[str, Any], rows: list[int], width: int) -> dict[str, Any] | None:
-    """The model inputs of the first ``width`` tokens of ``rows`` of a packed batch: a causal model's
-    logits there depend on those tokens only, so a check re-runs them instead of the whole batch. Its
-    boundaries are the cut rows' own (``cu_seq_lens`` from their restarted positions). ``None`` where the
-    batch carries what is not cut by column (images, a shared-prompt tree, keys unknown here)."""
+def _windowed(model: Any, batch: Mapping[str, Any], docs: list[Any]) -> tuple[Any, list[Any]]:
+    """The checked documents' logits from windows of their rows instead of the whole batch: each
+    document with :data:`MIN_TOKENS` tokens of its row before it, cut out with its mask, positions and
+    boundaries (:func:`_window`). A document isolated in the row is isolated in the window (it reads only
+    its own tokens, which the window holds from its start); one that reads its neighbours reads the
+    neighbour tokens the window keeps. Returns ``(None, docs)`` where the batch cannot be cut (the caller
+    re-runs it whole), else ``[n, width, V]`` logits and the documents placed in them."""
+    from padless.isolation.compare import Document
+
+    runs, placed = [], []
+    for i, d in enumerate(docs):
+        start, end = max(0, min(d.columns) - MIN_TOKENS), max(d.columns) + 1
+        cut = _window(batch, d.row, start, end)
+        if cut is None:
+            return None, docs
+        runs.append(model(**cut).logits[0])
+        placed.append(Document(d.index, d.input_ids, i, tuple(c - start for c in d.columns)))
+    logits = runs[0].new_zeros(len(runs), max(r.shape[0] for r in runs), runs[0].shape[-1])
+    for i, r in enumerate(runs):
+        logits[i, : r.shape[0]] = r
+    return logits, placed
+
+
+def _window(batch: Mapping[str, Any], row: int, start: int, end: int) -> dict[str, Any] | None:
+    """The model inputs of columns ``start:end`` of one row of a packed batch, as a batch of one row: its
+    4D masks' block for those columns, its positions, its boundaries read from those positions (the
+    first, cut document counts from where the window starts). ``None`` where the batch carries what is
+    not cut by column (images, a shared-prompt tree, tensors unknown here)."""
     from padless.batching.batch import forward_inputs
-    from padless.layout import cu_seqlens_from_lengths, lengths_from_position_ids
+    from padless.layout import cu_seqlens_from_lengths
 
     inputs = forward_inputs(batch)
-    index = torch.tensor(rows, device=inputs["input_ids"].device)
+    cols = slice(start, end)
     out: dict[str, Any] = {}
     for key, value in inputs.items():
         if key in _BOUNDARY_KEYS:
             continue
         if key in _CUT_PER_TOKEN:
-            out[key] = value[index, :width]
+            out[key] = value[row : row + 1, cols]
         elif key == "position_ids" and torch.is_tensor(value) and value.ndim in (2, 3):
-            value = value.expand(*value.shape[:-2], len(batch["input_ids"]), value.shape[-1])
-            out[key] = value[..., index, :width]
+            r = 0 if value.shape[-2] == 1 else row
+            out[key] = value[..., r : r + 1, cols]
         elif key == "attention_mask" and value is not None:
             masks = value if isinstance(value, Mapping) else {None: value}
             if any(not torch.is_tensor(m) or m.ndim != 4 for m in masks.values()):
                 return None
-            cut = {k: (m if m.shape[0] == 1 else m[index])[:, :, :width, :width] for k, m in masks.items()}
+            cut = {k: m[0 if m.shape[0] == 1 else row][None, :, cols, cols] for k, m in masks.items()}
             out[key] = cut if isinstance(value, Mapping) else cut[None]
         elif torch.is_tensor(value) or key.startswith(("pixel", "image", "video", "tree")):
             return None  # a tensor this cut does not know how to read
         else:
             out[key] = value  # use_cache and other flags
-    if any(k in inputs for k in _BOUNDARY_KEYS[:1]):
-        pos = out["position_ids"]
-        text = (pos[0] if pos.ndim == 3 else pos).detach().cpu().numpy()
-        lengths = np.concatenate([lengths_from_position_ids(row) for row in text])
-        cu = torch.from_numpy(cu_seqlens_from_lengths(lengths)).to(torch.int32).to(index.device)
-        longest = int(lengths.max())
-        out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+    if _BOUNDARY_KEYS[0] in inputs:
+        pos = out.get("position_ids")
+        if pos is None:
+            return None
+        text = (pos[0] if pos.ndim == 3 else pos)[0].detach().cpu().numpy()
+        starts = np.flatnonzero(np.r_[True, text[1:] != text[:-1] + 1])  # the cut first document starts here too
+        lengths = np.diff(np.r_[starts, text.size])
+        cu = torch.from_numpy(cu_seqlens_from_lengths(lengths)).to(torch.int32).to(out["input_ids"].device)
+        out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(lengths.max()), max_length_k=int(lengths.max()))
     return out
