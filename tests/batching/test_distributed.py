@@ -248,7 +248,7 @@ def test_sampler_bad_input(kwargs, match):
 def test_drop_with_too_few_rows_and_mismatched_view_are_refused():
     with pytest.raises(ValueError, match="remainder='drop' leaves nothing"):
         schedule_epoch([3, 4], 8, world_size=2, rows_per_batch=1, remainder="drop")
-    with pytest.raises(ValueError, match="sequence 7 has length 9, longer than max_length 8"):
+    with pytest.raises(ValueError, match="sequence 8 has length 9, longer than max_length 8"):
         schedule_epoch([1] * 7 + [9] + [1] * 50, 8, world_size=1, rows_per_batch=1, seed=3)  # index before shuffle
     with pytest.raises(ValueError, match="every sequence was dropped"):
         schedule_epoch([30], 8, world_size=1, rows_per_batch=1, overlong="drop")

@@ -106,7 +106,7 @@ def test_planner_places_every_token_once(lengths, max_length, buffer_size, overl
 
 
 def test_planner_overlong_error_names_the_sequence():
-    with pytest.raises(ValueError, match="sequence 2 has length 9, longer than max_length 8"):
+    with pytest.raises(ValueError, match="sequence 3 has length 9, longer than max_length 8"):
         stream_plan([3, 4, 9], 8)
 
 

@@ -36,9 +36,9 @@ def test_library_messages_in_trainer_words():
     words = {**PACKED_TRAINER_WORDS, "seq_length": "SFTConfig.max_length", "strategy": "SFTConfig.packing_strategy"}
     for message, said in [
         (
-            "sequence 3 has length 40, longer than max_length 32 (and 2 more); choose overlong='truncate', 'split' or "
+            "sequence 4 has length 40, longer than max_length 32 (and 2 more); choose overlong='truncate', 'split' or "
             "'drop'",
-            "sequence 3 has length 40, longer than PackedTrainer(max_length=32) (and 2 more); choose "
+            "sequence 4 has length 40, longer than PackedTrainer(max_length=32) (and 2 more); choose "
             "PackedTrainer(overlong='truncate'), 'split' or 'drop'",
         ),
         ("sequences longer than seq_length=16: 1", "sequences longer than SFTConfig(max_length=16): 1"),

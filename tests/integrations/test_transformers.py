@@ -76,7 +76,7 @@ def test_refuses_what_it_cannot_train_exactly(tmp_path):
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "sequence 0 has length 19, longer than PackedTrainer(max_length=16)"
+            "sequence 1 has length 19, longer than PackedTrainer(max_length=16)"
             "; choose PackedTrainer(overlong='truncate'), 'split' or 'drop'"
         ),
     ):

@@ -164,7 +164,7 @@ def test_a_long_document_with_images_is_not_cut(overlong, max_cost):
 
 
 def test_error_policy_keeps_its_length_message():
-    with pytest.raises(ValueError, match="sequence 1 has length 12, longer than max_length 8"):
+    with pytest.raises(ValueError, match="sequence 2 has length 12, longer than max_length 8"):
         plan_packs([3, 12], 8, costs=[0, 0], max_cost=5)
 
 

@@ -66,7 +66,7 @@ def test_wrapped_cuts_into_separate_pieces():
 @pytest.mark.parametrize("strategy", CURRENT_STRATEGIES)
 def test_overlong_policies_literal(strategy):
     lengths = [5, 20, 3]  # max_length 8: sequence 1 is overlong
-    with pytest.raises(ValueError, match=r"sequence 1 has length 20, longer than max_length 8"):
+    with pytest.raises(ValueError, match=r"sequence 2 has length 20, longer than max_length 8"):
         plan_packs(lengths, 8, strategy=strategy)
     t = plan_packs(lengths, 8, strategy=strategy, overlong="truncate")
     assert (t.stats.truncated_sequences, t.stats.truncated_tokens, t.stats.real_tokens) == (1, 12, 16)

@@ -375,7 +375,9 @@ def _image_corpus(
         if max_length is not None and len(x) > max_length:
             if overlong == "error" or (has_images and overlong != "drop"):
                 if overlong == "error":
-                    raise overlong_error(number, len(x), max_length, what=f"{at.rsplit(', ', 1)[0]}, {unit}")
+                    raise overlong_error(
+                        number, len(x), max_length, what=f"{at.rsplit(', ', 1)[0]}, {unit}", numbered=True
+                    )
                 raise ValueError(
                     f"{at} holds images and {len(x)} tokens, above max_length={max_length}: a document with images "
                     f"is never cut (overlong={overlong!r} would cut its images); raise max_length or use overlong='drop'"

@@ -134,6 +134,7 @@ def map_shard(source: PackInput, work: Path, max_length: int, overlong: str, sha
                 max_length,
                 more=int(long.sum()) - 1,
                 what=f"{source.name}, {source.unit}",
+                numbered=True,
             )  # rows name records as where() does
         if overlong == "truncate":
             counts.update(truncated_sequences=int(long.sum()), truncated_tokens=int((lengths[long] - max_length).sum()))

@@ -39,12 +39,15 @@ def check_choice(value: object, choices: Iterable[str], what: str) -> str:
     return value  # type: ignore[return-value]
 
 
-def overlong_error(index: int, length: int, max_length: int, *, more: int = 0, what: str = "sequence") -> ValueError:
-    """The error for ``what`` number ``index`` of ``length`` tokens over ``max_length`` (``more``: how
-    many other ones are too long as well); the caller raises it."""
+def overlong_error(
+    index: int, length: int, max_length: int, *, more: int = 0, what: str = "sequence", numbered: bool = False
+) -> ValueError:
+    """The error for ``what`` at ``index`` (0-based; ``numbered``: already a number counted from 1, a
+    file's line) of ``length`` tokens over ``max_length`` (``more``: how many other ones are too long as
+    well); the caller raises it. Sequences are counted from 1, as a person counts records."""
     also = f" (and {more} more)" if more else ""
     return ValueError(
-        f"{what} {index} has length {length}, longer than max_length {max_length}{also}; "
+        f"{what} {index if numbered else index + 1} has length {length}, longer than max_length {max_length}{also}; "
         "choose overlong='truncate', 'split' or 'drop'"
     )
 
