@@ -17,7 +17,8 @@ training on documents that see each other.
 Where the guard reads the step's logits (``PackedTrainer``: the training forward's own, unless dropout is
 on) it adds only the runs alone and the padded reference; TRL's trainers build no full logits
 (``SFTTrainer``'s fused LM head; ``GRPOTrainer`` and ``DPOTrainer`` keep the trained positions' only), so
-their guard re-runs its batch (one forward without gradients, once). Its cost is measured, the guard's time against the whole first step's (Trainer's
+their guard runs each checked document in a window of its row instead (one forward of a few dozen tokens
+each, without gradients: :func:`padless.isolation.guard.IsolationGuard.check`). Its cost is measured, the guard's time against the whole first step's (Trainer's
 ``on_step_begin`` to ``on_step_end``), and logged right after the first step::
 
     padless: isolation guard, step 1: 2 documents (64 tokens) run alone match their packed rows (max |diff|
@@ -253,7 +254,7 @@ def guarded_loss(
     """Trainer's ``compute_loss`` (``compute``), with the guard run on a due training forward, on that
     forward's logits (re-run when dropout is on or the logits are not the whole rows'). ``has_logits=False``:
     the loss builds no logits (TRL's fused LM head; asking for them would re-run the batch and warn), so the
-    guard re-runs the batch itself."""
+    guard runs windows of its checked documents itself."""
     placements = run.placements_of(inputs) if run.due(model) else None
     if placements is None:
         if run.guard is not None and getattr(model, "training", False):
