@@ -63,7 +63,7 @@ for name in {blocked!r}:
 import padless
 skipped = {{"padless.integrations.transformers", "padless.integrations.first_step", "padless.integrations.trl",
            "padless.integrations.trl_rl", "padless.integrations.trl_logprobs", "padless.integrations.trl_grpo",
-           "padless.integrations.trl_dpo"}}  # they need their extra
+           "padless.integrations.trl_dpo", "padless.integrations.sft_records"}}  # they need their extra
 for info in pkgutil.walk_packages(padless.__path__, "padless."):
     if info.name not in skipped and not info.name.endswith("__main__"):  # __main__ runs the CLI
         importlib.import_module(info.name)
