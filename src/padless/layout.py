@@ -16,7 +16,7 @@ both the batching that builds rows and the attention that judges them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -286,4 +286,15 @@ def append_separator(
     return (
         np.append(input_ids, separator_id).astype(input_ids.dtype, copy=False),
         np.append(labels, separator_id if trained else IGNORE_INDEX).astype(labels.dtype, copy=False),
+    )
+
+
+def untokenized(feature: Any, where: str) -> str:
+    """Why ``feature`` (named ``where``) cannot be collated: it has no ``input_ids``; what to do with a
+    record of a form padless reads from files instead (text, chats, Alpaca, ShareGPT, prompt / completion)."""
+    keys = sorted(feature) if isinstance(feature, Mapping) else type(feature).__name__
+    return (
+        f"{where} has no 'input_ids' ({keys}): collators take token ids; a record of text, chats, Alpaca, "
+        "ShareGPT or prompt / completion is tokenized by padless.load_corpus(...) (or trained by padless' "
+        "SFTTrainer, which renders it)"
     )

@@ -268,3 +268,14 @@ def test_labels_outside_the_vocabulary_are_refused_by_both_collators():
     for collate in (PaddingCollator(features=spec), PackingCollator(model_free=True, features=spec)):
         with pytest.raises(ValueError, match="label 99999"):
             collate(feats)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [{"instruction": "Say hi", "output": "hi"}, {"conversations": [{"from": "human", "value": "x"}]}, {"text": "hi"}],
+)
+def test_a_record_not_tokenized_is_named_with_where_it_is_tokenized(record):
+    from padless.batching.collate import PackingCollator
+
+    with pytest.raises(ValueError, match=r"feature 0 has no 'input_ids' .*padless\.load_corpus"):
+        PackingCollator(model_free=True, max_length=32)([record])

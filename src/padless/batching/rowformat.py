@@ -42,6 +42,7 @@ from padless.layout import (  # noqa: F401 (VISION_KEYS re-exported)
     check_tokens,
     cu_seqlens_from_lengths,
     position_ids_from_lengths,
+    untokenized,
 )
 from padless.planning.checks import OVERLONG_DEFAULT, check_choice, check_int
 from padless.planning.plan import OVERLONG_POLICIES, STRATEGIES
@@ -116,8 +117,7 @@ class FeatureSpec:
         all_labels: list[np.ndarray] = []
         for i, feature in enumerate(features):
             if not isinstance(feature, Mapping) or "input_ids" not in feature:
-                keys = sorted(feature) if isinstance(feature, Mapping) else type(feature).__name__
-                raise ValueError(f"feature {i} has no 'input_ids' ({keys})")
+                raise ValueError(untokenized(feature, f"feature {i}"))
             check_feature_keys(feature, f"feature {i}", self.loss_weights, carried)
             ids, labels = self.sequence(feature["input_ids"], feature.get("labels"), f"feature {i}")
             all_ids.append(ids)

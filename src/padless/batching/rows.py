@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from padless.batching.vision import row_vision
-from padless.layout import IGNORE_INDEX, build_row, check_tokens
+from padless.layout import IGNORE_INDEX, build_row, check_tokens, untokenized
 from padless.planning.checks import OVERLONG_DEFAULT
 from padless.planning.schedule import RowKey
 
@@ -56,7 +56,7 @@ class PackedRowView:
         def lookup(i: int) -> tuple[np.ndarray, np.ndarray]:
             feature = features[i] = self.dataset[i]
             if not isinstance(feature, Mapping) or "input_ids" not in feature:
-                raise ValueError(f"sequence {i} of the dataset has no 'input_ids'")
+                raise ValueError(untokenized(feature, f"sequence {i} of the dataset"))
             return check_tokens(feature["input_ids"], feature.get("labels"), where=f"sequence {i}")
 
         ids, labels, seq_lengths = build_row(key, lookup)
