@@ -45,6 +45,11 @@ a window of ``w`` tokens for every layer; a dict layer type -> window (``None``:
 a dict of masks that the model picks from per layer."""
 
 
+ROW_PADDING = "padless_row_padding"
+"""Batch key: ``[R]`` trailing padding tokens of each packed row, sent with a hybrid model's batches so that
+its token mixers run the rows' real tokens only; the hook on the model's forward takes it out of the call
+(:mod:`padless.attention.mixer_documents`), so no layer of the model sees it."""
+
 VISION_KEYS: tuple[str, ...] = (
     "pixel_values",
     "image_grid_thw",

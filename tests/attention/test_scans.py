@@ -216,3 +216,46 @@ def test_the_verdict_says_which_path_each_mixer_kind_takes(family, said):
     padless.PackingCollator.for_model(model, max_length=32)
     verdict = padless.check_exact(model, "sdpa", max_length=32)
     assert said in verdict.mixers
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "bamba", "lfm2"])
+def test_row_padding_never_enters_a_mixer(family, monkeypatch):
+    """Rows of one micro-batch filled unequally: the collator sends each row's trailing padding, the hook
+    takes the key out of the call, and the scans run the real tokens only (one sequence), packed == alone."""
+    from test_mixers import EXACT, VOCAB, build, max_diff
+
+    import padless
+    from conftest import make_features
+    from padless.layout import ROW_PADDING
+
+    model = build(family, "sdpa")
+    batch = padless.PackingCollator.for_model(model, max_length=24)(make_features([20, 3, 9, 17], vocab_size=VOCAB))
+    rows, width = batch["input_ids"].shape
+    assert rows > 1 and int(batch[ROW_PADDING].sum()) > 0
+    seen = []
+    conv = scans.causal_conv1d
+    monkeypatch.setattr(scans, "causal_conv1d", lambda x, *a: seen.append(x.shape[-1] * x.shape[0]) or conv(x, *a))
+    assert max_diff(model, batch, "sdpa") <= EXACT
+    assert seen and set(seen) == {rows * width - int(batch[ROW_PADDING].sum())}  # no padding token scanned
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_row_padding_skipped_under_gradient_checkpointing(reentrant):
+    """The recomputation in backward skips the same padding (carried with the layer's documents): the
+    gradients equal those without checkpointing."""
+    from test_mixers import VOCAB, build
+
+    import padless
+    from conftest import make_features
+
+    grads = []
+    for checkpointing in (False, True):
+        model = build("bamba", "sdpa").train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        batch = padless.PackingCollator.for_model(model, max_length=24)(make_features([20, 3, 9, 17], vocab_size=VOCAB))
+        model(**{k: v for k, v in batch.items() if k != "labels"}).logits.square().mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5)

@@ -58,6 +58,8 @@ class _Forward:
     """It was given a 2D ``attention_mask`` with some padding."""
     cached: bool = False
     """It was given a cache (``past_key_values`` / ``cache``) or ``use_cache=True``."""
+    row_padding: Any = None
+    """``[B]`` trailing padding tokens of each row (:data:`padless.layout.ROW_PADDING`), where sent."""
 
 
 _MODEL_FORWARD: ContextVar[_Forward] = ContextVar("padless_model_forward", default=_Forward())

@@ -30,6 +30,7 @@ import torch
 
 from padless.attention.backend import _CONTEXT, _MODEL_FORWARD, _Forward, cu_seqlens_from_position_ids, sent_boundaries
 from padless.attention.varlen import _LastValue
+from padless.layout import ROW_PADDING
 
 _LAYER_DOCUMENTS: ContextVar[Any] = ContextVar("padless_layer_documents", default=None)
 """The :class:`Documents` the enclosing decoder layer resolved (``None``: no enclosing layer)."""
@@ -48,6 +49,9 @@ class Documents:
     explicit: bool
     """Sent as boundaries (``cu_seq_lens_q``, :func:`padless.attention.backend.packed_documents`), not read
     from a peer's restarted ``position_ids``."""
+    row_padding: Any = None
+    """``[B]`` trailing padding tokens of each row, where the forward was sent them
+    (:data:`padless.layout.ROW_PADDING`); carried with the documents into a checkpointed recomputation."""
 
 
 def inferred_forwards() -> int:
@@ -69,7 +73,12 @@ def layer_documents(hidden: torch.Tensor, call: dict[str, Any]) -> Documents:
             return enclosing
         cu = _forward_boundaries(batch, length)
     if cu is not None:
-        return Documents(_CHECKED.get(cu, (batch, length), lambda: _checked(cu, hidden)), True)
+        checked = _CHECKED.get(cu, (batch, length), lambda: _checked(cu, hidden))
+        padding = _MODEL_FORWARD.get().row_padding
+        enclosing = _LAYER_DOCUMENTS.get()
+        if padding is None and enclosing is not None:  # a checkpointed recomputation, outside the forward
+            padding = enclosing.row_padding
+        return Documents(checked, True, padding)
     forward = _MODEL_FORWARD.get()
     pos = forward.position_ids
     if pos is None or forward.padded or forward.cached or pos.ndim != 2 or pos.shape[-1] != length:
@@ -182,7 +191,8 @@ class _ModelForwardHook:
         self.names = names  # the forward's parameter names, for positional arguments
         self.tokens: list[Any] = []
 
-    def before(self, module: Any, args: tuple, kwargs: dict) -> None:
+    def before(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        padding = kwargs.pop(ROW_PADDING, None)  # padless' own key: no layer of the model sees it
         given = dict(zip(self.names, args, strict=False)) | kwargs
         outer = _MODEL_FORWARD.get()
         mask = given.get("attention_mask")
@@ -195,8 +205,10 @@ class _ModelForwardHook:
             position_ids=pos if pos is not None else outer.position_ids,
             padded=padded or outer.padded,
             cached=cached or outer.cached,
+            row_padding=padding if padding is not None else outer.row_padding,
         )
         self.tokens.append(_MODEL_FORWARD.set(state))
+        return (args, kwargs) if padding is not None else None
 
     def after(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         if self.tokens:

@@ -281,13 +281,46 @@ def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         )
     if _how(kind, hidden.device.type, kernels, self) == SCAN:
         batch, length = hidden.shape[:2]
-        with _scans_for(base, kind, scans.document_index(cu, batch, length)):
+        doc = scans.document_index(cu, batch, length)
+        real = _real_tokens(arguments, hidden_name, documents.row_padding)
+        if real is not None:  # the rows' real tokens only, as one sequence: row padding never enters the layer
+            with _scans_for(base, kind, doc.reshape(-1)[real][None]):
+                out = base.forward(self, **{**arguments, hidden_name: hidden.reshape(batch * length, -1)[real][None]})
+            if not torch.is_tensor(out):
+                raise ValueError(
+                    f"{base.__name__} returned {type(out).__name__}, not the one tensor its scan path reads"
+                )
+            return (
+                out[0]
+                .new_zeros(batch * length, *out.shape[2:])
+                .index_copy(0, real, out[0])
+                .reshape(batch, length, *out.shape[2:])
+            )
+        with _scans_for(base, kind, doc):
             return base.forward(self, *args, **kwargs)
     original = functools.partial(base.forward, self)
     if kernels and hidden.device.type == "cuda" and kernels_available(kind):  # opt-in, unverified
         cu_kwargs = _KERNELS[kind][1] == "cu_seqlens"
         return run_with_boundaries(original, arguments, hidden_name, cu, cu_kwargs=cu_kwargs)
     return run_per_document(original, arguments, hidden_name, cu, max_padding)
+
+
+def _real_tokens(arguments: dict[str, Any], hidden_name: str, padding: Any) -> torch.Tensor | None:
+    """Flat indices of the real tokens of a packed ``[B, L]`` forward whose rows end in ``padding``
+    tokens (the collator sends how many: :data:`padless.layout.ROW_PADDING`), or ``None``: none sent, or
+    the layer gets another per-token argument that a compacted call would have to cut too."""
+    hidden = arguments[hidden_name]
+    batch, length = hidden.shape[:2]
+    if padding is None or padding.numel() != batch or not bool(padding.any()):
+        return None
+    if any(
+        torch.is_tensor(v) and v.ndim >= 2 and v.shape[:2] == (batch, length)
+        for k, v in arguments.items()
+        if k != hidden_name
+    ):
+        return None
+    keep = torch.arange(length, device=hidden.device)[None, :] < (length - padding.to(hidden.device))[:, None]
+    return keep.reshape(-1).nonzero().squeeze(1)
 
 
 def _padding_mask(arguments: dict[str, Any]) -> bool:

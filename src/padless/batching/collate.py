@@ -32,6 +32,7 @@ from padless.batching.batch import NOT_FORWARD, PackedBatch, Placements, batch_t
 from padless.batching.rowformat import FeatureSpec, RowFormat, Sequences, round_up  # noqa: F401 (re-exported)
 from padless.layout import (
     IGNORE_INDEX,
+    ROW_PADDING,
     build_row,
     cu_seqlens_from_lengths,
     mask_document_starts,
@@ -225,6 +226,9 @@ class PackingCollator(RowFormat):
         position_ids = np.stack([position_ids_from_lengths(docs) for docs in row_docs])
         images, blocks, positions = self._images(features, seqs, placements, input_ids, row_docs)
         batch = self.row_inputs(input_ids, labels, position_ids, row_docs, blocks=blocks)
+        if self.verdict is not None and self.verdict.boundaries:  # token mixers skip each row's trailing pad
+            real = np.bincount(placements.row, weights=placements.length, minlength=input_ids.shape[0])
+            batch[ROW_PADDING] = torch.from_numpy(input_ids.shape[1] - real.astype(np.int64))
         if positions is not None:  # Qwen-VL's 3-D rope index per document, the text positions first
             batch["position_ids"] = torch.from_numpy(positions)
         batch.update(images)

@@ -374,13 +374,13 @@ def _window(batch: Mapping[str, Any], row: int, start: int, end: int) -> dict[st
     first, cut document counts from where the window starts). ``None`` where the batch carries what is
     not cut by column (images, a shared-prompt tree, tensors unknown here)."""
     from padless.batching.batch import forward_inputs
-    from padless.layout import cu_seqlens_from_lengths
+    from padless.layout import ROW_PADDING, cu_seqlens_from_lengths
 
     inputs = forward_inputs(batch)
     cols = slice(start, end)
     out: dict[str, Any] = {}
     for key, value in inputs.items():
-        if key in _BOUNDARY_KEYS:
+        if key in _BOUNDARY_KEYS or key == ROW_PADDING:  # re-derived for the window (which ends in no padding)
             continue
         if key in _CUT_PER_TOKEN:
             out[key] = value[row : row + 1, cols]
