@@ -395,27 +395,43 @@ MEMORY_METHOD_NOTES = {
 }
 
 
+def _how_measured(results: BenchResults) -> str:
+    """How the strategies were timed against each other, for the headline."""
+    cfg = results.config
+    same = "same examples per step" if cfg.mode == "same-examples" else "same token budget per step"
+    lm_head = ", same LM-head work" if not cfg.full_logits else ""
+    isolated = all(run.allocator for run in results.strategies.values())
+    if isolated and cfg.world_size == 1:
+        how = (
+            "each strategy in its own process, the processes stepped in turn (step i of every strategy, then step i+1)"
+        )
+    else:
+        how = "the strategies run one after another in one process"
+    return f"{same.capitalize()}{lm_head}; {how}."
+
+
 def headline(results: BenchResults) -> str | None:
     """``packing: ×1.08 real tokens/s over bucketing, the fastest of 3 baselines run (padding, bucketing,
-    flattening); ×1.41 over padding. Same examples per step, ...``: the strongest baseline that ran,
-    by the same median measure (``None`` without packing or any other strategy measured)."""
+    flattening); ×1.41 over padding. ...``: the strongest baseline that ran, by the same median
+    measure, and how it was measured; ``None`` without packing or any other strategy measured. When
+    the speedup lies within the spread of the step times (``Summary.headline_noise``) it says the run
+    was too noisy to rank them instead of giving a figure."""
     s = results.summary()
     if s.speedup_over_strongest is None or s.strongest_baseline is None:
         return None
     strongest = s.strongest_baseline
+    if s.headline_noise is not None:
+        return (
+            f"too noisy to rank packing against {strongest}: {s.headline_noise} (the spread holds ×1.00; "
+            f"medians ×{s.speedup_over_strongest:.2f}). {_how_measured(results)}"
+        )
     if len(s.baselines_run) == 1:
         who = f"{strongest} (the only baseline run)"
     else:
         who = f"{strongest}, the fastest of {len(s.baselines_run)} baselines run ({', '.join(s.baselines_run)})"
     over_base = s.speedup.get("packing")
     also = f"; ×{over_base:.2f} over {s.baseline}" if strongest != s.baseline and over_base is not None else ""
-    same = "same examples per step" if results.config.mode == "same-examples" else "same token budget per step"
-    isolated = all(run.allocator for run in results.strategies.values())
-    return (
-        f"packing: ×{s.speedup_over_strongest:.2f} real tokens/s over {who}{also}. {same.capitalize()}"
-        f"{', same LM-head work' if not results.config.full_logits else ''}"
-        f"{', each strategy in its own process' if isolated else ''}."
-    )
+    return f"packing: ×{s.speedup_over_strongest:.2f} real tokens/s over {who}{also}. {_how_measured(results)}"
 
 
 def paired_line(results: BenchResults) -> str | None:
@@ -424,9 +440,12 @@ def paired_line(results: BenchResults) -> str | None:
     p = s.paired_over_strongest
     if p is None:
         return None
+    spread = f"×{p.ratio_p25:.2f}-×{p.ratio_p75:.2f} IQR"
+    if p.ratio_min is not None and p.ratio_max is not None:
+        spread = f"min ×{p.ratio_min:.2f}, {spread}, median ×{p.ratio_median:.2f}, max ×{p.ratio_max:.2f}"
     return (
         f"packing's step was faster than {s.strongest_baseline}'s in {p.faster} of {p.steps} timed steps "
-        f"(the same examples in both; per-step speedup ×{p.ratio_p25:.2f}-×{p.ratio_p75:.2f}, IQR)"
+        f"(the same examples in both; per-step speedup {spread})"
     )
 
 
@@ -474,7 +493,10 @@ def _notes(results: BenchResults) -> list[str]:
         )
     allocators = sorted({run.allocator for run in results.strategies.values() if run.allocator})
     if allocators:
-        notes.append("each strategy in its own process; allocator: " + ", ".join(allocators))
+        notes.append(
+            "each strategy in its own process, the processes stepped in turn (one step at a time, so load "
+            "on the machine falls on all alike); allocator: " + ", ".join(allocators)
+        )
     methods = sorted({run.memory_method for run in results.strategies.values()})
     if methods:
         notes.append("peak memory: " + "; ".join(MEMORY_METHOD_NOTES.get(m, m) for m in methods))
@@ -532,7 +554,8 @@ def render_html(results: BenchResults, images: dict[str, bytes]) -> str:
     columns = "".join(f"<th>{esc(c)}</th>" for c in summary_columns(results))
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in summary_rows(results))
     head, paired = headline(results), paired_line(results)
-    banner = f'<p class="headline">{esc(head)}</p>' if head else ""
+    noisy = results.summary().headline_noise is not None  # no figure to stand out: a plain line
+    banner = f'<p class="{"banner" if noisy else "headline"}">{esc(head)}</p>' if head else ""
     banner += f"<p>{esc(paired)}.</p>" if paired else ""
     banner += "".join(f'<p class="banner">{esc(n)}</p>' for n in warning_lines(results))
     other = ". ".join(esc(n) for n in _notes(results))
