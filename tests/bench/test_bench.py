@@ -462,3 +462,47 @@ def test_float16_scales_the_loss_and_other_dtypes_do_not(monkeypatch):
         losses[dtype] = rec.loss
     assert all(np.isfinite(losses[torch.float16]))
     np.testing.assert_allclose(losses[torch.float16], losses[torch.float32], rtol=2e-2)
+
+
+def test_interleaved_strategies_share_a_load_started_halfway(tmp_path):
+    """Strategies stepped in turn: a CPU-burning process per core started at the middle round lands on
+    padding and packing alike, so packing's per-step speedup in the loaded rounds stays within the
+    spread (min-max) of the unloaded rounds, and packing still ranks ahead. Run one strategy after the
+    other instead and the load falls on one of them, moving the loaded rounds' ratio out."""
+    import dataclasses
+    import os
+    import statistics
+    import subprocess
+    import sys
+
+    from padless.bench.config import PRESETS
+    from padless.bench.isolate import run_interleaved
+
+    rng = np.random.default_rng(0)
+    rows = [{"input_ids": rng.integers(0, 300, n).tolist()} for n in rng.integers(8, 400, 120)]
+    data = tmp_path / "spread.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    steps, warmup = 12, 2
+    cfg = dataclasses.replace(PRESETS["quick"], data=str(data), tokenizer="gpt2", train_on="all", steps=steps,
+                              warmup_steps=warmup, batch_size=8, eval_examples=4, limit=None, threads=1,
+                              strategies=("padding", "packing"))  # fmt: skip
+    burners: list[subprocess.Popen[bytes]] = []
+
+    def load(i: int) -> None:
+        if i == steps // 2:
+            burners.extend(
+                subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)
+            )
+
+    try:
+        out = run_interleaved(cfg, cfg.strategies, progress=False, on_round=load)
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait()
+    assert burners
+    pad, pack = (out[n][0].step_time_s for n in ("padding", "packing"))
+    ratios = [a / b for a, b in zip(pad, pack)]
+    calm, loaded = ratios[warmup : steps // 2], ratios[steps // 2 :]
+    assert min(calm) <= statistics.median(loaded) <= max(calm), (calm, loaded)
+    assert statistics.median(ratios[warmup:]) > 1.0  # the order: packing ahead of padding

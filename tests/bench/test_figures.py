@@ -213,3 +213,12 @@ def test_no_bench_module_imports_another_that_imports_it_back():
 
     cycles = sorted(name for name in graph if name in reach(name, set()))
     assert cycles == [], f"bench modules on an import cycle: {cycles}"
+
+
+def test_coinciding_loss_curves_draw_as_one_line_naming_them_all():
+    from padless.bench.plots import loss_curves
+
+    other = dataclasses.replace(_run(PAD_TIMES), loss=(1.0,) * 9 + (0.9,))
+    results = _results({"padding": _run(PAD_TIMES, padded=180), "packing": _run(PACK_TIMES), "bucketing": other})
+    assert [names for names, _, _ in loss_curves(results, "step")] == [["padding", "packing"], ["bucketing"]]
+    assert len(loss_curves(results, "time")) == 3  # the same losses, reached at different times

@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -127,7 +128,7 @@ def run_in_child(
 
 
 def run_interleaved(
-    cfg: RunConfig, names: tuple[str, ...], *, progress: bool = True
+    cfg: RunConfig, names: tuple[str, ...], *, progress: bool = True, on_round: Callable[[int], None] | None = None
 ) -> dict[str, tuple[StrategyRun, int | None, tuple[int, ...]]]:
     """Run every strategy of ``names`` in its own process, all started together and stepped in turn:
     step 1 of each strategy, then step 2 of each, ... (one strategy's step runs at a time). Load on the
@@ -135,7 +136,8 @@ def run_interleaved(
     (the same examples in same-examples mode) is timed a few seconds apart. Returns what
     :func:`run_in_child` returns, per strategy. The processes load the model and data and run their
     first evaluation side by side, before the first step; each one's final evaluation runs while the
-    others wait."""
+    others wait. ``on_round(i)`` is called before round ``i`` (0-based; step ``i`` of every strategy),
+    e.g. to start a load halfway through a run."""
     import dataclasses
 
     from tqdm.auto import tqdm
@@ -158,7 +160,11 @@ def run_interleaved(
                 procs[name] = (proc, go_w, ready_r, out)
             live = [n for n in names if os.read(procs[n][2], 1) == b"r"]  # every one set up and waiting
             bar = tqdm(total=cfg.steps, desc="interleaved", unit="round", disable=not progress, leave=False)
+            rounds = 0
             while live:
+                if on_round is not None:
+                    on_round(rounds)
+                rounds += 1
                 for name in list(live):
                     _, go_w, ready_r, _ = procs[name]
                     os.write(go_w, b"g")
