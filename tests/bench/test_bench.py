@@ -375,7 +375,7 @@ def test_each_strategy_in_its_own_process_stepped_in_turn_under_a_load_started_h
     from padless.cli import main
 
     rng = np.random.default_rng(0)
-    rows = [{"input_ids": rng.integers(0, 300, n).tolist()} for n in rng.integers(8, 400, 100)]
+    rows = [{"input_ids": rng.integers(0, 300, n).tolist()} for n in rng.integers(8, 200, 100)]
     data = tmp_path / "tiny.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     steps, warmup = 10, 2
