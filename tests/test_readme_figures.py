@@ -61,3 +61,14 @@ def test_smollm2_table_rows_are_the_runs_own():
         assert cells[4] == f"{100 * figs[name].mfu:.1f}%"
         assert cells[7] == f"{run.eval_loss_start:.3f} -> {run.eval_loss_end:.3f}"
         assert cells[8] == f"{s.speedup[name]:.2f}x"
+
+
+def test_the_readme_quotes_the_demos_own_run():
+    """`make demo` runs the default preset: the README's demo figures are docs/bench's (that preset's run)."""
+    s = _results("docs/bench").summary()
+    p = s.paired_over_strongest
+    sentence = (
+        f"packing {s.speedup_over_strongest:.2f}x the real tokens/s of {s.strongest_baseline}, "
+        f"{s.speedup['packing']:.2f}x padding, faster than {s.strongest_baseline} in {p.faster} of {p.steps} steps"
+    )
+    assert sentence in " ".join(README.split())

@@ -357,21 +357,48 @@ def test_allocator_env():
         allocator_env("x")
 
 
-def test_each_strategy_in_its_own_process(tmp_path):
-    """The quick preset on a tiny pre-tokenized file: every strategy in a child process, its results
-    gathered side by side, with per-process memory, CPU times, allocator, FLOPs and MFU."""
+def test_each_strategy_in_its_own_process_stepped_in_turn_under_a_load_started_halfway(tmp_path, monkeypatch):
+    """A tiny pre-tokenized file: every strategy in a child process, the children stepped in turn, their
+    results gathered side by side, with per-process memory, CPU times, allocator, FLOPs and MFU. A
+    CPU-burning process per core starts at the middle round and lands on padding and packing alike:
+    packing's per-step speedup in the loaded rounds stays within the spread (min-max) of the calm
+    rounds, and packing still ranks ahead. Run one strategy after the other instead and the load falls
+    on one of them, moving the loaded rounds' ratio out."""
+    import functools
+    import os
+    import statistics
+    import subprocess
+    import sys
+
+    import padless.bench.isolate as isolate
     from padless.bench.results import load_results
     from padless.cli import main
 
     rng = np.random.default_rng(0)
-    rows = [{"input_ids": rng.integers(0, 300, n).tolist()} for n in rng.integers(8, 40, 24)]
+    rows = [{"input_ids": rng.integers(0, 300, n).tolist()} for n in rng.integers(8, 200, 100)]
     data = tmp_path / "tiny.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    steps, warmup = 10, 2
+    burners: list[subprocess.Popen[bytes]] = []
+
+    def load(i: int) -> None:
+        if i == steps // 2:
+            burners.extend(
+                subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)
+            )
+
+    monkeypatch.setattr(isolate, "run_interleaved", functools.partial(isolate.run_interleaved, on_round=load))
     out = tmp_path / "run"
     args = ["bench", "--preset", "quick", "--data", str(data), "--tokenizer", "gpt2", "--train-on", "all",
-            "--steps", "2", "--warmup-steps", "1", "--eval-examples", "4", "--strategies", "padding,packing",
-            "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
-    assert main(args) == 0
+            "--steps", str(steps), "--warmup-steps", str(warmup), "--batch-size", "8", "--eval-examples", "4",
+            "--strategies", "padding,packing", "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    try:
+        assert main(args) == 0
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait()
+    assert burners
     results = load_results(out / "results.json")
     assert results.status.state == "complete" and results.peak_flops_per_s > 0
     assert results.config.device == "cpu" and results.config.dtype == "float32" and results.config.allocator == "auto"
@@ -379,12 +406,16 @@ def test_each_strategy_in_its_own_process(tmp_path):
     for name, run in results.strategies.items():
         assert run.allocator == "glibc-tuned" and run.max_rss_bytes > 0
         assert run.cpu_user_s > 0 and run.cpu_sys_s >= 0
-        assert len(run.model_flops) == 2 and 0 < figs[name].mfu
+        assert len(run.model_flops) == steps and 0 < figs[name].mfu
     pad, pack = results.strategies["padding"], results.strategies["packing"]
     assert pad.model_flops == pack.model_flops and pad.trained_tokens == pack.trained_tokens  # same work needed
     assert sum(pad.executed_flops) > sum(pad.model_flops) and pack.executed_flops == pack.model_flops
     np.testing.assert_allclose(pack.loss, pad.loss, rtol=1e-5)
-    assert len(results.lengths) == 20
+    assert len(results.lengths) == 96
+    ratios = [a / b for a, b in zip(pad.step_time_s, pack.step_time_s)]
+    calm, loaded = ratios[warmup : steps // 2], ratios[steps // 2 :]
+    assert min(calm) <= statistics.median(loaded) <= max(calm), (calm, loaded)
+    assert statistics.median(ratios[warmup:]) > 1.0  # the order: packing ahead of padding
 
 
 def test_under_autocast_padless_attention_computes_in_the_autocast_dtype(monkeypatch):

@@ -137,7 +137,10 @@ def test_the_headline_names_the_strongest_baseline_that_ran(names, expected):
     line = headline(results)
     assert line.startswith(expected)
     assert "strongest baseline" not in line
-    assert line.endswith("Same examples per step, same LM-head work.")  # in-process runs: no allocator recorded
+    # in-process runs (no allocator recorded) say so
+    assert line.endswith(
+        "Same examples per step, same LM-head work; the strategies run one after another in one process."
+    )
 
 
 def test_a_speedup_inside_the_spread_warns():
@@ -147,6 +150,18 @@ def test_a_speedup_inside_the_spread_warns():
     s = summarize(runs, warmup_steps=2)
     noisy = [w for w in s.warnings if "within the spread" in w]
     assert len(noisy) == 1 and "packing over padding" in noisy[0] and "faster in 4 of 8 steps" in noisy[0]
+
+
+def test_a_speedup_inside_the_spread_is_no_headline():
+    """Within the noise the headline says the run cannot rank them (no bold figure); clear of it, a figure."""
+    jitter = [1.0, 1.0, 1.05, 0.95, 1.04, 0.96, 1.03, 0.97, 1.02, 0.98]
+    noisy = _results(
+        {"padding": _run(PAD_TIMES, padded=180), "packing": _run([a * b for a, b in zip(PAD_TIMES, jitter)])}
+    )
+    clear = _results({"padding": _run(PAD_TIMES, padded=180), "packing": _run(PACK_TIMES)})
+    assert headline(noisy).startswith("too noisy to rank packing against padding: packing over padding")
+    assert headline(clear).startswith("packing: ×")
+    assert '<p class="headline">' not in render_html(noisy, {}) and '<p class="headline">' in render_html(clear, {})
 
 
 def test_token_budget_mode_compares_the_spreads_of_the_two_strategies():
@@ -198,3 +213,12 @@ def test_no_bench_module_imports_another_that_imports_it_back():
 
     cycles = sorted(name for name in graph if name in reach(name, set()))
     assert cycles == [], f"bench modules on an import cycle: {cycles}"
+
+
+def test_coinciding_loss_curves_draw_as_one_line_naming_them_all():
+    from padless.bench.plots import loss_curves
+
+    other = dataclasses.replace(_run(PAD_TIMES), loss=(1.0,) * 9 + (0.9,))
+    results = _results({"padding": _run(PAD_TIMES, padded=180), "packing": _run(PACK_TIMES), "bucketing": other})
+    assert [names for names, _, _ in loss_curves(results, "step")] == [["padding", "packing"], ["bucketing"]]
+    assert len(loss_curves(results, "time")) == 3  # the same losses, reached at different times

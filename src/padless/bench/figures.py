@@ -116,6 +116,10 @@ class PairedSteps:
     """Median per-step speedup."""
     ratio_p75: float
     """75th percentile of the per-step speedup."""
+    ratio_min: float | None = None
+    """Smallest per-step speedup."""
+    ratio_max: float | None = None
+    """Largest per-step speedup."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,9 @@ class Summary:
     """The strategies other than packing that have timed steps, in the order they ran."""
     paired_over_strongest: PairedSteps | None = None
     """Packing against the strongest baseline step by step (``same-examples`` mode only)."""
+    headline_noise: str | None = None
+    """Why packing's speedup over the strongest baseline cannot rank them (its spread holds ×1.00),
+    or ``None`` when it stands clear of the spread: the headline is printed only then."""
     warnings: tuple[str, ...] = ()
     """What makes a figure unreliable (too few timed steps, a speedup within the spread, an MFU or a
     fraction of the ideal over 100%, kernel time): shown above the table and in report.html."""
@@ -253,6 +260,8 @@ def paired_steps(run: MeasuredSteps, other: MeasuredSteps, warmup_steps: int) ->
         ratio_p25=percentile(ratios, 25),
         ratio_median=percentile(ratios, 50),
         ratio_p75=percentile(ratios, 75),
+        ratio_min=min(ratios),
+        ratio_max=max(ratios),
     )
 
 
@@ -378,6 +387,11 @@ def summarize(
         fraction_of_ideal=fraction,
         baselines_run=tuple(others),
         paired_over_strongest=paired,
+        headline_noise=(
+            _within_noise(PADLESS, strongest, strategies, figs, warmup_steps, same_examples)
+            if strongest is not None and ours is not None
+            else None
+        ),
         warnings=tuple(
             _warnings(
                 strategies,

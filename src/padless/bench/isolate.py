@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,26 @@ def allocator_env(name: str) -> tuple[str, dict[str, str]]:
     return name, {"LD_PRELOAD": preload}
 
 
+def _child_env(cfg: RunConfig) -> tuple[str, dict[str, str]]:
+    """The allocator used and the child's environment (the same padless as the parent's)."""
+    used, extra = allocator_env(cfg.allocator)
+    env = {**os.environ, **extra}
+    if "padless" in sys.modules:  # the child imports the same padless as the parent
+        src = str(Path(sys.modules["padless"].__file__).parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return used, env
+
+
+def _read_result(name: str, out: Path, code: int | None) -> tuple[StrategyRun, int | None, tuple[int, ...]]:
+    from padless.bench.results import StrategyRun
+    from padless.bench.schema import from_plain
+
+    if not out.is_file():
+        raise RuntimeError(f"the {name} process exited with status {code} without writing its results")
+    data = json.loads(out.read_text(encoding="utf-8"))
+    return from_plain(StrategyRun, data["run"]), data["interrupted_at"], tuple(data["lengths"])
+
+
 def run_in_child(
     cfg: RunConfig, name: str, *, progress: bool = True
 ) -> tuple[StrategyRun, int | None, tuple[int, ...]]:
@@ -91,27 +112,77 @@ def run_in_child(
     too (same process group); the parent then waits for it to write what it measured."""
     import dataclasses
 
-    from padless.bench.results import StrategyRun
-    from padless.bench.schema import from_plain
-
-    used, extra = allocator_env(cfg.allocator)
+    used, env = _child_env(cfg)
     with tempfile.TemporaryDirectory(prefix="padless-bench-") as tmp:
         spec, out = Path(tmp) / "config.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps(dataclasses.asdict(cfg)), encoding="utf-8")
         cmd = [sys.executable, "-m", "padless.bench.child", str(spec), name, str(out), used]
         if not progress:
             cmd.append("--no-progress")
-        env = {**os.environ, **extra}
-        if "padless" in sys.modules:  # the child imports the same padless as the parent
-            src = str(Path(sys.modules["padless"].__file__).parent.parent)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen(cmd, env=env)
         try:
             code = proc.wait()
         except KeyboardInterrupt:
             code = proc.wait()  # the child got the Ctrl-C too and is writing what it measured
-        if not out.is_file():
-            raise RuntimeError(f"the {name} process exited with status {code} without writing its results")
-        data = json.loads(out.read_text(encoding="utf-8"))
-    run = from_plain(StrategyRun, data["run"])
-    return run, data["interrupted_at"], tuple(data["lengths"])
+        return _read_result(name, out, code)
+
+
+def run_interleaved(
+    cfg: RunConfig, names: tuple[str, ...], *, progress: bool = True, on_round: Callable[[int], None] | None = None
+) -> dict[str, tuple[StrategyRun, int | None, tuple[int, ...]]]:
+    """Run every strategy of ``names`` in its own process, all started together and stepped in turn:
+    step 1 of each strategy, then step 2 of each, ... (one strategy's step runs at a time). Load on the
+    machine that comes and goes then falls on every strategy alike, and step ``i`` of two strategies
+    (the same examples in same-examples mode) is timed a few seconds apart. Returns what
+    :func:`run_in_child` returns, per strategy. The processes load the model and data and run their
+    first evaluation side by side, before the first step; each one's final evaluation runs while the
+    others wait. ``on_round(i)`` is called before round ``i`` (0-based; step ``i`` of every strategy),
+    e.g. to start a load halfway through a run."""
+    import dataclasses
+
+    from tqdm.auto import tqdm
+
+    used, env = _child_env(cfg)
+    with tempfile.TemporaryDirectory(prefix="padless-bench-") as tmp:
+        spec = Path(tmp) / "config.json"
+        spec.write_text(json.dumps(dataclasses.asdict(cfg)), encoding="utf-8")
+        procs: dict[str, tuple[subprocess.Popen[bytes], int, int, Path]] = {}
+        try:
+            for name in names:
+                go_r, go_w = os.pipe()
+                ready_r, ready_w = os.pipe()
+                out = Path(tmp) / f"{name}.json"
+                cmd = [sys.executable, "-m", "padless.bench.child", str(spec), name, str(out), used,
+                       "--no-progress", "--turns", str(go_r), str(ready_w)]  # fmt: skip
+                proc = subprocess.Popen(cmd, env=env, pass_fds=(go_r, ready_w))
+                os.close(go_r)
+                os.close(ready_w)
+                procs[name] = (proc, go_w, ready_r, out)
+            live = [n for n in names if os.read(procs[n][2], 1) == b"r"]  # every one set up and waiting
+            bar = tqdm(total=cfg.steps, desc="interleaved", unit="round", disable=not progress, leave=False)
+            rounds = 0
+            while live:
+                if on_round is not None:
+                    on_round(rounds)
+                rounds += 1
+                for name in list(live):
+                    _, go_w, ready_r, _ = procs[name]
+                    os.write(go_w, b"g")
+                    if os.read(ready_r, 1) != b"r":  # end of file: its last step is done, the process ended
+                        live.remove(name)
+                bar.update(1)
+            bar.close()
+        except (KeyboardInterrupt, BrokenPipeError):
+            pass  # the children got the Ctrl-C too (or one died): each writes what it measured
+        finally:
+            for _, go_w, ready_r, _ in procs.values():
+                os.close(go_w)  # a child still waiting for its turn reads end of file and stops
+                os.close(ready_r)
+        results = {}
+        for name, (proc, _, _, out) in procs.items():
+            try:
+                code = proc.wait()
+            except KeyboardInterrupt:
+                code = proc.wait()
+            results[name] = _read_result(name, out, code)
+        return results

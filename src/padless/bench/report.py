@@ -1,15 +1,6 @@
-"""The benchmark report, drawn from a ``results.json`` alone: PNG plots, ``report.html``, a terminal
-table, and the ``padless report RESULTS.json [--out DIR]`` command that redraws them.
-
-Plots (matplotlib, drawn on ``Figure`` objects with the Agg canvas, so no pyplot state and no
-display are involved):
-
-    throughput.png     real tokens/s per strategy with its spread, speedup over padding, the ideal marked
-    loss_vs_step.png   training loss per optimiser step, all strategies
-    loss_vs_tokens.png training loss against real tokens trained so far, all strategies
-    loss_vs_time.png   training loss against training wall-clock time: the same curve, reached sooner
-    lengths.png        corpus length histogram, padding fraction of each strategy annotated
-    step_times.png     step-time distribution per strategy (warm-up excluded)
+"""The benchmark report, drawn from a ``results.json`` alone: ``report.html``, the terminal table, and
+the ``padless report RESULTS.json [--out DIR]`` command that redraws them with the plots
+(:mod:`padless.bench.plots`).
 
 ``report.html`` is one self-contained page: inline CSS, the plots embedded as base64 data URIs.
 """
@@ -18,271 +9,19 @@ from __future__ import annotations
 
 import base64
 import html
-import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from padless._optional import require
 from padless.bench.figures import MIN_TIMED_STEPS, OVER_100, SYS_TIME_WARNING, StrategyFigures
 from padless.bench.results import BenchResults, load_results
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
+    pass
 
 # Fixed colours for the known strategies, so every plot and every report agrees.
-STRATEGY_COLORS = {
-    "padding": "#7f7f7f",
-    "bucketing": "#ff7f0e",
-    "packing": "#1f77b4",
-    "flattening": "#2ca02c",
-}
-_EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
-
-
-def _colors(names: list[str]) -> dict[str, str]:
-    extra = itertools.cycle(_EXTRA_COLORS)
-    return {n: STRATEGY_COLORS.get(n) or next(extra) for n in names}
-
-
-def _si(x: float) -> str:
-    """12_345 -> '12.3k', 999.99 -> '1k'."""
-    x = float(f"{x:.3g}")  # round first, so 999.99 does not print as 1e+03
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:g}{suffix}"
-    return f"{x:g}"
-
-
-def _figure(title: str) -> tuple[Figure, Axes]:
-    Figure = require("matplotlib.figure", "the benchmark plots").Figure
-
-    fig = Figure(figsize=(7.5, 4.5), dpi=110, layout="constrained")
-    ax = fig.subplots()
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    return fig, ax
-
-
-def _note_empty(ax: Axes, text: str) -> None:
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#a00")
-
-
-def _note_missing(ax: Axes, x: float) -> None:
-    """Mark category ``x`` as having no data (y in axes units, so it sits at the bottom)."""
-    ax.text(x, 0.05, "no measured\nsteps", transform=ax.get_xaxis_transform(), ha="center", color="#a00")
-
-
-# --- plots --------------------------------------------------------------------------------------
-
-
-def plot_throughput(results: BenchResults, path: Path) -> Path:
-    """Real and padded tokens/s per strategy (medians of per-step rates), the interquartile range of
-    the per-step real tokens/s as an error bar; bar labels give the speedup over padding; a dashed
-    line marks padding's real tokens/s times the ideal speedup (no compute spent on padding)."""
-    figs, summary = results.figures(), results.summary()
-    names = list(results.strategies)
-    colors = _colors(names)
-    fig, ax = _figure(f"Throughput by strategy ({results.config.model}, {results.environment.device})")
-    ax.grid(axis="x", visible=False)
-    hatched = spread = False  # each legend entry once
-    for i, name in enumerate(names):
-        real, padded = figs[name].real_tokens_per_s, figs[name].padded_tokens_per_s
-        if real is None or padded is None:
-            _note_missing(ax, i)
-            continue
-        # stacked: real tokens/s solid, the padding fed on top of it hatched (their sum: tokens fed/s)
-        ax.bar(i, real, width=0.6, color=colors[name])
-        ax.bar(
-            i,
-            padded - real,
-            bottom=real,
-            width=0.6,
-            color="none",
-            edgecolor=colors[name],
-            hatch="//",
-            linewidth=1,
-            label="padding tokens fed / s" if padded > real and not hatched else None,
-        )
-        hatched = hatched or padded > real
-        lo, hi = figs[name].real_tokens_per_s_p25, figs[name].real_tokens_per_s_p75
-        if lo is not None and hi is not None:
-            ax.errorbar(
-                i,
-                real,
-                yerr=[[max(0.0, real - lo)], [max(0.0, hi - real)]],
-                fmt="none",
-                ecolor="k",
-                capsize=4,
-                linewidth=1,
-                label=None if spread else "IQR of per-step real tokens/s",
-            )
-            spread = True
-        speed = summary.speedup.get(name)
-        label = f"{_si(real)} real/s" + (f"\n×{speed:.2f}" if speed is not None else "")
-        ax.annotate(
-            label,
-            (i, max(padded, hi or 0.0)),
-            xytext=(0, 3),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85),
-        )
-    base = figs.get(summary.baseline)
-    if summary.ideal_speedup is not None and base is not None and base.real_tokens_per_s is not None:
-        ideal = base.real_tokens_per_s * summary.ideal_speedup
-        ax.axhline(
-            ideal,
-            color="k",
-            linestyle="--",
-            linewidth=1,
-            label=f"ideal: {summary.baseline} × {summary.ideal_speedup:.2f} (its tokens fed / real tokens)",
-        )
-    if summary.warnings:
-        ax.text(
-            0.99,
-            0.98,
-            f"{len(summary.warnings)} warning(s): see report.html",
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            color="#a00",
-        )
-    ax.set_xticks(range(len(names)), names)
-    ax.set_xlim(-0.6, len(names) - 0.4)
-    ax.set_xlabel("strategy (solid: real tokens/s, label: speedup over padding)")
-    ax.set_ylabel("tokens per second")
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.45)  # headroom for the legend above the labels
-    ax.yaxis.set_major_formatter(lambda v, _: _si(v))
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", fontsize="small")
-    fig.savefig(path)
-    return path
-
-
-LossAxis = Literal["step", "tokens", "time"]
-_LOSS_TITLES = {
-    "step": "Training loss per optimiser step",
-    "tokens": "Training loss against real tokens trained",
-    "time": "Training loss against training time",
-}
-
-
-def plot_loss(results: BenchResults, path: Path, x: LossAxis) -> Path:
-    """Training loss of every strategy on one chart, against the optimiser step (``x="step"``), the
-    real tokens trained so far (``x="tokens"``) or the training wall-clock time so far (``x="time"``:
-    the sum of step times, evaluation left out)."""
-    if x not in _LOSS_TITLES:
-        raise ValueError(f"x must be 'step', 'tokens' or 'time', got {x!r}")
-    title = _LOSS_TITLES[x]
-    fig, ax = _figure(title)
-    colors = _colors(list(results.strategies))
-    for name, run in results.strategies.items():
-        if not run.loss:
-            ax.plot([], [], label=f"{name} (no steps)", color=colors[name])
-            continue
-        series = {"step": [1] * len(run.loss), "tokens": run.real_tokens, "time": run.step_time_s}[x]
-        xs = list(itertools.accumulate(series))
-        marker = "." if len(xs) < 40 else None
-        ax.plot(xs, run.loss, label=name, color=colors[name], linewidth=1.4, marker=marker)
-    if x == "step":
-        ax.set_xlabel("optimiser step")
-    elif x == "time":
-        ax.set_xlabel("training time so far (s, sum of step times)")
-    else:
-        ax.set_xlabel("real (non-padding) tokens trained so far")
-        ax.xaxis.set_major_formatter(lambda v, _: _si(v))
-    ax.set_ylabel("training loss (nats / token)")
-    ax.legend(title="strategy")
-    if not any(run.loss for run in results.strategies.values()):
-        _note_empty(ax, "no steps recorded")
-    fig.savefig(path)
-    return path
-
-
-def plot_lengths(results: BenchResults, path: Path) -> Path:
-    """Histogram of the corpus token lengths, ``max_length`` marked, padding fraction per strategy."""
-    lengths = results.lengths
-    fig, ax = _figure("Corpus token lengths")
-    if lengths:
-        mean = sum(lengths) / len(lengths)
-        ax.hist(lengths, bins=min(60, max(5, len(set(lengths)))), color="#4c72b0", alpha=0.85)
-        ax.set_title(f"Corpus token lengths (n = {len(lengths):,}, mean {mean:.1f}, max {max(lengths)})")
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.45)  # headroom for the legend and the padding box
-    else:
-        _note_empty(ax, "no lengths recorded")
-    ax.axvline(
-        results.config.max_length,
-        color="k",
-        linestyle="--",
-        linewidth=1,
-        label=f"max_length = {results.config.max_length}",
-    )
-    lines = [f"{n}: {_pct(f.padding_fraction)}" for n, f in results.figures().items()]
-    ax.text(
-        0.98,
-        0.95,
-        "padding fraction\n" + "\n".join(lines),
-        transform=ax.transAxes,
-        ha="right",
-        va="top",
-        family="monospace",
-        fontsize="small",
-        bbox=dict(boxstyle="round", facecolor="white", alpha=0.9),
-    )
-    ax.set_xlabel("example length (tokens)")
-    ax.set_ylabel("examples")
-    ax.set_xlim(0, max([results.config.max_length, *lengths]) * 1.03)
-    ax.legend(loc="upper left")
-    fig.savefig(path)
-    return path
-
-
-def plot_step_times(results: BenchResults, path: Path) -> Path:
-    """Box plot of step times per strategy over the steps after the warm-up, every step as a dot."""
-    warm = results.config.warmup_steps
-    fig, ax = _figure(f"Step time per optimiser step ({warm} warm-up step{'s' * (warm != 1)} excluded)")
-    names = list(results.strategies)
-    colors = _colors(names)
-    data = [list(results.strategies[n].step_time_s[warm:]) for n in names]
-    if any(data):
-        box = ax.boxplot(
-            [d or [float("nan")] for d in data],
-            tick_labels=names,
-            showfliers=False,
-            patch_artist=True,
-            widths=0.5,
-            medianprops=dict(color="k"),
-        )
-        for patch, name in zip(box["boxes"], names):
-            patch.set(facecolor=colors[name], alpha=0.35)
-        for i, d in enumerate(data, start=1):
-            offsets = [((k * 0.618) % 1 - 0.5) * 0.3 for k in range(len(d))]  # deterministic jitter
-            ax.scatter([i + o for o in offsets], d, s=10, color=colors[names[i - 1]], zorder=3)
-            if not d:
-                _note_missing(ax, i)
-    else:
-        _note_empty(ax, "no steps after the warm-up")
-    ax.set_xlabel("strategy")
-    ax.set_ylabel("step time (s)")
-    ax.set_ylim(bottom=0)
-    fig.savefig(path)
-    return path
-
-
-PLOTS = {
-    "throughput": plot_throughput,
-    "loss_vs_step": lambda r, p: plot_loss(r, p, "step"),
-    "loss_vs_tokens": lambda r, p: plot_loss(r, p, "tokens"),
-    "loss_vs_time": lambda r, p: plot_loss(r, p, "time"),
-    "lengths": plot_lengths,
-    "step_times": plot_step_times,
-}
-"""Plot name (file ``<name>.png``) -> function(results, path)."""
-
+from padless.bench.plots import PLOTS, si_prefix
 
 # --- tables -------------------------------------------------------------------------------------
 
@@ -316,6 +55,15 @@ SUMMARY_COLUMNS = (
     "of ideal",
 )
 
+
+COLUMN_TERMS = {
+    "MFU": "model FLOPs utilisation: the FLOPs the model needs per second over the machine's measured peak",
+    "sys/CPU": "kernel (system) CPU time as a share of all CPU time of the strategy's training phase; "
+    "high means page faults or the allocator, not training",
+    "of ideal": "the speedup over padding divided by the ideal one (padding's tokens fed / its real tokens)",
+}
+"""The terms of the table explained where they appear: a tooltip on the column in report.html and a
+``term: meaning`` line under the table."""
 
 COMPILE_COLUMNS = ("steady tok/s", "compiled")
 """Columns added when the run compiled its layers (``--compile``)."""
@@ -395,27 +143,43 @@ MEMORY_METHOD_NOTES = {
 }
 
 
+def _how_measured(results: BenchResults) -> str:
+    """How the strategies were timed against each other, for the headline."""
+    cfg = results.config
+    same = "same examples per step" if cfg.mode == "same-examples" else "same token budget per step"
+    lm_head = ", same LM-head work" if not cfg.full_logits else ""
+    isolated = all(run.allocator for run in results.strategies.values())
+    if isolated and cfg.world_size == 1:
+        how = (
+            "each strategy in its own process, the processes stepped in turn (step i of every strategy, then step i+1)"
+        )
+    else:
+        how = "the strategies run one after another in one process"
+    return f"{same.capitalize()}{lm_head}; {how}."
+
+
 def headline(results: BenchResults) -> str | None:
     """``packing: ×1.08 real tokens/s over bucketing, the fastest of 3 baselines run (padding, bucketing,
-    flattening); ×1.41 over padding. Same examples per step, ...``: the strongest baseline that ran,
-    by the same median measure (``None`` without packing or any other strategy measured)."""
+    flattening); ×1.41 over padding. ...``: the strongest baseline that ran, by the same median
+    measure, and how it was measured; ``None`` without packing or any other strategy measured. When
+    the speedup lies within the spread of the step times (``Summary.headline_noise``) it says the run
+    was too noisy to rank them instead of giving a figure."""
     s = results.summary()
     if s.speedup_over_strongest is None or s.strongest_baseline is None:
         return None
     strongest = s.strongest_baseline
+    if s.headline_noise is not None:
+        return (
+            f"too noisy to rank packing against {strongest}: {s.headline_noise} (the spread holds ×1.00; "
+            f"medians ×{s.speedup_over_strongest:.2f}). {_how_measured(results)}"
+        )
     if len(s.baselines_run) == 1:
         who = f"{strongest} (the only baseline run)"
     else:
         who = f"{strongest}, the fastest of {len(s.baselines_run)} baselines run ({', '.join(s.baselines_run)})"
     over_base = s.speedup.get("packing")
     also = f"; ×{over_base:.2f} over {s.baseline}" if strongest != s.baseline and over_base is not None else ""
-    same = "same examples per step" if results.config.mode == "same-examples" else "same token budget per step"
-    isolated = all(run.allocator for run in results.strategies.values())
-    return (
-        f"packing: ×{s.speedup_over_strongest:.2f} real tokens/s over {who}{also}. {same.capitalize()}"
-        f"{', same LM-head work' if not results.config.full_logits else ''}"
-        f"{', each strategy in its own process' if isolated else ''}."
-    )
+    return f"packing: ×{s.speedup_over_strongest:.2f} real tokens/s over {who}{also}. {_how_measured(results)}"
 
 
 def paired_line(results: BenchResults) -> str | None:
@@ -424,9 +188,12 @@ def paired_line(results: BenchResults) -> str | None:
     p = s.paired_over_strongest
     if p is None:
         return None
+    spread = f"×{p.ratio_p25:.2f}-×{p.ratio_p75:.2f} IQR"
+    if p.ratio_min is not None and p.ratio_max is not None:
+        spread = f"min ×{p.ratio_min:.2f}, {spread}, median ×{p.ratio_median:.2f}, max ×{p.ratio_max:.2f}"
     return (
         f"packing's step was faster than {s.strongest_baseline}'s in {p.faster} of {p.steps} timed steps "
-        f"(the same examples in both; per-step speedup ×{p.ratio_p25:.2f}-×{p.ratio_p75:.2f}, IQR)"
+        f"(the same examples in both; per-step speedup {spread})"
     )
 
 
@@ -463,8 +230,9 @@ def _notes(results: BenchResults) -> list[str]:
     if results.peak_flops_per_s:
         notes.append(
             f"MFU: model FLOPs/s (padless/bench/flops.py) over the measured peak "
-            f"{_si(results.peak_flops_per_s)}FLOP/s (GEMM {results.peak_gemm})"
+            f"{si_prefix(results.peak_flops_per_s)}FLOP/s (GEMM {results.peak_gemm})"
         )
+    notes.append(f"sys/CPU: {COLUMN_TERMS['sys/CPU']}")
     if _compiled(results):
         notes.append(
             "compiled: decoder layers under torch.compile (padless.compile_layers); 'real tok/s' is the "
@@ -474,7 +242,10 @@ def _notes(results: BenchResults) -> list[str]:
         )
     allocators = sorted({run.allocator for run in results.strategies.values() if run.allocator})
     if allocators:
-        notes.append("each strategy in its own process; allocator: " + ", ".join(allocators))
+        notes.append(
+            "each strategy in its own process, the processes stepped in turn (one step at a time, so load "
+            "on the machine falls on all alike); allocator: " + ", ".join(allocators)
+        )
     methods = sorted({run.memory_method for run in results.strategies.values()})
     if methods:
         notes.append("peak memory: " + "; ".join(MEMORY_METHOD_NOTES.get(m, m) for m in methods))
@@ -529,12 +300,17 @@ def render_html(results: BenchResults, images: dict[str, bytes]) -> str:
     import dataclasses
 
     esc = html.escape
-    columns = "".join(f"<th>{esc(c)}</th>" for c in summary_columns(results))
+    columns = "".join(
+        f'<th title="{esc(COLUMN_TERMS[c])}">{esc(c)} ⓘ</th>' if c in COLUMN_TERMS else f"<th>{esc(c)}</th>"
+        for c in summary_columns(results)
+    )
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in summary_rows(results))
     head, paired = headline(results), paired_line(results)
-    banner = f'<p class="headline">{esc(head)}</p>' if head else ""
+    noisy = results.summary().headline_noise is not None  # no figure to stand out: a plain line
+    banner = f'<p class="{"banner" if noisy else "headline"}">{esc(head)}</p>' if head else ""
     banner += f"<p>{esc(paired)}.</p>" if paired else ""
     banner += "".join(f'<p class="banner">{esc(n)}</p>' for n in warning_lines(results))
+    terms = "".join(f"<li><b>{esc(t)}</b>: {esc(m)}</li>" for t, m in COLUMN_TERMS.items())
     other = ". ".join(esc(n) for n in _notes(results))
     imgs = "".join(
         f'<img alt="{esc(name)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
@@ -549,8 +325,9 @@ def render_html(results: BenchResults, images: dict[str, bytes]) -> str:
 {banner}
 <h2>Summary</h2>
 <table class="summary"><thead><tr>{columns}</tr></thead><tbody>{body}</tbody></table>
-<p class="note">{other}. Padding is the fraction of fed tokens that were padding. Measured side by
-side in one run on the machine below.</p>
+<ul class="note">{terms}</ul>
+<p class="note">{other}. Padding is the fraction of fed tokens that were padding. Measured in one
+run on the machine below.</p>
 <h2>Plots</h2>
 {imgs}
 <h2>Configuration</h2>

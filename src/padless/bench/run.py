@@ -15,8 +15,10 @@ steps are excluded from the timing figures. Ctrl-C stops the run and still write
 
 Every strategy runs in its own process (padless/bench/isolate.py) unless ``in_process`` is set or
 the run is distributed: the parent measures the machine's peak (a timed GEMM of the model's shapes),
-starts one child per strategy with the chosen allocator, gathers their results and reports them
-side by side. Every strategy gets the same optimisations: the LM head only on trained tokens
+starts one child per strategy with the chosen allocator, all at once, and steps them in turn (step 1
+of every strategy, then step 2 of every strategy, ...; one step runs at a time), so load on the
+machine that comes and goes falls on every strategy alike; it gathers their results and reports them
+side by side. In process (and distributed), the strategies run one after another. Every strategy gets the same optimisations: the LM head only on trained tokens
 (unless ``full_logits``), fp32 master weights under autocast for a 16-bit ``dtype``; with
 ``compile``, the same :func:`padless.compile_layers` of the decoder layers (after the first
 held-out evaluation; the last one runs eager), and with ``pad_to_multiple_of`` the same rounding
@@ -82,18 +84,23 @@ def run_benchmark(cfg: RunConfig, out_dir: str | Path, *, progress: bool = True)
     status = RunStatus("complete", ())
     lengths: tuple[int, ...] = ()
     data = None if isolated else load_data(cfg)
-    for name in cfg.strategies:
-        if isolated:
-            from padless.bench.isolate import run_in_child
+    if isolated:  # every strategy in its own process, stepped in turn (padless/bench/isolate.py)
+        from padless.bench.isolate import run_interleaved
 
-            run, at, child_lengths = run_in_child(cfg, name, progress=progress)
-            lengths = lengths or child_lengths
-        else:
-            assert data is not None
-            run, at = run_one_strategy(
-                cfg, name, data, device=device, dtype=dtype, world=(rank, world_size), progress=progress
-            )
-            lengths = tuple(len(f["input_ids"]) for f in data[0])
+        for name, (run, at, child_lengths) in run_interleaved(cfg, cfg.strategies, progress=progress).items():
+            runs[name], lengths = run, lengths or child_lengths
+            if at is None:
+                done.append(name)
+            elif status.state == "complete":
+                status = RunStatus("interrupted", (), name, at)
+        if status.state != "complete":
+            status = dataclasses.replace(status, strategies_done=tuple(done))
+    for name in () if isolated else cfg.strategies:
+        assert data is not None
+        run, at = run_one_strategy(
+            cfg, name, data, device=device, dtype=dtype, world=(rank, world_size), progress=progress
+        )
+        lengths = tuple(len(f["input_ids"]) for f in data[0])
         runs[name] = run
         if at is not None:
             status = RunStatus("interrupted", tuple(done), name, at)

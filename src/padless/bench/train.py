@@ -114,9 +114,12 @@ def train_strategy(
     memory: Any,
     progress: bool = True,
     world: tuple[int, int] = (0, 1),
+    turn: Any = None,
 ) -> int | None:
     """Train one strategy from scratch (same seed, same init), record every step into ``recorder``
-    and return the peak memory of its training phase (bytes)."""
+    and return the peak memory of its training phase (bytes). ``turn``: called before every step,
+    outside its timing; it blocks until this strategy may run the step (interleaved strategies,
+    :func:`padless.bench.isolate.run_interleaved`)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -169,6 +172,8 @@ def train_strategy(
     show = progress and rank == 0
     for indices in tqdm(step_indices, desc=f"{name:>10}", unit="step", disable=not show, leave=False):
         feats = [train[i] for i in indices]
+        if turn is not None:
+            turn()
         with timer.step():
             # every host-side count and collective first, on the host-side batches: a sync here waits
             # for nothing of this step (the timer already waited for the last one)
@@ -282,6 +287,7 @@ def run_one_strategy(
     progress: bool = True,
     allocator: str | None = None,
     own_process: bool = False,
+    turn: Any = None,
 ) -> tuple[StrategyRun, int | None]:
     """Train strategy ``name`` and return its measurements and, when interrupted (Ctrl-C), the number
     of steps it completed (``None``: it finished). ``own_process``: the process exists for this
@@ -308,6 +314,7 @@ def run_one_strategy(
             memory=memory,
             progress=progress,
             world=world,
+            turn=turn,
         )
     except KeyboardInterrupt:
         peak, interrupted = memory.stop(), len(recorder.step_time_s)
