@@ -14,5 +14,6 @@
 - ``measure``: the per-strategy recorder and the environment snapshot.
 - ``results``: the ``results.json`` schema, saving, loading and validation; ``schema``: the generic
   check of decoded JSON against frozen dataclasses; ``figures``: the figures derived from the steps.
-- ``report``: the plots, the self-contained report.html and the terminal table.
+- ``report``: the self-contained report.html and the terminal table; ``plots``: the figures it embeds
+  (matplotlib), redrawn from results.json alone.
 """
