@@ -310,6 +310,7 @@ TEST_HOMES: dict[str, str] = {
     "padless.bench.config": "bench/test_bench.py",
     "padless.bench.figures": "bench/test_report.py",
     "padless.bench.plots": "bench/test_figures.py",
+    "padless.bench.captions": "bench/test_vlm_preset.py",
     "padless.bench.flops": "bench/test_bench.py",
     "padless.bench.isolate": "bench/test_bench.py",
     "padless.bench.memory": "bench/test_measure.py",

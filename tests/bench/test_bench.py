@@ -362,8 +362,8 @@ def test_each_strategy_in_its_own_process_stepped_in_turn_under_a_load_started_h
     results gathered side by side, with per-process memory, CPU times, allocator, FLOPs and MFU. A
     CPU-burning process per core starts at the middle round and lands on padding and packing alike:
     packing's per-step speedup in the loaded rounds stays within the spread (min-max) of the calm
-    rounds, and packing still ranks ahead. Run one strategy after the other instead and the load falls
-    on one of them, moving the loaded rounds' ratio out."""
+    rounds (widened by half), and packing still ranks ahead. Run one strategy after the other instead and
+    the load falls on one of them, moving the loaded rounds' ratio about twofold."""
     import functools
     import os
     import statistics
@@ -378,7 +378,7 @@ def test_each_strategy_in_its_own_process_stepped_in_turn_under_a_load_started_h
     rows = [{"input_ids": rng.integers(0, 300, n).tolist()} for n in rng.integers(8, 200, 100)]
     data = tmp_path / "tiny.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    steps, warmup = 10, 2
+    steps, warmup = 12, 2
     burners: list[subprocess.Popen[bytes]] = []
 
     def load(i: int) -> None:
@@ -414,7 +414,9 @@ def test_each_strategy_in_its_own_process_stepped_in_turn_under_a_load_started_h
     assert len(results.lengths) == 96
     ratios = [a / b for a, b in zip(pad.step_time_s, pack.step_time_s)]
     calm, loaded = ratios[warmup : steps // 2], ratios[steps // 2 :]
-    assert min(calm) <= statistics.median(loaded) <= max(calm), (calm, loaded)
+    # within the calm rounds' spread, widened by half for a shared machine's own noise: one strategy run
+    # after the other under the burners would move the ratio about twofold
+    assert min(calm) / 1.5 <= statistics.median(loaded) <= max(calm) * 1.5, (calm, loaded)
     assert statistics.median(ratios[warmup:]) > 1.0  # the order: packing ahead of padding
 
 

@@ -1,6 +1,7 @@
 """The benchmark behind ``padless bench`` and ``padless report``, one module per job:
 
-- ``config``: :class:`RunConfig` (every field a flag) and the named presets.
+- ``config``: :class:`RunConfig` (every field a flag) and the named presets; ``captions``: the vision-language
+  preset's image chats, built offline.
 - ``strategies``: the strategies compared (padding, bucketing, packing, flattening) as one table.
 - ``steps``: which examples each optimiser step trains on, in either mode (numpy only).
 - ``run``: the parent: joins ``torchrun``, measures the peak, runs every strategy, writes the results.

@@ -63,6 +63,10 @@ class RunConfig:
     dtype: str = "auto"
     """auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16. A 16-bit dtype trains
     fp32 master weights under autocast."""
+    processor: str | None = None
+    """A vision-language model's processor (``offline``: the embedded Qwen2-VL one, or a hub name / folder):
+    the data's chats with images are rendered through it, each document's images travel with it, and
+    every strategy feeds them to the model."""
     tokenizer: str | None = None
     """Tokenizer name or path; default: the model's (padless.models.factory.tokenizer_name_for: gpt2
     for the GPT-2 sizes, the packaged one for smollm2-135m); results.json records the tokenizer used."""
@@ -141,6 +145,13 @@ class RunConfig:
                 "compile='static' compiles a graph per row shape, so pad_to_multiple_of must be set "
                 "(e.g. 64: rows then take a few shapes); or use compile='dynamic'"
             )
+        if self.processor is not None and "flattening" in self.strategies:
+            raise ValueError(
+                "strategies: flattening (transformers' DataCollatorWithFlattening) drops a record's images; "
+                "with a processor choose from padding, bucketing, packing"
+            )
+        if self.data == "captions" and self.processor is None:
+            raise ValueError("data 'captions' holds images: it needs processor (e.g. 'offline')")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1 (or None), got {self.limit}")
         if not self.lr > 0:
@@ -162,6 +173,10 @@ PRESETS: dict[str, RunConfig] = {
     "gpt2": RunConfig(model="gpt2", steps=200, batch_size=32, warmup_steps=10, lr=3e-4, eval_examples=256),
     "smollm2": RunConfig(model="smollm2-135m", steps=200, batch_size=32, max_length=2048, warmup_steps=10,
                          lr=5e-5, eval_examples=256),
+    # vision-language: a tiny Qwen2-VL matched to the offline processor, on chats with 0-2 images each
+    # (padless.bench.captions), padding / bucketing / packing with the images travelling with their documents
+    "vlm": RunConfig(model="tiny-qwen2-vl", data="captions", processor="offline", steps=40, batch_size=8,
+                     max_length=512, warmup_steps=4, eval_examples=16, strategies=("padding", "bucketing", "packing")),
 }  # fmt: skip
 
 

@@ -49,7 +49,10 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
-        """Read a transformers config (GPT-2 names or Llama-family names)."""
+        """Read a transformers config (GPT-2 names or Llama-family names); a vision-language model's text
+        config (its vision encoder's FLOPs are not counted: the same for every strategy)."""
+        if hasattr(config, "get_text_config"):
+            config = config.get_text_config()
         if getattr(config, "model_type", "") == "gpt2":
             d, heads = config.n_embd, config.n_head
             return cls(config.n_layer, d, heads, heads, d // heads, config.n_inner or 4 * d, config.vocab_size, False)

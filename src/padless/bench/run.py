@@ -49,6 +49,8 @@ def _tokenizer_name(cfg: RunConfig) -> str | None:
     the model's; ``None`` for a model without one (the tiny test models, fed token ids)."""
     from padless.models.factory import tokenizer_name_for
 
+    if cfg.processor is not None:
+        return f"{cfg.processor} processor's tokenizer"
     try:
         return cfg.tokenizer or tokenizer_name_for(cfg.model)
     except ValueError:

@@ -151,7 +151,7 @@ def train_strategy(
         batch_size=cfg.batch_size,
         max_length=None,  # a micro-batch's examples packed into one padding-free row
         pad_token_id=pad_token_id,
-        vocab_size=model.config.vocab_size,
+        vocab_size=model.config.get_text_config().vocab_size,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
     )
     batcher = strategy.make_batcher(opts, model)
@@ -239,13 +239,25 @@ def resolve_device_dtype(cfg: RunConfig) -> tuple[Any, Any]:
 
 def load_data(cfg: RunConfig) -> Data:
     """Tokenized train and eval features (a seeded split) and the pad token id."""
+    from padless.bench.captions import CAPTIONS, captions_file
     from padless.data import load_corpus, load_tokenizer
     from padless.models.factory import tokenizer_name_for
 
-    tokenizer = load_tokenizer(cfg.tokenizer or tokenizer_name_for(cfg.model))
+    processor = None
+    if cfg.processor is not None:
+        from padless.data.shards import cached_processor
+
+        processor = cached_processor(cfg.processor)
+    tokenizer = (
+        processor.tokenizer if processor is not None else load_tokenizer(cfg.tokenizer or tokenizer_name_for(cfg.model))
+    )
+    data: Any = cfg.data
+    if cfg.data == CAPTIONS:  # built offline for the vision-language preset
+        data = captions_file(cfg.seed)
     corpus = load_corpus(
-        cfg.data,
+        data,
         tokenizer,
+        processor=processor,
         train_on=cfg.train_on,
         max_length=cfg.max_length,
         overlong="truncate",

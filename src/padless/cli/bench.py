@@ -91,12 +91,17 @@ def _before_the_run(cfg: RunConfig) -> list[str]:
     from padless.data import load_tokenizer
     from padless.models.factory import tokenizer_name_for
 
-    name = cfg.tokenizer or tokenizer_name_for(cfg.model)
-    source = "--tokenizer" if cfg.tokenizer else f"the model's, {cfg.model}"
+    if cfg.processor is not None:  # images and text through the model's processor (its own tokenizer)
+        from padless.data.shards import cached_processor
+
+        said = f"processor: {cfg.processor} (vocab {len(cached_processor(cfg.processor).tokenizer):,}; images travel with their documents)"
+    else:
+        name = cfg.tokenizer or tokenizer_name_for(cfg.model)
+        source = "--tokenizer" if cfg.tokenizer else f"the model's, {cfg.model}"
+        said = f"tokenizer: {name} (vocab {len(load_tokenizer(name)):,}; {source})"
     lines = [f"bench: {cfg.model} on {cfg.data}, {', '.join(cfg.strategies)}; {cfg.steps} steps each "
              f"({cfg.warmup_steps} warm-up, not timed), {cfg.batch_size} examples x {cfg.grad_accumulation} "
-             f"micro-batch(es) a step, max length {cfg.max_length}, {cfg.mode}",
-             f"tokenizer: {name} (vocab {len(load_tokenizer(name)):,}; {source})"]  # fmt: skip
+             f"micro-batch(es) a step, max length {cfg.max_length}, {cfg.mode}", said]  # fmt: skip
     timed = cfg.steps - cfg.warmup_steps
     if timed < MIN_TIMED_STEPS:
         lines.append(
