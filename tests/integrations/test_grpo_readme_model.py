@@ -58,3 +58,5 @@ def test_grpo_trains_two_steps_on_the_readme_model(tmp_path):
     assert any(log.get("reward_std", 0) > 0 for log in trainer.state.log_history)
     assert model.config._attn_implementation == "padless"  # generation ran on it, not on a swapped backend
     assert not torch.equal(model.lm_head.weight.detach(), before)
+    said = trainer.rows_said()  # logged after training: how full the log-prob passes' rows were
+    assert said is not None and "rows were" in said and "% full" in said and "groups packed" in said, said

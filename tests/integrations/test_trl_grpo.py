@@ -235,7 +235,8 @@ def test_three_steps_end_at_trls_parameters(trl_full, tmp_path, monkeypatch, cap
         "padless: LlamaForCausalLM, attention sdpa, layout 4d-mask, exact (padless rule), GRPO log-probs "
         f"on packed rows, one row per forward chunk, {layout}, isolation guard on step 1"
     )
-    assert len(said) == 2 and re.fullmatch(support.GUARD_LINE, said[1]), said  # the guard's line after step 1
+    assert len(said) == 3 and re.fullmatch(support.GUARD_LINE, said[1]), said  # the guard's line after step 1
+    assert re.fullmatch(r"padless: GRPO rows were \d+\.\d% full, \d+ groups packed", said[2]), said  # after training
 
 
 @pytest.fixture(scope="module")
@@ -292,7 +293,7 @@ def test_chunks_balanced_by_cost_end_at_trls_parameters(trl_pairs, tmp_path, mon
         reordered += chunks != in_order
     assert reordered  # some pass ran its groups in another order than TRL's
     said = [r.getMessage() for r in caplog.records if r.name == "padless.integrations.transformers"]
-    assert len(said) == 2 and said[0].endswith(", forward chunks balanced by cost a*l + l**2 (a=384)"), said
+    assert len(said) == 3 and said[0].endswith(", forward chunks balanced by cost a*l + l**2 (a=384)"), said
 
 
 def test_forward_chunks_by_cost_are_as_many_and_no_less_even():

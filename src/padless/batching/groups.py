@@ -158,11 +158,14 @@ class GroupCollator(RowFormat):
             "dropped_tokens": 0,
             "empty_completions": 0,
             "empty_groups": 0,
+            "placed_tokens": 0,
+            "row_tokens": 0,
         }
     )
     """Running counts over every batch collated so far (``tokens``: as given, one prompt per group;
     ``empty_completions`` / ``empty_groups``: packed completions with no trained token, and packed
-    groups whose completions all are, counted after ``overlong``)."""
+    groups whose completions all are, counted after ``overlong``; ``placed_tokens`` / ``row_tokens``:
+    the tokens placed in rows and the rows' tokens, padding included: how full the rows are)."""
 
     _batch_type = PackedBatch
     _checked_downstream = True  # sequence_logprobs checks each (model, batch) pair before the forward
@@ -279,6 +282,8 @@ class GroupCollator(RowFormat):
                 offset += g.input_ids.size
             row_parts.append([layouts[gi] for gi in row])
         width = self.row_width(max(sum(g.input_ids.size for g in parts) for parts in row_parts))
+        self.totals["placed_tokens"] += sum(g.input_ids.size for parts in row_parts for g in parts)
+        self.totals["row_tokens"] += len(rows) * width
         input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
         labels = np.full_like(input_ids, IGNORE_INDEX)
         position_ids = np.zeros_like(input_ids)

@@ -144,7 +144,25 @@ class _PackedLogprobs:
         """TRL's ``train``, after logging :meth:`start_line` (:func:`padless.integrations.transformers.announce`)."""
         announce(self, self.start_line())
         with trainer_words(self._padless_words):
-            return super().train(*args, **kwargs)  # type: ignore[misc]
+            out = super().train(*args, **kwargs)  # type: ignore[misc]
+        said = self.rows_said()
+        if said:
+            announce(self, said)
+        return out
+
+    def rows_said(self) -> str | None:
+        """What the log-prob passes' rows held over training, said after it: how full they were and what
+        ``overlong`` truncated or dropped (``None`` before any pass)."""
+        t = self._padless_collator_for(self.model).totals
+        if not t.get("row_tokens"):
+            return None
+        parts = [f"padless: {self._padless_trainer_name} rows were {t['placed_tokens'] / t['row_tokens']:.1%} full"]
+        parts.append(f"{t['groups']:,} groups packed")
+        if t["truncated_groups"]:
+            parts.append(f"{t['truncated_groups']:,} truncated ({t['truncated_tokens']:,} tokens cut)")
+        if t["dropped_groups"]:
+            parts.append(f"{t['dropped_groups']:,} dropped ({t['dropped_tokens']:,} tokens)")
+        return ", ".join(parts)
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
         with trainer_words(self._padless_words):
