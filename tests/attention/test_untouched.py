@@ -64,8 +64,7 @@ def test_hybrid_forward_and_generate_are_untouched(family):
 def _image_document(builder) -> tuple[object, dict]:
     model, docs = builder("sdpa")
     doc = next(d for d in docs if any(k in d for k in ("pixel_values", "pixel_values_videos")))
-    inputs = {k: torch.tensor(v)[None] if isinstance(v, list) else v for k, v in doc.items() if k != "labels"}
-    return model, inputs
+    return model, quick_vlms.alone_inputs(doc)
 
 
 VLMS = sorted(set(quick_vlms.QUICK) | (set(wide_vlms.WIDE) & set(multimodal.FAMILIES)))

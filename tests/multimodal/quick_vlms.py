@@ -142,6 +142,22 @@ def smolvlm(attn: str) -> tuple[Any, list[dict]]:
     return _build(T.SmolVLMForConditionalGeneration, config, attn), _fixed_docs(4, _idefics_pixels, None)
 
 
+def alone_inputs(doc: dict[str, Any]) -> dict[str, Any]:
+    """One document's model inputs, run alone: its lists as ``[1, n]`` tensors, no labels."""
+    return {k: torch.tensor(v)[None] if isinstance(v, list) else v for k, v in doc.items() if k != "labels"}
+
+
+def document_loss(logits: torch.Tensor, labels: Any) -> torch.Tensor:
+    """Summed next-token cross-entropy of one document's ``[n, V]`` logits."""
+    return torch.nn.functional.cross_entropy(
+        logits[:-1], torch.as_tensor(labels)[1:], ignore_index=-100, reduction="sum"
+    )
+
+
+def gradients(model: Any) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
 def _build(cls: type, config: Any, attn: str) -> Any:
     torch.manual_seed(0)
     config._attn_implementation = attn

@@ -23,7 +23,7 @@ import torch
 import transformers as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quick_vlms import END, IMAGE, MROPE, START, TEXT, _build, _words  # noqa: E402
+from quick_vlms import END, IMAGE, MROPE, START, TEXT, _build, _words, alone_inputs, document_loss, gradients  # noqa: E402
 from wide_vlms import CLIP, _tokens  # noqa: E402
 
 from padless.attention.accept import check_batch  # noqa: E402
@@ -34,20 +34,6 @@ ATOL = 1e-5
 VSTART, VEND = 254, 255
 PIXTRAL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16,
                image_size=28, patch_size=7)  # fmt: skip
-
-
-def _inputs(doc):
-    return {k: torch.tensor(v)[None] if isinstance(v, list) else v for k, v in doc.items() if k != "labels"}
-
-
-def _loss(logits, labels):
-    return torch.nn.functional.cross_entropy(
-        logits[:-1], torch.as_tensor(labels)[1:], ignore_index=-100, reduction="sum"
-    )
-
-
-def _grads(model):
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _built(builder, attn):
@@ -63,10 +49,10 @@ def assert_packs_exactly(model, docs, max_length, attn="sdpa"):
     model.zero_grad()
     alone = []
     for d in docs:
-        logits = model(**_inputs(d)).logits[0]
-        _loss(logits, d["labels"]).backward()
+        logits = model(**alone_inputs(d)).logits[0]
+        document_loss(logits, d["labels"]).backward()
         alone.append(logits.detach())
-    want = _grads(model)
+    want = gradients(model)
     if attn == "padless":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -80,9 +66,9 @@ def assert_packs_exactly(model, docs, max_length, attn="sdpa"):
     for i, d in enumerate(docs):
         ((_, r, o, n),) = batch.placements.of_feature(i)
         torch.testing.assert_close(logits[r, o : o + n].detach(), alone[i], rtol=0, atol=ATOL)
-        total = total + _loss(logits[r, o : o + n], d["labels"])
+        total = total + document_loss(logits[r, o : o + n], d["labels"])
     total.backward()
-    got = _grads(model)
+    got = gradients(model)
     assert got.keys() == want.keys() and any("vis" in n for n in got)
     scale = max(g.abs().max().item() for g in want.values())
     worst = max((got[n] - g).abs().max().item() for n, g in want.items()) / scale
@@ -186,7 +172,7 @@ def test_the_padding_collator_repads_as_the_processor_pads_a_batch(family):
     with torch.no_grad():
         logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
         for i, d in enumerate(docs):
-            alone = model(**_inputs(d)).logits[0]
+            alone = model(**alone_inputs(d)).logits[0]
             torch.testing.assert_close(logits[i, : len(d["input_ids"])], alone, rtol=0, atol=ATOL)
 
 
@@ -217,7 +203,7 @@ def test_rows_packed_beforehand_carry_documents_of_their_own_sizes(family, path)
     batch = PackingCollator.for_model(model, max_length=width)(features)
     with torch.no_grad():
         logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
-        alone = [model(**_inputs(d)).logits[0] for d in docs]
+        alone = [model(**alone_inputs(d)).logits[0] for d in docs]
     seen = 0
     for r, row in enumerate(features):
         ids, offset = list(row["input_ids"]), 0
@@ -295,4 +281,4 @@ def test_glm4v_images_and_videos_share_no_forward():
     with pytest.raises(ValueError, match="feature 0 holds images and videos"):
         PackingCollator.for_model(model, max_length=200)([glm_doc([(2, 2, 2)], 0, images=[(1, 2, 4)])])
     with pytest.raises(Exception, match="do not match"):  # what the model says of such a document alone
-        model(**_inputs(glm_doc([(2, 2, 2)], 0, images=[(1, 2, 4)])))
+        model(**alone_inputs(glm_doc([(2, 2, 2)], 0, images=[(1, 2, 4)])))

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quick_vlms  # noqa: E402
 import wide_vlms  # noqa: E402
+from quick_vlms import alone_inputs, document_loss, gradients  # noqa: E402
 
 from padless.attention import multimodal  # noqa: E402
 from padless.attention.accept import check_batch  # noqa: E402
@@ -48,20 +48,6 @@ class Outcome:
     detail: str = ""
     logits: float = 0.0
     grads: float = 0.0
-
-
-def _inputs(doc):
-    return {k: torch.tensor(v)[None] if isinstance(v, list) else v for k, v in doc.items() if k != "labels"}
-
-
-def _loss(logits, labels):
-    return torch.nn.functional.cross_entropy(
-        logits[:-1], torch.as_tensor(labels)[1:], ignore_index=-100, reduction="sum"
-    )
-
-
-def _grads(model):
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 UNSUPPORTED = "does not support an attention implementation"
@@ -91,10 +77,10 @@ def run(model_type: str, backend: str) -> Outcome:
     model.zero_grad()
     alone = []
     for d in docs:
-        logits = model(**_inputs(d)).logits[0]
-        _loss(logits, d["labels"]).backward()
+        logits = model(**alone_inputs(d)).logits[0]
+        document_loss(logits, d["labels"]).backward()
         alone.append(logits.detach())
-    want = _grads(model)
+    want = gradients(model)
     if backend == "padless":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -112,9 +98,9 @@ def run(model_type: str, backend: str) -> Outcome:
     for i, d in enumerate(docs):
         ((_, r, o, n),) = batch.placements.of_feature(i)
         worst = max(worst, (logits[r, o : o + n].detach() - alone[i]).abs().max().item())
-        total = total + _loss(logits[r, o : o + n], d["labels"])
+        total = total + document_loss(logits[r, o : o + n], d["labels"])
     total.backward()
-    got = _grads(model)
+    got = gradients(model)
     scale = max(g.abs().max().item() for g in want.values())
     gworst = (
         max((got[n] - g).abs().max().item() for n, g in want.items()) / scale

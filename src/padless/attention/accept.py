@@ -36,6 +36,7 @@ import torch
 
 from padless.attention.adapters import base_model_of
 from padless.attention.verdict import BATCH_FIX as _FIX
+from padless.layout import cu_seqlens_from_lengths
 
 _MASK_FIX = (
     "drop the 'attention_mask' key (the restarted position_ids mark the documents) or let the collator "
@@ -129,7 +130,7 @@ def _check_boundaries(batch: Mapping[str, Any], docs: list[list[int]]) -> None:
         return
     if cu is None or cu_k is None or not np.array_equal(_host(cu), _host(cu_k)):
         raise ValueError(f"the batch's cu_seq_lens_q and cu_seq_lens_k differ (or one is missing); {_FIX}")
-    expected = np.concatenate([[0], np.cumsum([n for row in docs for n in row])])
+    expected = cu_seqlens_from_lengths([n for row in docs for n in row])
     if not np.array_equal(_host(cu).astype(np.int64), expected):
         raise ValueError(
             f"the batch's cu_seq_lens_q ({_host(cu).size - 1} documents) do not start the documents its "

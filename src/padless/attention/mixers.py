@@ -47,6 +47,7 @@ from padless.attention import scans
 from padless.attention.mixer_documents import _hook_checkpointed_layers, capture_model_forward, layer_documents
 from padless.attention.per_document import CACHE_ARGS, MASK_ARGS, run_per_document, run_with_boundaries
 from padless.attention.transformers_compat import TOKEN_MIXER_CLASSES
+from padless.attention.varlen import _LastValue
 from padless.devices import device_of
 
 SCAN, PER_DOCUMENT, KERNEL = "scan", "per_document", "kernel_cu_seqlens"
@@ -281,10 +282,13 @@ def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         )
     if _how(kind, hidden.device.type, kernels, self) == SCAN:
         batch, length = hidden.shape[:2]
-        doc = scans.document_index(cu, batch, length)
-        real = _real_tokens(arguments, hidden_name, documents.row_padding)
-        if real is not None:  # the rows' real tokens only, as one sequence: row padding never enters the layer
-            with _scans_for(base, kind, doc.reshape(-1)[real][None]):
+        padding = documents.row_padding
+        doc, real, doc_real = _SCAN_LAYOUTS.get(
+            cu, (batch, length, id(padding), str(hidden.device)), lambda: _scan_layout(cu, padding, batch, length)
+        )
+        if real is not None and not _other_token_tensors(arguments, hidden_name):
+            # the rows' real tokens only, as one sequence: row padding never enters the layer
+            with _scans_for(base, kind, doc_real):
                 out = base.forward(self, **{**arguments, hidden_name: hidden.reshape(batch * length, -1)[real][None]})
             if not torch.is_tensor(out):
                 raise ValueError(
@@ -305,22 +309,31 @@ def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     return run_per_document(original, arguments, hidden_name, cu, max_padding)
 
 
-def _real_tokens(arguments: dict[str, Any], hidden_name: str, padding: Any) -> torch.Tensor | None:
-    """Flat indices of the real tokens of a packed ``[B, L]`` forward whose rows end in ``padding``
-    tokens (the collator sends how many: :data:`padless.layout.ROW_PADDING`), or ``None``: none sent, or
-    the layer gets another per-token argument that a compacted call would have to cut too."""
-    hidden = arguments[hidden_name]
-    batch, length = hidden.shape[:2]
+_SCAN_LAYOUTS = _LastValue()  # cu_seqlens -> the scans' document index and the real tokens, once per forward
+
+
+def _scan_layout(cu: torch.Tensor, padding: Any, batch: int, length: int) -> tuple[Any, Any, Any]:
+    """``(doc [B, L], real, doc_real [1, T])``: each token's document, and where the rows end in
+    ``padding`` tokens (the collator sends how many: :data:`padless.layout.ROW_PADDING`) the flat indices
+    of the real tokens and their documents (``None, None`` where no row is padded)."""
+    doc = scans.document_index(cu, batch, length)
     if padding is None or padding.numel() != batch or not bool(padding.any()):
-        return None
-    if any(
-        torch.is_tensor(v) and v.ndim >= 2 and v.shape[:2] == (batch, length)
+        return doc, None, None
+    keep = torch.arange(length, device=doc.device)[None, :] < (length - padding.to(doc.device))[:, None]
+    real = keep.reshape(-1).nonzero().squeeze(1)
+    return doc, real, doc.reshape(-1)[real][None]
+
+
+def _other_token_tensors(arguments: dict[str, Any], hidden_name: str) -> bool:
+    """The layer gets another per-token ``[B, L, ...]`` argument, which a compacted call would have to cut
+    too (then the padded rows run as they are)."""
+    hidden = arguments[hidden_name]
+    shape = tuple(hidden.shape[:2])
+    return any(
+        torch.is_tensor(v) and v.ndim >= 2 and tuple(v.shape[:2]) == shape
         for k, v in arguments.items()
         if k != hidden_name
-    ):
-        return None
-    keep = torch.arange(length, device=hidden.device)[None, :] < (length - padding.to(hidden.device))[:, None]
-    return keep.reshape(-1).nonzero().squeeze(1)
+    )
 
 
 def _padding_mask(arguments: dict[str, Any]) -> bool:

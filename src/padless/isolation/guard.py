@@ -373,8 +373,10 @@ def _window(batch: Mapping[str, Any], row: int, start: int, end: int) -> dict[st
     4D masks' block for those columns, its positions, its boundaries read from those positions (the
     first, cut document counts from where the window starts). ``None`` where the batch carries what is
     not cut by column (images, a shared-prompt tree, tensors unknown here)."""
+    from padless.attention.backend import cu_seqlens_from_host_positions
     from padless.batching.batch import forward_inputs
-    from padless.layout import ROW_PADDING, cu_seqlens_from_lengths
+    from padless.batching.rowformat import boundary_inputs
+    from padless.layout import ROW_PADDING
 
     inputs = forward_inputs(batch)
     cols = slice(start, end)
@@ -401,9 +403,8 @@ def _window(batch: Mapping[str, Any], row: int, start: int, end: int) -> dict[st
         pos = out.get("position_ids")
         if pos is None:
             return None
-        text = (pos[0] if pos.ndim == 3 else pos)[0].detach().cpu().numpy()
-        starts = np.flatnonzero(np.r_[True, text[1:] != text[:-1] + 1])  # the cut first document starts here too
-        lengths = np.diff(np.r_[starts, text.size])
-        cu = torch.from_numpy(cu_seqlens_from_lengths(lengths)).to(torch.int32).to(out["input_ids"].device)
-        out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(lengths.max()), max_length_k=int(lengths.max()))
+        # the rule padless attention checks boundaries against: the cut first document starts here too
+        text = (pos[0] if pos.ndim == 3 else pos).detach().cpu().numpy()
+        sent = boundary_inputs([np.diff(cu_seqlens_from_host_positions(text, 1))])
+        out.update({k: v.to(out["input_ids"].device) if torch.is_tensor(v) else v for k, v in sent.items()})
     return out
