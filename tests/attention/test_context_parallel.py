@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from padless.attention.context_parallel import (
+    LAYOUTS,
     check_context_parallel,
     context_parallel_refusal,
     document_mask,
@@ -90,7 +91,7 @@ def _reference(dtype, ids, labels, pos):
     return logits.detach(), alone, loss.detach(), _grads(model)
 
 
-def _cp_run(dtype, ids, labels, pos, group, cp, rank, fault=None):
+def _cp_run(dtype, ids, labels, pos, group, cp, rank, fault=None, layout="contiguous"):
     """One context-parallel step on this rank: (local logits, summed loss, summed grads)."""
     import torch.distributed as dist
 
@@ -104,16 +105,16 @@ def _cp_run(dtype, ids, labels, pos, group, cp, rank, fault=None):
 
     model = _model(dtype)
     model.set_attn_implementation(cpmod.register_context_parallel_attention())
-    shard = split_row(ids, labels, pos, cp=cp, rank=rank)
+    shard = split_row(ids, labels, pos, cp=cp, rank=rank, layout=layout)
     original = cpmod.document_mask
     if fault == "mask dropped":  # global causal only: documents see each other
-        cpmod.document_mask = lambda d, s, e, w=None: original(torch.zeros_like(d), s, e, w)
+        cpmod.document_mask = lambda d, q, k, w=None: original(torch.zeros_like(d), q, k, w)
     try:
         logits = context_parallel_forward(model, shard, group=group)
     finally:
         cpmod.document_mask = original
     if fault == "labels shifted after the split":
-        local = labels[:, shard.start : shard.start + ids.shape[1] // cp]
+        local = labels[:, shard.index]
         loss = causal_lm_loss(logits, local, shard.num_items)
     elif fault == "loss normalised per rank":
         loss = context_parallel_loss(logits, shard.targets, int((shard.targets != IGNORE_INDEX).sum()))
@@ -123,7 +124,7 @@ def _cp_run(dtype, ids, labels, pos, group, cp, rank, fault=None):
     sync_context_gradients(model, group)
     total = loss.detach().clone()
     dist.all_reduce(total, group=group)
-    return logits.detach(), total, _grads(model), shard.start
+    return logits.detach(), total, _grads(model), shard.index
 
 
 def _saved_bytes(model, shard, group) -> tuple[int, int]:
@@ -148,7 +149,7 @@ def _saved_bytes(model, shard, group) -> tuple[int, int]:
     return sum(seen.values()), gathered[0]
 
 
-def _sliding_window_diffs(group, cp, rank) -> dict:
+def _sliding_window_diffs(group, cp, rank, layout) -> dict:
     """A Mistral with a 5-token window, fp64: logits and grads against the single-process packed run."""
     from transformers import MistralConfig, MistralForCausalLM
 
@@ -169,20 +170,19 @@ def _sliding_window_diffs(group, cp, rank) -> dict:
     torch.manual_seed(0)
     model = MistralForCausalLM(config).double()
     model.set_attn_implementation(cpmod.register_context_parallel_attention())
-    shard = split_row(ids, labels, pos, cp=cp, rank=rank)
+    shard = split_row(ids, labels, pos, cp=cp, rank=rank, layout=layout)
     context_parallel_step(model, shard, group=group)
     from padless.objectives.context_loss import context_parallel_forward
 
     with torch.no_grad():
         logits = context_parallel_forward(model, shard, group=group)
-    cut = slice(shard.start, shard.start + logits.shape[1])
     return {
-        "logits": float((logits - ref_logits.detach()[:, cut]).abs().max()),
+        "logits": float((logits - ref_logits.detach()[:, shard.index]).abs().max()),
         "grads": _diff(_grads(model), _grads(ref)),
     }
 
 
-def _three_steps(group, cp, rank, dtype, optimizer) -> float:
+def _three_steps(group, cp, rank, dtype, optimizer, layout) -> float:
     """Max relative parameter difference after 3 optimiser steps: cp ranks vs one process on the same rows."""
     import padless.attention.context_parallel as cpmod
     from padless.objectives.context_loss import context_parallel_step
@@ -192,7 +192,7 @@ def _three_steps(group, cp, rank, dtype, optimizer) -> float:
     one, split = _model(dtype), _model(dtype)
     split.set_attn_implementation(cpmod.register_context_parallel_attention())
     opt_one, opt_split = optimizer(one.parameters()), optimizer(split.parameters())
-    shard = split_row(ids, labels, pos, cp=cp, rank=rank)
+    shard = split_row(ids, labels, pos, cp=cp, rank=rank, layout=layout)
     for _ in range(3):
         opt_one.zero_grad()
         logits = one(input_ids=ids, position_ids=pos, use_cache=False).logits
@@ -228,14 +228,16 @@ def _child(rank: int, world: int, init: str, out: str) -> None:
         memory[cp] = _saved_bytes(model, split_row(ids, labels, pos, cp=cp, rank=cp_rank), group)
     results["memory"] = {str(cp): list(v) for cp, v in memory.items()}
     for cp, (group, cp_rank) in groups.items():
-        results[f"window cp={cp}"] = _sliding_window_diffs(group, cp, cp_rank)
         sgd = lambda params: torch.optim.SGD(params, lr=0.5)  # noqa: E731
         adamw = lambda params: torch.optim.AdamW(params, lr=1e-2)  # noqa: E731
-        # Adam divides by the root of tiny second moments, so fp32 rounding of near-zero gradients
-        # (1e-8) becomes an update: AdamW is held in fp64, SGD in fp32
-        results[f"three steps cp={cp}"] = max(
-            _three_steps(group, cp, cp_rank, torch.float32, sgd), _three_steps(group, cp, cp_rank, torch.float64, adamw)
-        )
+        for layout in LAYOUTS:
+            results[f"window cp={cp} {layout}"] = _sliding_window_diffs(group, cp, cp_rank, layout)
+            # Adam divides by the root of tiny second moments, so fp32 rounding of near-zero gradients
+            # (1e-8) becomes an update: AdamW is held in fp64, SGD in fp32
+            results[f"three steps cp={cp} {layout}"] = max(
+                _three_steps(group, cp, cp_rank, torch.float32, sgd, layout),
+                _three_steps(group, cp, cp_rank, torch.float64, adamw, layout),
+            )
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(_snippet(), "docs/context-parallel.md", "exec"), {"__name__": "__doc_snippet__"})
@@ -244,12 +246,12 @@ def _child(rank: int, world: int, init: str, out: str) -> None:
         name = str(dtype).removeprefix("torch.")
         ref_logits, alone, ref_loss, ref_grads = _reference(dtype, ids, labels, pos)
         for cp, (group, cp_rank) in groups.items():
-            for fault in (None, "mask dropped", "labels shifted after the split", "loss normalised per rank"):
-                if fault is not None and dtype == torch.float64:
-                    continue
-                logits, loss, grads, start = _cp_run(dtype, ids, labels, pos, group, cp, cp_rank, fault)
-                cut = slice(start, start + logits.shape[1])
-                results[f"{name} cp={cp} {fault}"] = {
+            runs = [(None, "contiguous"), (None, "zigzag"), ("mask dropped", "zigzag")]
+            if dtype == torch.float32:
+                runs += [(f, "contiguous") for f in ("mask dropped", "labels shifted after the split", "loss normalised per rank")]  # fmt: skip
+            for fault, layout in runs:
+                logits, loss, grads, cut = _cp_run(dtype, ids, labels, pos, group, cp, cp_rank, fault, layout)
+                results[f"{name} cp={cp} {fault} {layout}"] = {
                     "logits": float((logits - ref_logits.detach()[:, cut]).abs().max()),
                     "alone": float((logits - alone[:, cut]).abs().max()),
                     "loss": abs(float(loss - ref_loss)),
@@ -271,24 +273,27 @@ def cp_results(tmp_path_factory) -> dict:
     return {r: json.loads((tmp / f"rank{r}.json").read_text()) for r in range(4)}
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("cp", [2, 4])
-def test_context_parallel_equals_one_process_and_documents_alone(cp_results, cp: int, dtype: str) -> None:
+def test_context_parallel_equals_one_process_and_documents_alone(cp_results, cp: int, dtype: str, layout: str) -> None:
     for rank, results in cp_results.items():
-        got = results[f"{dtype} cp={cp} None"]
+        got = results[f"{dtype} cp={cp} None {layout}"]
         assert max(got.values()) < TOL[dtype], (rank, got)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("cp", [2, 4])
-def test_sliding_windows_are_honoured_in_the_global_mask(cp_results, cp: int) -> None:
+def test_sliding_windows_are_honoured_in_the_global_mask(cp_results, cp: int, layout: str) -> None:
     for rank, results in cp_results.items():
-        got = results[f"window cp={cp}"]
+        got = results[f"window cp={cp} {layout}"]
         assert max(got.values()) < TOL["float64"], (rank, got)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("cp", [2, 4])
-def test_three_steps_reach_the_one_process_parameters(cp_results, cp: int) -> None:
-    worst = max(r[f"three steps cp={cp}"] for r in cp_results.values())
+def test_three_steps_reach_the_one_process_parameters(cp_results, cp: int, layout: str) -> None:
+    worst = max(r[f"three steps cp={cp} {layout}"] for r in cp_results.values())
     assert worst < 1e-5, worst
 
 
@@ -306,10 +311,18 @@ def test_the_docs_snippet_trains_two_steps(cp_results) -> None:
     assert re.search(r"^cp=4 step 2: loss \d+\.\d+, \d+ trained tokens$", out, flags=re.M), out
 
 
-@pytest.mark.parametrize("fault", ["mask dropped", "labels shifted after the split", "loss normalised per rank"])
+@pytest.mark.parametrize(
+    ("fault", "layout"),
+    [
+        ("mask dropped", "contiguous"),
+        ("mask dropped", "zigzag"),
+        ("labels shifted after the split", "contiguous"),
+        ("loss normalised per rank", "contiguous"),
+    ],
+)
 @pytest.mark.parametrize("cp", [2, 4])
-def test_negative_controls_fail(cp_results, cp: int, fault: str) -> None:
-    worst = max(max(r[f"float32 cp={cp} {fault}"].values()) for r in cp_results.values())
+def test_negative_controls_fail(cp_results, cp: int, fault: str, layout: str) -> None:
+    worst = max(max(r[f"float32 cp={cp} {fault} {layout}"].values()) for r in cp_results.values())
     assert worst > 1e3 * TOL["float32"], (fault, worst)
 
 
@@ -328,9 +341,28 @@ def test_the_rows_cover_every_boundary_case() -> None:
 
 def test_document_mask_uses_global_indices_and_windows() -> None:
     docs = torch.tensor([[0, 0, 0, 1, 1, 1]])
-    mask = document_mask(docs, 2, 4)  # queries 2 and 3 of the row
+    keys = torch.arange(6)
+    mask = document_mask(docs, torch.tensor([2, 3]), keys)  # queries 2 and 3 of the row
     assert mask[0].int().tolist() == [[1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0]]
-    assert document_mask(docs, 2, 4, window=2)[0, 0].int().tolist() == [0, 1, 1, 0, 0, 0]
+    assert document_mask(docs, torch.tensor([2]), keys, window=2)[0, 0].int().tolist() == [0, 1, 1, 0, 0, 0]
+    shuffled = torch.tensor([5, 0, 3, 1, 4, 2])  # keys in a gathered order: the mask follows their global indices
+    assert document_mask(docs, torch.tensor([4]), shuffled)[0, 0].int().tolist() == [0, 0, 1, 0, 1, 0]
+
+
+def test_zigzag_shards_cover_the_row_once_with_heads_and_tails_paired() -> None:
+    ids, labels, pos = _rows(64)
+    for cp in (2, 4):
+        shards = [split_row(ids, labels, pos, cp=cp, rank=r, layout="zigzag") for r in range(cp)]
+        index = torch.cat([s.index for s in shards])
+        assert sorted(index.tolist()) == list(range(LENGTH))
+        chunk = LENGTH // (2 * cp)
+        assert shards[0].index.tolist() == [*range(chunk), *range(LENGTH - chunk, LENGTH)]
+        for s in shards:
+            assert torch.equal(s.input_ids, ids[:, s.index]) and torch.equal(s.position_ids, pos[:, s.index])
+    odd = split_row(ids[:, :45], labels[:, :45], pos[:, :45], cp=4, rank=3, layout="zigzag")  # padded to 48
+    assert odd.document_ids.shape[1] == 48 and odd.index.numel() == 12
+    with pytest.raises(ValueError, match="layout must be one of contiguous, zigzag"):
+        split_row(ids, labels, pos, cp=2, rank=0, layout="ring")
 
 
 def test_models_it_cannot_make_exact_are_refused_by_name() -> None:

@@ -1,7 +1,8 @@
 """Context parallelism over packed documents: one packed row split over ``cp`` ranks, exact.
 
-A packed row of ``L`` tokens is split into ``cp`` equal contiguous shards; rank ``r`` of the cp group
-holds the tokens ``[r * L / cp, (r + 1) * L / cp)`` and runs the model on them alone. Every attention
+A packed row of ``L`` tokens is split into ``cp`` equal shards (:data:`LAYOUTS`: contiguous, rank ``r``
+holding ``[r * L / cp, (r + 1) * L / cp)``, or zigzag, rank ``r`` holding chunks ``r`` and ``2 cp - 1 - r``
+of ``2 cp``) and each rank runs the model on its own tokens alone. Every attention
 layer keeps its local queries and all-gathers the keys and values of the whole row (the grouped
 key/value heads only, before any repeat), with an autograd all-gather whose backward reduce-scatters
 the gradients back to the rank that owns each key (Llama 3's choice over a ring: any mask is easy).
@@ -45,17 +46,51 @@ CP_BACKEND_NAME = "padless_cp"
 """The name :func:`context_parallel_attention` is registered under."""
 
 
+LAYOUTS = ("contiguous", "zigzag")
+"""How a row's tokens are dealt to the cp ranks: equal contiguous shards, or ``2 cp`` equal chunks with
+rank ``r`` holding chunk ``r`` then chunk ``2 cp - 1 - r`` (a long document's head and tail share ranks)."""
+
+
+def check_layout(layout: str) -> str:
+    """``layout`` if it is one of :data:`LAYOUTS`, else ``ValueError`` naming them."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return layout
+
+
+def row_multiple(cp: int, layout: str) -> int:
+    """A row's length must divide by this to be split: ``cp`` shards, or ``2 cp`` chunks under zigzag."""
+    return cp * (2 if check_layout(layout) == "zigzag" else 1)
+
+
+def shard_index(length: int, cp: int, rank: int, layout: str = "contiguous") -> torch.Tensor:
+    """``[length / cp]`` int64 global indices of rank ``rank``'s tokens of a row of ``length`` tokens
+    (a multiple of :func:`row_multiple`), in local order."""
+    if length % row_multiple(cp, layout):
+        raise ValueError(
+            f"a row of {length} tokens does not split into {row_multiple(cp, layout)} equal {layout} parts"
+        )
+    if layout == "contiguous":
+        width = length // cp
+        return torch.arange(rank * width, (rank + 1) * width)
+    chunk = length // (2 * cp)
+    late = 2 * cp - 1 - rank
+    return torch.cat([torch.arange(rank * chunk, (rank + 1) * chunk), torch.arange(late * chunk, (late + 1) * chunk)])
+
+
 @dataclass(frozen=True)
 class ContextParallelState:
     """What every attention layer of a context-parallel forward reads: the whole row's documents and
-    where this rank's queries lie in it."""
+    where this rank's queries, and the gathered keys, lie in it."""
 
     document_ids: torch.Tensor
     """``[R, L]`` int64 document ids of the whole rows (padding at a row end is its own document)."""
-    start: int
-    """Global index of this rank's first token (``rank * L / cp``)."""
-    stop: int
-    """Global index one past this rank's last token."""
+    index: torch.Tensor
+    """``[L / cp]`` int64 global indices of this rank's tokens, in local order (:func:`shard_index`)."""
+    order: torch.Tensor
+    """``[L]`` int64 global index of each position of a sequence gathered over the group in rank order."""
+    layout: str
+    """``"contiguous"`` or ``"zigzag"``."""
     group: Any
     """The cp process group (``None``: the default group)."""
 
@@ -63,6 +98,17 @@ class ContextParallelState:
     def length(self) -> int:
         """``L``: the whole row's length."""
         return int(self.document_ids.shape[-1])
+
+    @property
+    def local(self) -> int:
+        """``L / cp``: this rank's tokens per row."""
+        return int(self.index.numel())
+
+    def in_row_order(self, gathered: torch.Tensor, dim: int) -> torch.Tensor:
+        """``gathered`` (a sequence gathered in rank order along ``dim``) in the row's global order."""
+        if self.layout == "contiguous":
+            return gathered
+        return gathered.index_select(dim, torch.argsort(self.order).to(gathered.device))
 
 
 _ACTIVE: ContextVar[ContextParallelState | None] = ContextVar("padless_context_parallel", default=None)
@@ -74,19 +120,26 @@ def cp_rank_size(group: Any = None) -> tuple[int, int]:
 
 
 @contextmanager
-def context_parallel(document_ids: torch.Tensor, *, group: Any = None) -> Iterator[ContextParallelState]:
+def context_parallel(
+    document_ids: torch.Tensor, *, group: Any = None, layout: str = "contiguous"
+) -> Iterator[ContextParallelState]:
     """Run the forwards inside as this rank's shard of the rows whose ``document_ids`` (``[R, L]`` or
-    ``[L]``, the WHOLE rows, computed before the split) are given; ``group``: the cp process group.
-    ``L`` must divide by the group's size (pad the row end: :func:`padless.batching.context_shards.split_row`)."""
+    ``[L]``, the WHOLE rows, computed before the split) are given; ``group``: the cp process group;
+    ``layout``: how the row was split (:data:`LAYOUTS`). ``L`` must divide by :func:`row_multiple`
+    (pad the row end: :func:`padless.batching.context_shards.split_row`)."""
     rank, cp = cp_rank_size(group)
     ids = document_ids if document_ids.ndim == 2 else document_ids.unsqueeze(0)
     if ids.ndim != 2 or ids.dtype.is_floating_point:
         raise ValueError(f"document_ids must be [R, L] integers, got {ids.dtype} {tuple(document_ids.shape)}")
     length = int(ids.shape[1])
-    if length % cp:
-        raise ValueError(f"document_ids cover {length} tokens, not a multiple of the cp group's size {cp}")
-    shard = length // cp
-    state = ContextParallelState(ids.long(), rank * shard, (rank + 1) * shard, group)
+    if length % row_multiple(cp, layout):
+        raise ValueError(
+            f"document_ids cover {length} tokens, not a multiple of {row_multiple(cp, layout)} "
+            f"(the cp group's size {cp}, {layout} layout)"
+        )
+    order = torch.cat([shard_index(length, cp, r, layout) for r in range(cp)]).to(ids.device)
+    index = order.reshape(cp, -1)[rank]
+    state = ContextParallelState(ids.long(), index, order, layout, group)
     token = _ACTIVE.set(state)
     try:
         yield state
@@ -129,17 +182,18 @@ def gather_sequence(x: torch.Tensor, dim: int, group: Any = None) -> torch.Tenso
     return _GatherSequence.apply(x, dim, group)
 
 
-def document_mask(document_ids: torch.Tensor, start: int, stop: int, window: int | None = None) -> torch.Tensor:
-    """``[R, stop - start, L]`` bool: query ``start + a`` sees key ``j`` when both are in the same
-    document of the whole row, ``j <= start + a`` and (with a window) ``start + a - j < window``."""
-    length = document_ids.shape[-1]
-    q = torch.arange(start, stop, device=document_ids.device)  # [Lq] global query indices
-    k = torch.arange(length, device=document_ids.device)  # [L] global key indices
-    gap = q[:, None] - k[None, :]  # [Lq, L]
+def document_mask(
+    document_ids: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, window: int | None = None
+) -> torch.Tensor:
+    """``[R, Lq, Lk]`` bool: the query at global index ``queries[a]`` sees the key at global index
+    ``keys[b]`` when both are in the same document of the whole row (``document_ids`` ``[R, L]``),
+    ``keys[b] <= queries[a]`` and (with a window) ``queries[a] - keys[b] < window``."""
+    q, k = queries.to(document_ids.device), keys.to(document_ids.device)
+    gap = q[:, None] - k[None, :]  # [Lq, Lk]
     allowed = gap >= 0
     if window is not None:
         allowed &= gap < window
-    same = document_ids[:, start:stop, None] == document_ids[:, None, :]  # [R, Lq, L]
+    same = document_ids[:, q, None] == document_ids[:, None, k]  # [R, Lq, Lk]
     return same & allowed
 
 
@@ -161,10 +215,10 @@ def context_parallel_attention(
     if state is None:
         return padless_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     batch, heads, local, dim = query.shape
-    if local != state.stop - state.start or batch != state.document_ids.shape[0]:
+    if local != state.local or batch != state.document_ids.shape[0]:
         raise ValueError(
             f"context-parallel attention got {batch} x {local} queries but the context holds rows of "
-            f"{tuple(state.document_ids.shape)} split into shards of {state.stop - state.start}; "
+            f"{tuple(state.document_ids.shape)} split into shards of {state.local}; "
             "run the model on this rank's shard from padless.batching.context_shards.split_row"
         )
     if attention_mask is not None:
@@ -176,9 +230,10 @@ def context_parallel_attention(
     window = kwargs.get("sliding_window")
     ids = state.document_ids.to(query.device)
     if query.is_cuda and _flash_varlen_available():
+        kv = state.in_row_order(kv, 3)
         out = _flash_varlen(query, kv[0], kv[1], ids, state, scaling, dropout, window)
         return out, None
-    mask = document_mask(ids, state.start, state.stop, window)[:, None]  # [R, 1, L/cp, L]
+    mask = document_mask(ids, state.index, state.order, window)[:, None]  # [R, 1, L/cp, L]: keys in gathered order
     out = torch.nn.functional.scaled_dot_product_attention(
         query, kv[0], kv[1], attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=key.shape[1] != heads
     )  # [R, Hq, L/cp, D]
@@ -194,27 +249,32 @@ def _flash_varlen_available() -> bool:
 
 
 def _flash_varlen(query, key, value, ids, state: ContextParallelState, scaling, dropout, window):  # pragma: no cover
-    """flash-attn varlen with per-rank boundaries (CUDA; written for a GPU run): each local piece of a
-    document holds queries ``[a, b)`` of a document starting at ``s``; its keys are ``[s, b)`` of the
-    gathered row, and flash's bottom-right causal alignment puts query ``a + i`` on key ``a + i``."""
+    """flash-attn varlen with per-rank boundaries (CUDA; written for a GPU run). ``key``/``value`` hold
+    the whole row in global order. The local queries are cut into pieces of consecutive global indices
+    in one document; a piece holding queries ``[a, b)`` of a document starting at ``s`` reads keys
+    ``[s, b)``, and flash's bottom-right causal alignment puts query ``a + i`` on key ``a + i``."""
     from flash_attn import flash_attn_varlen_func
 
     batch, heads, local, dim = query.shape
-    q_idx, k_idx, cu_q, cu_k = [], [], [0], [0]
-    host = ids.cpu()
     length = state.length
+    glob = state.index.cpu()  # [L/cp] global index of each local token
+    host = ids.cpu()
+    q_idx, k_idx, cu_q, cu_k = [], [], [0], [0]
     for r in range(batch):
         row = host[r]
-        piece = row[state.start : state.stop]
-        cuts = torch.nonzero(piece[1:] != piece[:-1]).flatten() + 1
-        bounds = [0, *cuts.tolist(), local]
+        doc = row[glob]
+        first = torch.full((int(row.max()) + 1,), length, dtype=torch.long).scatter_reduce(
+            0, row, torch.arange(length), "amin"
+        )  # each document's global start
+        breaks = torch.ones(local, dtype=torch.bool)
+        breaks[1:] = (glob[1:] != glob[:-1] + 1) | (doc[1:] != doc[:-1])
+        bounds = [*torch.nonzero(breaks).flatten().tolist(), local]
         for a, b in zip(bounds[:-1], bounds[1:]):
-            doc = row[state.start + a]
-            first = int(torch.nonzero(row == doc)[0])  # the document's global start
+            start, last = int(first[doc[a]]), int(glob[b - 1])
             q_idx.append(torch.arange(r * local + a, r * local + b))
-            k_idx.append(torch.arange(r * length + first, r * length + state.start + b))
+            k_idx.append(torch.arange(r * length + start, r * length + last + 1))
             cu_q.append(cu_q[-1] + b - a)
-            cu_k.append(cu_k[-1] + state.start + b - first)
+            cu_k.append(cu_k[-1] + last + 1 - start)
     qi, ki = torch.cat(q_idx).to(query.device), torch.cat(k_idx).to(query.device)
     q = query.transpose(1, 2).reshape(batch * local, heads, dim)[qi]
     k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)[ki]

@@ -2,7 +2,9 @@
 
 Positions inside documents, document ids and the SHIFTED targets (``targets[t]`` is the label of
 token ``t + 1`` when it is in the same document, else ``IGNORE_INDEX``) are computed on the whole row
-and then sliced into ``cp`` equal contiguous shards. Shifting after the split would drop the target
+and then sliced into ``cp`` equal shards: contiguous (rank ``r`` holds ``[r L/cp, (r+1) L/cp)``) or zigzag
+(the row cut into ``2 cp`` equal chunks, rank ``r`` holding chunk ``r`` then chunk ``2 cp - 1 - r``, so a
+long document's cheap head and expensive tail share ranks: :mod:`padless.planning.context_balance`). Shifting after the split would drop the target
 of each shard's last token (it lives on the next rank); computing positions on a shard would restart
 documents at every shard boundary. The trained-token count is the whole row's, identical on every
 rank, so each rank's loss is its share of one loss over the row.
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from padless.attention.context_parallel import row_multiple, shard_index
 from padless.layout import IGNORE_INDEX
 
 
@@ -33,6 +36,10 @@ class RowShard:
     """Trained targets in the whole rows: the same on every rank of the group."""
     start: int
     """Global index of the shard's first token."""
+    index: torch.Tensor
+    """``[L / cp]`` int64 global indices of the shard's tokens, in local order (the layout's rule)."""
+    layout: str
+    """``"contiguous"`` or ``"zigzag"``."""
 
 
 def document_ids_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
@@ -60,12 +67,13 @@ def split_row(
     cp: int,
     rank: int,
     pad_id: int = 0,
+    layout: str = "contiguous",
 ) -> RowShard:
     """Rank ``rank``'s shard of packed rows split over ``cp`` ranks (module docstring).
 
     ``input_ids``, ``labels`` (unshifted), ``position_ids`` (restarting at 0 per document): ``[R, L]``
-    or ``[L]``. A row whose length does not divide by ``cp`` is padded at its end with ``pad_id`` up
-    to the next multiple: never trained, each padding token a document of its own (position 0), so it
+    or ``[L]``. ``layout``: ``"contiguous"`` or ``"zigzag"`` (module docstring). A row whose length does
+    not divide by ``cp`` (``2 cp`` under zigzag) is padded at its end with ``pad_id`` up to the next multiple: never trained, each padding token a document of its own (position 0), so it
     costs one key per token (the work :mod:`padless.planning.context_balance` counts for padding)."""
     if cp < 1 or not 0 <= rank < cp:
         raise ValueError(f"cp must be >= 1 and rank in [0, cp), got cp={cp}, rank={rank}")
@@ -76,20 +84,21 @@ def split_row(
             f"{[tuple(t.shape) for t in (input_ids, labels, position_ids)]}"
         )
     ids, lab, pos = rows
-    extra = -ids.shape[1] % cp
+    extra = -ids.shape[1] % row_multiple(cp, layout)
     if extra:
         ids = torch.nn.functional.pad(ids, (0, extra), value=pad_id)
         lab = torch.nn.functional.pad(lab, (0, extra), value=IGNORE_INDEX)
         pos = torch.nn.functional.pad(pos, (0, extra), value=0)  # each padding token its own document
     docs = document_ids_from_positions(pos)
     targets = shifted_targets(lab, docs)
-    shard = ids.shape[1] // cp
-    cut = slice(rank * shard, (rank + 1) * shard)
+    cut = shard_index(ids.shape[1], cp, rank, layout).to(ids.device)
     return RowShard(
         input_ids=ids[:, cut],
         position_ids=pos[:, cut],
         targets=targets[:, cut],
         document_ids=docs,
         num_items=int((targets != IGNORE_INDEX).sum()),
-        start=rank * shard,
+        start=int(cut[0]),
+        index=cut,
+        layout=layout,
     )

@@ -59,7 +59,7 @@ def context_parallel_forward(model: Any, shard: RowShard, *, group: Any = None, 
         check_context_parallel(model)  # a model it cannot make exact is refused by name
         _CHECKED.add(model)
     device = next(model.parameters()).device
-    with context_parallel(shard.document_ids.to(device), group=group):
+    with context_parallel(shard.document_ids.to(device), group=group, layout=shard.layout):
         out = model(
             input_ids=shard.input_ids.to(device), position_ids=shard.position_ids.to(device), use_cache=False, **kwargs
         )
