@@ -351,3 +351,40 @@ def check_context_parallel(model: Any) -> None:
     reason = context_parallel_refusal(model)
     if reason is not None:
         raise ValueError(f"model: context_parallel refused: {reason}")
+
+
+def _in_context(checkpoint_func: Any) -> Any:
+    """``checkpoint_func`` (transformers' ``_gradient_checkpointing_func``) whose recomputation runs inside
+    the :func:`context_parallel` state its forward ran in: the backward recomputes a layer after the
+    context has closed (and, on CUDA, in the autograd engine's thread), where the layer would otherwise
+    attend over its own shard alone."""
+
+    def checkpoint_in_context(function: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _ACTIVE.get()
+        if state is None:
+            return checkpoint_func(function, *args, **kwargs)
+
+        def run(*a: Any, **k: Any) -> Any:
+            token = _ACTIVE.set(state)
+            try:
+                return function(*a, **k)
+            finally:
+                _ACTIVE.reset(token)
+
+        return checkpoint_func(run, *args, **kwargs)
+
+    checkpoint_in_context.padless_context_parallel = True  # type: ignore[attr-defined]
+    return checkpoint_in_context
+
+
+def keep_context_in_checkpoints(model: torch.nn.Module) -> int:
+    """Make every activation-checkpointed layer of ``model`` recompute inside the context-parallel state
+    its forward ran in (idempotent; call before each forward: Trainer enables checkpointing when training
+    starts). Returns how many layers were wrapped now."""
+    wrapped = 0
+    for module in model.modules():
+        func = getattr(module, "_gradient_checkpointing_func", None)
+        if func is not None and not getattr(func, "padless_context_parallel", False):
+            module._gradient_checkpointing_func = _in_context(func)
+            wrapped += 1
+    return wrapped

@@ -79,6 +79,14 @@ from padless.integrations.trainer_boundary import (  # noqa: E402,F401  (re-expo
     start_line,
     trainer_words,
 )
+from padless.integrations.trainer_context import (  # noqa: E402
+    context_groups,
+    context_step_loss,
+    data_parallel_place,
+    prepare_model,
+    resolve_layout,
+    use_padless_attention,
+)
 from padless.integrations.trainer_rows import (  # noqa: E402,F401  (re-exported: the trainers' rows)
     EpochDataLoader,
     PrepackedRows,
@@ -136,7 +144,8 @@ PACKED_TRAINER_WORDS: dict[str, str] = {
     "strategy": "PackedTrainer.strategy", "overlong": "PackedTrainer.overlong",
     "overlong policy": "PackedTrainer.overlong", "remainder": "PackedTrainer.remainder",
     "pad_token_id": "PackedTrainer.pad_token_id", "balance": "PackedTrainer.balance", "cost_a": "PackedTrainer.cost_a",
-    "max_image_patches": "PackedTrainer.max_image_patches",
+    "max_image_patches": "PackedTrainer.max_image_patches", "context_parallel": "PackedTrainer.context_parallel",
+    "context_layout": "PackedTrainer.context_layout",
     "backend": "attn_implementation='{backend}' when loading the model",
 }  # fmt: skip
 """Library argument -> ``PackedTrainer`` argument, for :func:`in_trainer_words`."""
@@ -150,7 +159,8 @@ def owns_its_sharding(model: Any) -> None:
     (``from_pretrained(distributed_config=...)``), which it reads from the model's
     ``is_distributed_loading_by_transformers``; the flag behind it is set here. Trainer
     refuses checkpoints with optimiser state for such a model: pass ``save_only_model=True`` or
-    ``save_strategy="no"``."""
+    ``save_strategy="no"``. Its gradient accumulation (FSDP2's ``no_sync``) reads the model config's
+    ``distributed_config`` as ``from_pretrained`` leaves it: one FSDP group over every rank, no replicas."""
     if not hasattr(type(model), DISTRIBUTED_LOADING):
         import transformers
 
@@ -160,6 +170,11 @@ def owns_its_sharding(model: Any) -> None:
             "TrainingArguments(fsdp=True, fsdp_config={'version': 2}) instead"
         )
     model._is_distributed_loading_by_transformers = True
+    if getattr(model.config, "distributed_config", None) is None:  # Trainer's no_sync under accumulation reads it
+        import torch.distributed as dist
+        from transformers.distributed.configuration_utils import DistributedConfig
+
+        model.config.distributed_config = DistributedConfig(fsdp_size=dist.get_world_size(), dp_replicate_size=1)
     if not model.is_distributed_loading_by_transformers:
         raise ValueError(
             f"{type(model).__name__}.is_distributed_loading_by_transformers does not follow its flag: "
@@ -178,7 +193,9 @@ class PackedTrainer(Trainer):
     ``cost_a`` (``"cost"`` only; default ``12 * hidden_size`` of the model's config), ``max_image_patches``
     (a vision-language dataset: the most vision-encoder patches a row's images may hold, a second limit of
     the plan), ``guard`` (``True``, default: the first packed step checked on the model; ``False``; or an
-    :class:`padless.IsolationGuard` with its period: :mod:`padless.integrations.first_step`). ``data_collator`` may be a
+    :class:`padless.IsolationGuard` with its period: :mod:`padless.integrations.first_step`),
+    ``context_parallel`` (ranks each row is split over under ``torchrun``, data parallel over the rest) and
+    ``context_layout`` (``"auto"``, ``"contiguous"`` or ``"zigzag"``: :mod:`padless.integrations.trainer_context`). ``data_collator`` may be a
     :class:`padless.PackingCollator` (default: one for the model's backend); evaluation batches go
     through it too. The plan's seed is ``args.data_seed`` or ``args.seed``.
 
@@ -208,6 +225,8 @@ class PackedTrainer(Trainer):
         cost_a: float | None = None,
         max_image_patches: int | None = None,
         guard: Any = True,
+        context_parallel: int = 1,
+        context_layout: str = "auto",
         **trainer_kwargs: Any,
     ) -> None:
         with trainer_words(PACKED_TRAINER_WORDS):
@@ -238,6 +257,9 @@ class PackedTrainer(Trainer):
                 *trainer_args,
                 **trainer_kwargs,
             )
+            self.padless_context = context_groups(context_parallel, context_layout, self.args)
+            if self.padless_context is not None:  # the collator sends what padless attention reads
+                use_padless_attention(model)
             self.max_length = max_length
             self.rows_per_batch = rows_per_batch or self.args.per_device_train_batch_size
             self.plan_options = dict(
@@ -264,6 +286,9 @@ class PackedTrainer(Trainer):
                 overlong=overlong,
             )
             self.padless_guard = attach_guard(self, guard, "PackedTrainer")
+            if self.padless_context is not None:
+                prepare_model(model, self.padless_context)
+                self.model_accepts_loss_kwargs = True  # the cp loss is padless' own: Trainer counts the step's tokens
             self.batch_sampler: DistributedPackedBatchSampler | None = None
             self._rows: tuple[Any, DistributedPackedBatchSampler, Any] | None = None
             if train_dataset is not None:
@@ -275,12 +300,13 @@ class PackedTrainer(Trainer):
             args = self.args
             seed = args.data_seed if args.data_seed is not None else args.seed
             check_token_records(self.train_dataset, "train_dataset")
+            replicas, replica = data_parallel_place(self.padless_context, args)
             sampler, view = packed_batches(
                 self.train_dataset,
                 self.max_length,
                 self.rows_per_batch,
-                world_size=args.world_size,
-                rank=args.process_index,
+                world_size=replicas,
+                rank=replica,
                 seed=seed,
                 pad_token_id=self.pad_token_id,
                 **self.plan_options,
@@ -295,6 +321,11 @@ class PackedTrainer(Trainer):
             sampler, _ = self._packed_rows()
         rows = f"{self.max_length}-token rows{balance_said(self.plan_options)}"
         planned, lost = plan_said(self.train_dataset, sampler, self.max_length)
+        if self.padless_context is not None:
+            self.padless_context, said = resolve_layout(
+                self.padless_context, self.train_dataset, sampler, self.max_length
+            )
+            planned = f"{planned}, {said}"
         documents = f"{planned}, {self.padless_guard.said()}{lost}"
         return start_line(self.model, self.data_collator, rows=rows, documents=documents)
 
@@ -344,7 +375,11 @@ class PackedTrainer(Trainer):
     def compute_loss(
         self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
-        """Trainer's loss; on the guarded step, the guard runs on its logits first (:mod:`padless.integrations.first_step`)."""
+        """Trainer's loss; on the guarded step, the guard runs on its logits first (:mod:`padless.integrations.first_step`).
+        With ``context_parallel``: this rank's share of a training step over its shard of the rows
+        (:mod:`padless.integrations.trainer_context`; evaluation runs whole rows)."""
+        if self.padless_context is not None and model.training and not return_outputs:
+            return context_step_loss(self, model, inputs, num_items_in_batch)
         return guarded_loss(self.padless_guard, super().compute_loss, model, inputs, return_outputs, num_items_in_batch)
 
     def _set_signature_columns_if_needed(self) -> None:

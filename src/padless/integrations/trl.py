@@ -69,6 +69,14 @@ from padless.integrations.sft_records import (  # noqa: E402,F401  (check_sft_re
     field_names,
     render_sft_dataset,
 )
+from padless.integrations.trainer_context import (  # noqa: E402
+    context_groups,
+    context_step_loss,
+    data_parallel_place,
+    prepare_model,
+    resolve_layout,
+    use_padless_attention,
+)
 from padless.integrations.transformers import (  # noqa: E402
     announce,
     balance_options,
@@ -86,6 +94,7 @@ from padless.integrations.transformers import (  # noqa: E402
 
 SFT_WORDS: dict[str, str] = {
     "max_length": "SFTConfig.max_length", "seq_length": "SFTConfig.max_length",
+    "context_parallel": "SFTTrainer.context_parallel", "context_layout": "SFTTrainer.context_layout",
     "strategy": "SFTConfig.packing_strategy", "overlong": "SFTTrainer.overlong",
     "overlong policy": "SFTTrainer.overlong", "rows_per_batch": "SFTConfig.per_device_train_batch_size",
     "truncation_mode": "SFTConfig.truncation_mode", "balance": "SFTTrainer.balance", "cost_a": "SFTTrainer.cost_a",
@@ -116,7 +125,9 @@ class PackedSFTTrainer(trl.SFTTrainer):
     only; default ``12 * hidden_size`` of the model's config), ``max_image_patches`` (with
     ``packing=True`` and images: the most vision-encoder patches a row's images may hold) and ``guard``
     (packed modes: ``True``, default, checks the first packed step on the model; ``False``; or an
-    :class:`padless.IsolationGuard` with its period)."""
+    :class:`padless.IsolationGuard` with its period), ``context_parallel`` and ``context_layout`` (with
+    ``packing=True`` under ``torchrun``: each row split over that many ranks,
+    :mod:`padless.integrations.trainer_context`)."""
 
     def __init__(
         self,
@@ -132,6 +143,8 @@ class PackedSFTTrainer(trl.SFTTrainer):
         cost_a: float | None = None,
         max_image_patches: int | None = None,
         guard: Any = True,
+        context_parallel: int = 1,
+        context_layout: str = "auto",
         **trl_kwargs: Any,
     ) -> None:
         with trainer_words(SFT_WORDS):
@@ -187,6 +200,13 @@ class PackedSFTTrainer(trl.SFTTrainer):
             if hasattr(self, "_loss_shifts_labels"):  # a model loaded by TRL from a name: read loss_type again
                 self._loss_shifts_labels = shifts_labels(inner)
             self._rows: tuple[Any, Any, Any] | None = None
+            self.padless_context = context_groups(context_parallel, context_layout, self.args)
+            if self.padless_context is not None:
+                if self._padless_mode != "packed":
+                    raise ValueError(
+                        f"context_parallel={context_parallel} splits packed rows over ranks; it needs SFTConfig(packing=True)"
+                    )
+                use_padless_attention(inner)  # the collator sends boundaries, not [R, 1, L, L] masks
             self.padless_guard = attach_guard(self, guard if self._padless_mode else False, "SFTTrainer")
             if self._padless_mode is None:
                 return
@@ -199,6 +219,9 @@ class PackedSFTTrainer(trl.SFTTrainer):
                 pad_token_id=self._tokenizer.pad_token_id,
                 **self._padless_plan,
             )
+            if self.padless_context is not None:
+                prepare_model(inner, self.padless_context)
+                self.model_accepts_loss_kwargs = True  # the cp loss is padless' own: Trainer counts the step's tokens
             if packed and self.train_dataset is not None:
                 self._packed_rows()
 
@@ -287,12 +310,13 @@ class PackedSFTTrainer(trl.SFTTrainer):
     def _packed_rows(self) -> tuple[Any, Any]:
         if self._rows is None or self._rows[0] is not self.train_dataset:
             args = self.args
+            replicas, replica = data_parallel_place(self.padless_context, args)
             sampler, view = packed_batches(
                 self.train_dataset,
                 args.max_length,
                 args.per_device_train_batch_size,
-                world_size=args.world_size,
-                rank=args.process_index,
+                world_size=replicas,
+                rank=replica,
                 seed=args.data_seed if args.data_seed is not None else args.seed,
                 pad_token_id=self._tokenizer.pad_token_id,
                 **self._padless_plan,
@@ -325,6 +349,11 @@ class PackedSFTTrainer(trl.SFTTrainer):
                 sampler, _ = self._packed_rows()
             rows = f"{self.args.max_length}-token rows{balance_said({**self._padless_balance, **self._padless_images})}"
             planned, lost = plan_said(self.train_dataset, sampler, self.args.max_length)
+            if self.padless_context is not None:
+                self.padless_context, said = resolve_layout(
+                    self.padless_context, self.train_dataset, sampler, self.args.max_length
+                )
+                planned = f"{planned}, {said}"
             documents = f"{planned}, {self.padless_guard.said()}{lost}"
             return start_line(self.model, self.data_collator, rows=rows, documents=documents)
         if self._padless_mode == "padding_free":
@@ -366,6 +395,8 @@ class PackedSFTTrainer(trl.SFTTrainer):
             from padless.attention.accept import check_attention_mask
 
             check_attention_mask(inputs)
+        if self.padless_context is not None and model.training and not return_outputs:
+            return context_step_loss(self, model, inputs, num_items_in_batch)
         before = getattr(self, "_total_train_tokens", None)
         out = guarded_loss(
             self.padless_guard,

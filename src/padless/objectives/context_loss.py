@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from padless.attention.context_parallel import check_context_parallel, context_parallel
+from padless.attention.context_parallel import check_context_parallel, context_parallel, keep_context_in_checkpoints
 from padless.batching.context_shards import RowShard
 from padless.objectives.loss import _ce_sum
 
@@ -59,6 +59,7 @@ def context_parallel_forward(model: Any, shard: RowShard, *, group: Any = None, 
         check_context_parallel(model)  # a model it cannot make exact is refused by name
         _CHECKED.add(model)
     device = next(model.parameters()).device
+    keep_context_in_checkpoints(model)  # activation checkpointing recomputes inside this context
     with context_parallel(shard.document_ids.to(device), group=group, layout=shard.layout):
         out = model(
             input_ids=shard.input_ids.to(device), position_ids=shard.position_ids.to(device), use_cache=False, **kwargs

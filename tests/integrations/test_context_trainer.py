@@ -1,0 +1,283 @@
+"""``PackedTrainer(context_parallel=cp)`` and padless' ``SFTTrainer(context_parallel=cp)`` under ``torchrun``
+(gloo, CPU, fp32) train 3 optimiser steps to the parameters one process reaches on the same packed rows
+(rel 1e-5): 2 ranks as one cp = 2 group; 4 ranks as one cp = 4 group, as two cp = 2 groups (data
+parallel x context parallel), both layouts, and under FSDP2 (the model sharded over all 4 ranks).
+
+Each launch's worker is this file's ``main`` (``python -m torch.distributed.run --nproc-per-node N
+tests/integrations/test_context_trainer.py OUT N``): it runs every case of :data:`CASES` for its world
+size and saves, per rank, the whole rows of every micro-step (before the split) and the final
+parameters; the parent replays those rows in one process (padless attention, the token-normalised
+loss over each step's rows of every replica, SGD) and compares. The controls run the same way and must
+miss: the loss normalised per rank, and rows dealt to all ranks as if cp were data parallel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+import integrations_support as support  # noqa: E402
+from conftest import make_features  # noqa: E402
+
+LENGTHS = [37, 12, 50, 8, 23, 41, 5, 30, 17, 44, 9, 26, 14, 33, 6, 20, 3, 58, 11, 29, 40, 7, 19, 25]
+MAX_LENGTH, ROWS, ACCUM, SEED, LR, STEPS = 64, 1, 2, 4, 0.5, 3
+CASES: dict[int, dict[str, dict[str, Any]]] = {  # world size -> case -> how it trains
+    2: {
+        "cp2": dict(cp=2, layout="auto"),
+        "cp2-sft": dict(cp=2, layout="contiguous", sft=True, model="gpt2-2layer"),  # the GPT-2 tokenizer's model
+        "cp2-per-rank-loss": dict(cp=2, layout="contiguous", fault="per rank"),
+    },
+    4: {
+        "cp4": dict(cp=4, layout="contiguous"),
+        "cp4-zigzag": dict(cp=4, layout="zigzag"),
+        "dp2xcp2": dict(cp=2, layout="zigzag"),
+        "dp2xcp2-fsdp": dict(cp=2, layout="contiguous", fsdp=True),
+        "dp2xcp2-rows-per-rank": dict(cp=2, layout="contiguous", fault="rows per rank"),
+    },
+}
+
+
+# ----------------------------------------------------------------------------- the torchrun worker
+
+
+def _features() -> list[dict[str, Any]]:
+    return make_features(LENGTHS, vocab_size=256, with_labels=True, seed=SEED)
+
+
+def _args(out_dir: str, **extra: Any) -> dict[str, Any]:
+    return dict(
+        output_dir=out_dir, max_steps=STEPS, per_device_train_batch_size=ROWS, gradient_accumulation_steps=ACCUM,
+        learning_rate=LR, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
+        report_to="none", save_strategy="no", use_cpu=True, dataloader_pin_memory=False, disable_tqdm=True,
+        seed=0, ddp_find_unused_parameters=False, logging_steps=1, **extra,
+    )  # fmt: skip
+
+
+def _train(case: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    """One case on this rank: the rows of every micro-step and the parameters after :data:`STEPS` steps."""
+    import torch
+    import torch.distributed as dist
+
+    import padless
+    from padless.integrations import trainer_context
+    from padless.models.fsdp import full_tensors, shard_model
+
+    model = padless.build_model(case.get("model", "tiny-llama"), attn_implementation="sdpa", seed=0)
+    if case.get("fsdp"):
+        shard_model(model)
+    cp = case["cp"]
+    saved = trainer_context.context_loss, trainer_context.data_parallel_place
+    if case.get("fault") == "per rank":  # each rank normalised by its own shard's trained tokens
+
+        def per_rank(trainer, ctx, model, inputs, num_items_in_batch):
+            loss = saved[0](trainer, ctx, model, inputs, num_items_in_batch)
+            return loss * (num_items_in_batch / ctx.cp) / float((inputs["labels"][:, 1:] != -100).sum())
+
+        trainer_context.context_loss = per_rank
+    elif case.get("fault") == "rows per rank":  # the plan dealt to every process, as data parallel would
+        trainer_context.data_parallel_place = lambda ctx, args: (int(args.world_size), int(args.process_index))
+    try:
+        if case.get("sft"):
+            from trl import SFTConfig
+
+            from padless.integrations.trl import SFTTrainer
+
+            support.offline_hub()
+            args = SFTConfig(**_args(out_dir), packing=True, bf16=False, max_length=MAX_LENGTH)
+            trainer = SFTTrainer(
+                model=model, args=args, train_dataset=support.dataset(_features()),
+                processing_class=support.tokenizer(), context_parallel=cp, context_layout=case["layout"],
+            )  # fmt: skip
+        else:
+            from transformers import TrainingArguments
+
+            from padless.integrations.transformers import PackedTrainer
+
+            trainer = PackedTrainer(
+                model=model, args=TrainingArguments(**_args(out_dir)), train_dataset=_features(),
+                max_length=MAX_LENGTH, context_parallel=cp, context_layout=case["layout"],
+            )  # fmt: skip
+        rows: list[dict[str, Any]] = []
+        step = trainer.training_step
+
+        def record(model, inputs, num_items_in_batch=None):
+            rows.append({k: inputs[k].detach().cpu().clone() for k in ("input_ids", "labels", "position_ids")})
+            rows[-1]["num_items"] = float(num_items_in_batch)
+            rows[-1]["step"] = trainer.state.global_step  # the optimiser step this micro-batch belongs to
+            return step(model, inputs, num_items_in_batch)
+
+        trainer.training_step = record
+        said = io.StringIO()
+        handler = logging.StreamHandler(said)
+        from padless.integrations.trainer_boundary import logger
+
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            trainer.train()
+        finally:
+            logger.removeHandler(handler)
+        params = full_tensors(trainer.model)
+        dist.barrier()
+        return {
+            "rows": rows, "params": {k: v.detach().cpu() for k, v in params.items()}, "said": said.getvalue(),
+            "backend": trainer.model.config._attn_implementation, "layout": trainer.padless_context.layout,
+            "loss": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+            "dtype": str(next(iter(params.values())).dtype).removeprefix("torch."), "torch": torch.__version__,
+        }  # fmt: skip
+    finally:
+        trainer_context.context_loss, trainer_context.data_parallel_place = saved
+
+
+def main(out_dir: str, world: str) -> None:
+    """torchrun worker: every case of ``CASES[world]`` on this rank, saved to ``OUT/rank{r}.pt``; a case that
+    raises saves its traceback (the tests reading it fail with it)."""
+    import faulthandler
+
+    import torch
+    import torch.distributed as dist
+
+    from padless.models.fsdp import init_distributed
+
+    faulthandler.dump_traceback_later(int(os.environ.get("PADLESS_WORKER_TIMEOUT", "540")), exit=True)
+    torch.set_num_threads(1)
+    init_distributed("cpu")
+    rank = dist.get_rank()
+    results: dict[str, Any] = {"rank": rank, "errors": {}}
+    for name, case in CASES[int(world)].items():
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                results[name] = _train(case, os.path.join(out_dir, f"{name}-{rank}"))
+        except Exception:
+            results["errors"][name] = traceback.format_exc()
+            Path(out_dir, f"error-{name}-{rank}.txt").write_text(results["errors"][name])  # read if the others hang
+            dist.barrier()
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- the parent
+
+
+def _launch(world: int, out: Path) -> list[dict[str, Any]]:
+    env = {
+        **os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+        "PYTHONPATH": os.pathsep.join([str(support.ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }  # fmt: skip
+    if "GLOO_SOCKET_IFNAME" not in env and sys.platform == "linux":
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), __file__]
+    done = subprocess.run([*cmd, str(out), str(world)], capture_output=True, text=True, timeout=600, env=env)
+    if done.returncode != 0:
+        pytest.fail(f"torchrun --nproc-per-node {world} exited with {done.returncode}:\n{done.stderr[-4000:]}")
+    import torch
+
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
+def launch(request, tmp_path_factory) -> tuple[int, list[dict[str, Any]]]:
+    return request.param, _launch(request.param, tmp_path_factory.mktemp(f"cp{request.param}"))
+
+
+def _case(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    for r in ranks:
+        if name in r["errors"]:
+            pytest.fail(f"case {name!r} raised on rank {r['rank']}:\n{r['errors'][name]}")
+    return [r[name] for r in ranks]
+
+
+def _one_process(got: list[dict[str, Any]], cp: int, name: str = "tiny-llama") -> dict[str, Any]:
+    """The same steps in one process: each step's micro-batches of every replica (rank ``d * cp`` of each),
+    the loss summed over their trained tokens and divided by the step's count, SGD."""
+    import torch
+
+    import padless
+    from padless.objectives.loss import _ce_sum, trained_tokens
+
+    padless.register_padless_attention()
+    model = padless.build_model(name, attn_implementation="padless", seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    replicas = [got[d]["rows"] for d in range(0, len(got), cp)]
+    for step in range(STEPS):
+        batches = [b for rows in replicas for b in rows if b["step"] == step]  # the epoch's last step may be short
+        total = sum(int(trained_tokens(b["labels"])) for b in batches)
+        assert all(b["num_items"] == total * cp for b in batches), "Trainer's count: every rank's rows, cp times each"
+        optimizer.zero_grad()
+        for b in batches:
+            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False).logits
+            (_ce_sum(logits[:, :-1], _shifted(b)) / total).backward()
+        optimizer.step()
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def _shifted(batch: dict[str, Any]) -> Any:
+    """The next token's label inside its document (a document's first label is already -100)."""
+    return batch["labels"][:, 1:]
+
+
+def _relative_gap(got: dict[str, Any], want: dict[str, Any]) -> float:
+    assert set(got) == set(want)
+    return max(float((got[n] - w).abs().max() / w.abs().max()) for n, w in want.items())
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
+
+
+@pytest.mark.parametrize("name", sorted({n for cases in CASES.values() for n, c in cases.items() if "fault" not in c}))
+def test_three_steps_reach_the_one_process_parameters(launch, name: str) -> None:
+    world, ranks = launch
+    if name not in CASES[world]:
+        pytest.skip(f"{name} runs on {len([w for w in CASES if name in CASES[w]])} other launch")
+    case = CASES[world][name]
+    got = _case(ranks, name)
+    cp = case["cp"]
+    for d in range(world // cp):  # every rank of a cp group trained the same rows
+        group = got[d * cp : (d + 1) * cp]
+        assert {b["step"] for b in group[0]["rows"]} == set(range(STEPS))
+        for g in group[1:]:
+            assert all(a["input_ids"].equal(b["input_ids"]) for a, b in zip(g["rows"], group[0]["rows"]))
+    if world // cp > 1:  # replicas trained different rows
+        assert not got[0]["rows"][0]["input_ids"].equal(got[cp]["rows"][0]["input_ids"])
+    want = _one_process(got, cp, case.get("model", "tiny-llama"))
+    for g in got:
+        assert g["backend"] == "padless_cp" and g["dtype"] == "float32"
+        assert _relative_gap(g["params"], want) < 1e-5
+    assert case["layout"] == "auto" or got[0]["layout"] == case["layout"]
+
+
+@pytest.mark.parametrize("name", ["cp2-per-rank-loss", "dp2xcp2-rows-per-rank"])
+def test_controls_miss_the_one_process_parameters(launch, name: str) -> None:
+    world, ranks = launch
+    if name not in CASES[world]:
+        pytest.skip("the other launch")
+    got = _case(ranks, name)
+    if name == "dp2xcp2-rows-per-rank":  # the ranks of a cp group split different rows: not one row's shards
+        assert not got[0]["rows"][0]["input_ids"].equal(got[1]["rows"][0]["input_ids"])
+        return
+    want = _one_process(got, CASES[world][name]["cp"])
+    assert _relative_gap(got[0]["params"], want) > 1e-3
+
+
+def test_the_start_line_names_context_parallel_and_the_balance(launch) -> None:
+    world, ranks = launch
+    name = "cp2" if world == 2 else "dp2xcp2"
+    said = _case(ranks, name)[0]["said"]
+    dp, cp = world // CASES[world][name]["cp"], CASES[world][name]["cp"]
+    assert f"context parallel {dp} x {cp} ranks (data x context)" in said, said
+    assert "attention padless_cp" in said and "max/mean shard attention work" in said, said
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
