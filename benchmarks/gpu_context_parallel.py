@@ -1,6 +1,6 @@
 """GPU check of context parallelism's CUDA path (benchmarks/gpu.sh step ``context-parallel``).
 
-One process, no collective: for cp = 2, 4 and 8 and every rank, the rank's queries of packed rows
+One process, no collective: for cp = 2, 4 and 8, both layouts (contiguous, zigzag) and every rank, the rank's queries of packed rows
 (documents straddling shard boundaries, one spanning every shard, a sliding window or none) against
 the whole rows' keys and values, through the flash-attn varlen path with per-rank boundaries
 (:func:`padless.attention.context_parallel._flash_varlen`), compared with the masked-sdpa path in
@@ -39,23 +39,26 @@ def main(out: str) -> int:
     )
     ids = ids.cuda()
     cases, worst = [], 0.0
+    keys = torch.arange(length, device="cuda")
     for cp in (2, 4, 8):
-        shard = length // cp
-        for window in (None, 256):
-            q = torch.randn(2, heads, length, dim, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(2, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            for rank in range(cp):
-                state = cpmod.ContextParallelState(ids, rank * shard, (rank + 1) * shard, None)
-                local = q[:, :, state.start : state.stop]
-                got = cpmod._flash_varlen(local, k, v, ids, state, None, 0.0, window)  # [R, L/cp, H, D]
-                mask = cpmod.document_mask(ids, state.start, state.stop, window)[:, None]
-                ref = torch.nn.functional.scaled_dot_product_attention(
-                    local.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True
-                ).transpose(1, 2)
-                diff = float((got.float() - ref).abs().max())
-                worst = max(worst, diff)
-                cases.append({"cp": cp, "rank": rank, "window": window, "max_abs": diff})
+        for layout in cpmod.LAYOUTS:
+            order = torch.cat([cpmod.shard_index(length, cp, r, layout) for r in range(cp)]).cuda()
+            for window in (None, 256):
+                q = torch.randn(2, heads, length, dim, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(2, kv_heads, length, dim, device="cuda", dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+                for rank in range(cp):
+                    index = order.reshape(cp, -1)[rank]
+                    state = cpmod.ContextParallelState(ids, index, order, layout, None)
+                    local = q[:, :, index]
+                    got = cpmod._flash_varlen(local, k, v, ids, state, None, 0.0, window)  # [R, L/cp, H, D]
+                    mask = cpmod.document_mask(ids, index, keys, window)[:, None]
+                    ref = torch.nn.functional.scaled_dot_product_attention(
+                        local.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True
+                    ).transpose(1, 2)
+                    diff = float((got.float() - ref).abs().max())
+                    worst = max(worst, diff)
+                    cases.append({"cp": cp, "layout": layout, "rank": rank, "window": window, "max_abs": diff})
     json.dump({"cases": cases, "max_abs": worst}, open(out, "w"), indent=1)
     return int(worst > 2e-2)
 

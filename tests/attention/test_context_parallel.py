@@ -70,7 +70,7 @@ def _diff(a: dict, b: dict) -> float:
 
 def _snippet() -> str:
     page = Path(__file__).resolve().parents[2] / "docs" / "context-parallel.md"
-    return "\n".join(re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M))
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)[0]  # the plain loop's
 
 
 def _reference(dtype, ids, labels, pos):
@@ -373,3 +373,53 @@ def test_models_it_cannot_make_exact_are_refused_by_name() -> None:
     mamba = MambaForCausalLM(MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, state_size=8))
     with pytest.raises(ValueError, match="not attention \\(mamba"):
         check_context_parallel(mamba)
+
+
+def _reference_varlen(
+    q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=True, window_size=None
+):
+    """flash-attn's ``flash_attn_varlen_func`` contract, in sdpa: each sequence's queries aligned to its keys'
+    end (bottom-right causal), an optional left window ``window_size[0]``."""
+    out = torch.empty_like(q)
+    for i in range(cu_q.numel() - 1):
+        qa, qb, ka, kb = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        qpos = torch.arange(qb - qa) + (kb - ka) - (qb - qa)  # bottom-right: the last query sees the last key
+        gap = qpos[:, None] - torch.arange(kb - ka)[None, :]
+        mask = gap >= 0
+        if window_size is not None:
+            mask &= gap <= window_size[0]
+        out[qa:qb] = torch.nn.functional.scaled_dot_product_attention(
+            q[qa:qb].transpose(0, 1), k[ka:kb].transpose(0, 1), v[ka:kb].transpose(0, 1), attn_mask=mask,
+            scale=softmax_scale, enable_gqa=True,
+        ).transpose(0, 1)  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_cuda_varlen_pieces_equal_the_global_mask(monkeypatch, layout: str, window) -> None:
+    """The flash-attn path's per-rank pieces (run on CUDA only) against the masked sdpa path, here with a
+    stand-in for ``flash_attn_varlen_func`` that follows its documented contract."""
+    import sys
+    import types
+
+    import padless.attention.context_parallel as cpmod
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=_reference_varlen))
+    ids, labels, pos = _rows(64)
+    docs = split_row(ids, labels, pos, cp=4, rank=0).document_ids
+    length = docs.shape[1]
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, length, 8, generator=gen, dtype=torch.float64), torch.randn(2, 2, length, 8, generator=gen, dtype=torch.float64)  # fmt: skip
+    v = torch.randn(2, 2, length, 8, generator=gen, dtype=torch.float64)
+    for cp in (2, 4):
+        order = torch.cat([cpmod.shard_index(length, cp, r, layout) for r in range(cp)])
+        for rank in range(cp):
+            index = order.reshape(cp, -1)[rank]
+            state = cpmod.ContextParallelState(docs, index, order, layout, None)
+            got = cpmod._flash_varlen(q[:, :, index], k, v, docs, state, None, 0.0, window)
+            mask = document_mask(docs, index, torch.arange(length), window)[:, None]
+            want = torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, index], k, v, attn_mask=mask, enable_gqa=True
+            )
+            assert (got - want.transpose(1, 2)).abs().max() < 1e-12, (cp, rank)

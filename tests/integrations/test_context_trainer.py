@@ -17,6 +17,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -140,6 +141,11 @@ def _train(case: dict[str, Any], out_dir: str) -> dict[str, Any]:
         trainer_context.context_loss, trainer_context.data_parallel_place = saved
 
 
+def _trainer_snippet() -> str:
+    page = support.ROOT / "docs" / "context-parallel.md"
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)[1]  # the trainers' section
+
+
 def main(out_dir: str, world: str) -> None:
     """torchrun worker: every case of ``CASES[world]`` on this rank, saved to ``OUT/rank{r}.pt``; a case that
     raises saves its traceback (the tests reading it fail with it)."""
@@ -155,6 +161,15 @@ def main(out_dir: str, world: str) -> None:
     init_distributed("cpu")
     rank = dist.get_rank()
     results: dict[str, Any] = {"rank": rank, "errors": {}}
+    if int(world) == 2:  # the docs page's trainer snippet, as torchrun --nproc-per-node 2 runs it
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed), contextlib.chdir(out_dir):
+                exec(compile(_trainer_snippet(), "docs/context-parallel.md", "exec"), {"__name__": "__main__"})
+        except Exception:
+            results["errors"]["docs"] = traceback.format_exc()
+            dist.barrier()
+        results["docs"] = printed.getvalue()
     for name, case in CASES[int(world)].items():
         try:
             with contextlib.redirect_stdout(io.StringIO()):
@@ -277,6 +292,14 @@ def test_the_start_line_names_context_parallel_and_the_balance(launch) -> None:
     dp, cp = world // CASES[world][name]["cp"], CASES[world][name]["cp"]
     assert f"context parallel {dp} x {cp} ranks (data x context)" in said, said
     assert "attention padless_cp" in said and "max/mean shard attention work" in said, said
+
+
+def test_the_docs_trainer_snippet_trains_on_two_ranks(launch) -> None:
+    world, ranks = launch
+    if world != 2:
+        pytest.skip("the snippet runs under torchrun --nproc-per-node 2")
+    out = _case(ranks, "docs")[0]
+    assert re.search(r"^trained 2 steps on padless_cp: loss \d+\.\d+$", out, flags=re.M), out
 
 
 if __name__ == "__main__":
