@@ -8,6 +8,7 @@
   (``padless[trainer]``).
 - ``trainer_rows``: the rows a trainer trains: sampler, row view, fitted collator, loader, what the plan cut.
 - ``trainer_boundary``: the trainers' start line, record checks and errors in the trainer's own words.
+- ``trainer_context``: ``context_parallel=`` in those trainers: rows per replica, balanced, split over each cp group, one loss.
 - ``first_step``: every trainer's first packed step checked on the model (an ``IsolationGuard``), and its cost.
 - ``trl``: ``SFTTrainer`` with padless packing, configured through TRL's ``SFTConfig`` (``padless[trl]``).
 - ``sft_records``: the records of that ``SFTTrainer``, every form ``load_corpus`` reads, checked and rendered by padless.

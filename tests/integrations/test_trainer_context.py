@@ -4,7 +4,7 @@
 parallel x context parallel), both layouts, and under FSDP2 (the model sharded over all 4 ranks).
 
 Each launch's worker is this file's ``main`` (``python -m torch.distributed.run --nproc-per-node N
-tests/integrations/test_context_trainer.py OUT N``): it runs every case of :data:`CASES` for its world
+tests/integrations/test_trainer_context.py OUT N``): it runs every case of :data:`CASES` for its world
 size and saves, per rank, the whole rows of every micro-step (before the split) and the final
 parameters; the parent replays those rows in one process (padless attention, the token-normalised
 loss over each step's rows of every replica, SGD) and compares. The controls run the same way and must
@@ -304,3 +304,54 @@ def test_the_docs_trainer_snippet_trains_on_two_ranks(launch) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+
+
+# ----------------------------------------------------------------------------- refusals, one process
+
+
+def test_context_parallel_without_a_process_group_is_refused_naming_the_launch(tmp_path) -> None:
+    from transformers import TrainingArguments
+
+    import padless
+    from padless.integrations.transformers import PackedTrainer
+
+    model = padless.build_model("tiny-llama", seed=0)
+    args = TrainingArguments(**{**_args(str(tmp_path)), "max_steps": 1})
+    with pytest.raises(
+        ValueError,
+        match=r"PackedTrainer\(context_parallel=2\) splits each row over 2 ranks .* torchrun --nproc-per-node 2",
+    ):
+        PackedTrainer(model=model, args=args, train_dataset=_features(), max_length=MAX_LENGTH, context_parallel=2)
+    with pytest.raises(
+        ValueError, match=r"PackedTrainer\(context_layout=...\) must be one of auto, contiguous, zigzag, got 'ring'"
+    ):
+        PackedTrainer(model=model, args=args, train_dataset=_features(), max_length=MAX_LENGTH, context_layout="ring")
+    with pytest.raises(ValueError, match=r"PackedTrainer\(context_parallel=...\) must be an integer >= 1, got 0"):
+        PackedTrainer(model=model, args=args, train_dataset=_features(), max_length=MAX_LENGTH, context_parallel=0)
+
+
+def test_a_batch_the_split_cannot_cut_is_refused_by_its_keys() -> None:
+    import torch
+
+    from padless.integrations.trainer_context import ContextGroups, context_loss
+
+    ctx = ContextGroups(cp=2, dp=1, cp_rank=0, dp_rank=0, world=2, group=None, layout="contiguous")
+    batch = {k: torch.zeros(1, 8, dtype=torch.long) for k in ("input_ids", "labels", "position_ids")}
+    with pytest.raises(ValueError, match="carries pixel_values, token_type_ids, which the split"):
+        context_loss(None, ctx, None, {**batch, "pixel_values": torch.zeros(1), "token_type_ids": batch["labels"]}, 4)
+    with pytest.raises(ValueError, match="average_tokens_across_devices=True"):
+        context_loss(None, ctx, None, batch, None)
+    with pytest.raises(ValueError, match="has no position_ids"):
+        context_loss(None, ctx, None, {k: batch[k] for k in ("input_ids", "labels")}, 4)
+
+
+def test_a_model_context_parallelism_cannot_make_exact_is_refused_by_name() -> None:
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from padless.integrations.trainer_context import ContextGroups, prepare_model
+
+    ctx = ContextGroups(cp=2, dp=1, cp_rank=0, dp_rank=0, world=2, group=None, layout="contiguous")
+    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16, attn_logit_softcapping=50.0)  # fmt: skip
+    with pytest.raises(ValueError, match="context_parallel=2: model: context_parallel refused: .*soft-capping"):
+        prepare_model(Gemma2ForCausalLM(config), ctx)
