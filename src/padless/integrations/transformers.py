@@ -174,7 +174,8 @@ def owns_its_sharding(model: Any) -> None:
         import torch.distributed as dist
         from transformers.distributed.configuration_utils import DistributedConfig
 
-        model.config.distributed_config = DistributedConfig(fsdp_size=dist.get_world_size(), dp_replicate_size=1)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        model.config.distributed_config = DistributedConfig(fsdp_size=world, dp_replicate_size=1)
     if not model.is_distributed_loading_by_transformers:
         raise ValueError(
             f"{type(model).__name__}.is_distributed_loading_by_transformers does not follow its flag: "
