@@ -319,26 +319,31 @@ def register_context_parallel_attention(name: str = CP_BACKEND_NAME) -> str:
     return name
 
 
-def context_parallel_refusal(model: Any) -> str | None:
-    """Why ``model`` cannot run context-parallel exactly (``None``: it can). Token-mixing layers that
-    are not attention carry a state along the row that a shard would need from the shard before it;
-    soft-capping, sinks, ALiBi, chunked and bidirectional attention are not in the global mask."""
+def context_parallel_refusal(model: Any, cp: int | None = None) -> str | None:
+    """Why ``model`` cannot run context-parallel exactly over ``cp`` ranks (``None``: it can; ``cp=None``:
+    head and channel counts are not checked). Token-mixing layers that are not attention run
+    head-parallel (:mod:`padless.attention.context_mixers`) where their kind has document-aware scans,
+    the layer is patched and its heads and convolution channels divide by ``cp``; any other such layer
+    carries a state along the row that a shard would need from the shard before it. Soft-capping,
+    sinks, ALiBi, chunked and bidirectional attention are not in the global mask."""
+    from padless.attention.backend_table import MIXER_LAYER_TYPES
+    from padless.attention.context_mixers import head_parallel_refusal  # it imports this module
+
     layers = mixer_layers(model)
     if layers:
-        kinds = sorted({m.kind for m in layers})
-        return (
-            f"{type(model).__name__} has token-mixing layers that are not attention ({', '.join(kinds)}: "
-            f"{layers[0].name}, ...); their state runs along the whole row, so a shard would need the previous "
-            "shard's state (not passed between ranks yet)"
-        )
+        reason = head_parallel_refusal(model, layers, cp)
+        if reason is not None:
+            return f"{type(model).__name__} {reason}"
     rules = attention_rules(model)
+    # with every mixer layer found and run head-parallel, the layer types naming them are handled
+    others = tuple(x for x in rules.other_layer_types if not layers or x not in MIXER_LAYER_TYPES)
     problems = {
         "attention logit soft-capping": rules.softcap is not None,
         "attention sinks": rules.sinks,
         "an ALiBi bias": rules.alibi,
         "bidirectional attention": rules.bidirectional,
         "chunked attention": rules.chunk_size is not None,
-        f"layers that are not attention ({', '.join(rules.other_layer_types)})": bool(rules.other_layer_types),
+        f"layers that are not attention ({', '.join(others)})": bool(others),
     }
     found = [what for what, present in problems.items() if present]
     if found:
@@ -346,8 +351,9 @@ def context_parallel_refusal(model: Any) -> str | None:
     return None
 
 
-def check_context_parallel(model: Any) -> None:
-    """Raise ``ValueError`` naming why ``model`` cannot run context-parallel (see :func:`context_parallel_refusal`)."""
-    reason = context_parallel_refusal(model)
+def check_context_parallel(model: Any, cp: int | None = None) -> None:
+    """Raise ``ValueError`` naming why ``model`` cannot run context-parallel over ``cp`` ranks (see
+    :func:`context_parallel_refusal`)."""
+    reason = context_parallel_refusal(model, cp)
     if reason is not None:
         raise ValueError(f"model: context_parallel refused: {reason}")

@@ -269,6 +269,12 @@ def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     del arguments[next(iter(signature.parameters))]
     arguments.update(arguments.pop(var_keyword, None) or {})
     hidden = arguments[hidden_name]
+    from padless.attention import context_mixers  # it imports this module
+
+    if context_mixers.active_context() is not None:
+        # a context-parallel shard: documents come from the whole rows' ids, never from local positions
+        _no_state(f"{base.__name__} in a context-parallel forward", _has_cache(arguments))
+        return context_mixers.head_parallel_forward(self, base, kind, args, kwargs, hidden)
     documents = layer_documents(hidden, arguments)
     cu = documents.cu_seqlens
     if cu is None or (not documents.explicit and (_padding_mask(arguments) or _has_cache(arguments))):
