@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -116,12 +117,22 @@ def _reference(family, dtype, ids, labels, pos):
     return logits.detach(), alone, loss.detach(), _grads(model)
 
 
-def _local_scans(base, kind, state):
-    """The negative control: each shard scanned on its own tokens only, no all-to-all."""
+@contextmanager
+def _local_scans(home, names, state):
+    """The negative control: each shard scanned on its own tokens only (padless' per-row scans over
+    the shard's documents), no all-to-all."""
     from padless.attention import mixers
 
-    local = state.document_ids[:, state.index] + torch.arange(state.document_ids.shape[0])[:, None] * state.length
-    return mixers._scans_for(base, kind, local)
+    ids = state.document_ids[:, state.index]
+    local = ids + torch.arange(ids.shape[0])[:, None] * state.length
+    saved = {name: getattr(home, name) for name in names}
+    for name in names:
+        setattr(home, name, mixers._SCANS[name](local))
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(home, name, function)
 
 
 def _cp_run(family, dtype, ids, labels, pos, group, cp, rank, layout, fault=None):

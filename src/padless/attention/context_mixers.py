@@ -13,32 +13,44 @@ sequence mixing are swapped, for that forward only, for head-parallel ones (Ulys
 
 The depthwise causal convolution splits its channels the same way, each rank convolving its
 ``D / cp`` channels with its slice of the weight and bias; Mamba2's ``B`` / ``C`` split with the heads
-when their groups divide by ``cp``, else they are all-gathered over the sequence and each rank keeps
-its heads' copies. Every exchange is differentiable: the all-to-all's backward is the reverse
-all-to-all, the all-gather's a reduce-scatter, and a parameter slice's gradient lands in its slice,
-so summing parameter gradients over the cp group
-(:func:`padless.objectives.context_loss.sync_context_gradients`) gives the single-process gradient.
-Documents come from the active context's WHOLE-row ids, never from the shard's positions (a zigzag
-shard's positions jump). The all-to-all is ``all_to_all_single`` (gloo and nccl both have it).
+when their groups divide by ``cp``, else they are gathered over the sequence (:func:`gather_rows`) and
+each rank keeps its heads' copies. Every exchange is differentiable: the all-to-all's backward is the
+reverse all-to-all, and a parameter slice's gradient lands in its slice, so summing parameter
+gradients over the cp group (:func:`padless.objectives.context_loss.sync_context_gradients`) gives the
+single-process gradient. Documents come from the active context's WHOLE-row ids, never from the
+shard's positions (a zigzag shard's positions jump). The one collective is ``all_to_all_single``,
+which gloo and nccl both have; the gather is built from it too.
 
-Heads (or channels) that do not divide by ``cp``, layers without scans (Mamba1, Kimi delta attention,
-...) and unpatched layers are refused by name (:func:`head_parallel_refusal`); the forward raises the
-same ``ValueError`` if it meets one.
+:func:`padless.attention.context_parallel.context_parallel_refusal` refuses by name what this cannot
+run: heads or channels that do not divide by ``cp`` (:func:`split_counts`), layers without scans
+(Mamba1, Kimi delta attention, ...) and unpatched layers; :func:`head_parallel_forward` raises the
+same ``ValueError`` if it meets one. This module imports nothing of padless but the scans, and holds
+the running context (:func:`active_context`): the mixers call it, and the context-parallel module
+reads the mixers.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from padless.attention import scans
-from padless.attention.context_parallel import ContextParallelState, active_context, gather_sequence
-from padless.attention.mixers import _MARK, _SCAN_FUNCTIONS, MixerInfo, _base_class, _no_state, _scannable
+
+_ACTIVE: ContextVar[Any] = ContextVar("padless_context_parallel", default=None)
+"""The enclosing :func:`padless.attention.context_parallel.context_parallel`'s
+:class:`padless.attention.context_parallel.ContextParallelState` (``None`` outside one); it lives here
+because the mixers read it and the context-parallel module imports the mixers."""
+
+
+def active_context() -> Any:
+    """The enclosing :func:`padless.attention.context_parallel.context_parallel` state (``None`` outside one)."""
+    return _ACTIVE.get()
 
 
 def _exchange(x: torch.Tensor, split_dim: int, cat_dim: int, group: Any) -> torch.Tensor:
@@ -65,24 +77,39 @@ class _AllToAll(torch.autograd.Function):
         return _exchange(grad, *ctx.reverse), None, None, None
 
 
-def to_heads(x: torch.Tensor, state: ContextParallelState, seq_dim: int = 1, head_dim: int = 2) -> torch.Tensor:
+def to_heads(x: torch.Tensor, state: Any, seq_dim: int = 1, head_dim: int = 2) -> torch.Tensor:
     """This rank's shard ``[.., L/cp (seq_dim), .., H (head_dim), ..]`` -> this rank's ``H / cp`` heads of
     the whole rows ``[.., L, .., H/cp, ..]``, in the row's global order."""
     return state.in_row_order(_AllToAll.apply(x, head_dim, seq_dim, state.group), seq_dim)
 
 
-def to_sequence(x: torch.Tensor, state: ContextParallelState, seq_dim: int = 1, head_dim: int = 2) -> torch.Tensor:
+def to_sequence(x: torch.Tensor, state: Any, seq_dim: int = 1, head_dim: int = 2) -> torch.Tensor:
     """The inverse of :func:`to_heads`: ``[.., L, .., H/cp, ..]`` in global order -> ``[.., L/cp, .., H, ..]``."""
     if state.layout != "contiguous":
         x = x.index_select(seq_dim, state.order.to(x.device))  # global order -> gathered (rank) order
     return _AllToAll.apply(x, seq_dim, head_dim, state.group)
 
 
-def _documents(state: ContextParallelState, device: torch.device) -> torch.Tensor:
+def _documents(state: Any, device: torch.device) -> torch.Tensor:
     """``[R, L]`` document index for the scans, distinct across rows (the scans run the rows as one
     sequence, so row ``r``'s last document must not continue into row ``r + 1``'s first)."""
     ids = state.document_ids.to(device)
     return ids + torch.arange(ids.shape[0], device=device)[:, None] * state.length
+
+
+def gather_rows(x: torch.Tensor, state: Any, seq_dim: int = 1) -> torch.Tensor:
+    """This rank's shard ``[.., L/cp (seq_dim), ..]`` -> the whole rows ``[.., L, ..]`` in global order:
+    an all-gather built from the all-to-all (the same shard sent to every rank), so its backward sums
+    each shard's gradient over the ranks (the expand) and returns it to the owner (the reverse exchange)."""
+    cp = dist.get_world_size(state.group)
+    copies = x.unsqueeze(0).expand(cp, *x.shape)  # [cp, ...]: copy j goes to rank j
+    whole = _AllToAll.apply(copies, 0, seq_dim + 1, state.group)  # [1, .., L, ..]
+    return state.in_row_order(whole.squeeze(0), seq_dim)
+
+
+def _no_state(name: str, given: bool) -> None:
+    if given:
+        raise ValueError(f"{name} was handed a recurrent state or asked for one in a context-parallel forward")
 
 
 def _split(what: str, count: int, cp: int) -> None:
@@ -95,7 +122,7 @@ def _mine(t: torch.Tensor | None, cp: int, rank: int, dim: int = 0) -> torch.Ten
     return None if t is None else t.chunk(cp, dim=dim)[rank]
 
 
-def _conv(state: ContextParallelState) -> Any:
+def _conv(state: Any) -> Any:
     def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
         rank, cp = dist.get_rank(state.group), dist.get_world_size(state.group)
         _split("channels of the depthwise convolution", hidden_states.shape[1], cp)
@@ -107,7 +134,7 @@ def _conv(state: ContextParallelState) -> Any:
     return causal_conv1d_fn
 
 
-def _delta_rule(state: ContextParallelState) -> Any:
+def _delta_rule(state: Any) -> Any:
     def torch_chunk_gated_delta_rule(
         query,
         key,
@@ -135,7 +162,7 @@ def _delta_rule(state: ContextParallelState) -> Any:
     return torch_chunk_gated_delta_rule
 
 
-def _ssd(state: ContextParallelState) -> Any:
+def _ssd(state: Any) -> Any:
     def mamba2_chunk_scan(
         hidden_states,
         dt,
@@ -159,7 +186,7 @@ def _ssd(state: ContextParallelState) -> Any:
         if groups % cp == 0:  # a rank's heads read exactly its groups
             b, c = to_heads(B, state), to_heads(C, state)
         else:  # the whole sequence of every group, then each of this rank's heads its group's copy
-            bc = state.in_row_order(gather_sequence(torch.stack([B, C]), 2, state.group), 2)  # [2, R, L, G, N]
+            bc = gather_rows(torch.stack([B, C]), state, seq_dim=2)  # [2, R, L, G, N]
             bc = _mine(bc.repeat_interleave(heads // groups, dim=3), cp, rank, dim=3)
             b, c = bc.unbind(0)
         doc = _documents(state, x.device)
@@ -170,7 +197,7 @@ def _ssd(state: ContextParallelState) -> Any:
     return mamba2_chunk_scan
 
 
-def _unfused(state: ContextParallelState) -> Any:
+def _unfused(state: Any) -> Any:
     def mamba2_split_conv1d_scan_combined(*args, **kwargs):
         return None  # the fused kernel is not head-parallel: the layer goes on to its convolution and scan
 
@@ -187,10 +214,8 @@ _HEAD_PARALLEL = {
 
 
 @contextmanager
-def _head_parallel_scans(base: type, kind: str, state: ContextParallelState) -> Iterator[None]:
-    """For one layer's forward, the functions its module calls for ``kind`` are the head-parallel ones."""
-    home = sys.modules[base.__module__]
-    names = _SCAN_FUNCTIONS[kind]
+def _head_parallel_scans(home: ModuleType, names: tuple[str, ...], state: Any) -> Iterator[None]:
+    """For one layer's forward, the functions ``names`` of its module ``home`` are the head-parallel ones."""
     saved = {name: getattr(home, name) for name in names}
     for name in names:
         setattr(home, name, _HEAD_PARALLEL[name](state))
@@ -214,51 +239,32 @@ def split_counts(module: Any, kind: str) -> dict[str, int]:
     return counts
 
 
-def head_parallel_refusal(model: Any, layers: list[MixerInfo], cp: int | None = None) -> str | None:
-    """Why ``model``'s token mixers ``layers`` cannot run head-parallel over ``cp`` ranks (``None``: they
-    can; ``cp=None``: the counts are not checked)."""
-    for info in layers:
-        module = model.get_submodule(info.name)
-        name = f"{info.name} ({_base_class(module).__name__})"
-        if info.kind not in _SCAN_FUNCTIONS or not _scannable(info.kind, module):
-            return (
-                f"has token-mixing layers that are not attention ({info.kind}: {name}) with no document-aware "
-                "scan padless can run head-parallel; their state runs along the whole row, so a shard would "
-                "need the previous shard's state (not passed between ranks)"
-            )
-        if getattr(module, _MARK, None) is None:
-            return (
-                f"has token-mixing layer {name} ({info.kind}) unpatched; call "
-                "padless.attention.mixers.enable_per_document_mixers(model) first "
-                "(inside a context-parallel forward it then runs head-parallel)"
-            )
-        for what, count in split_counts(module, info.kind).items() if cp else ():
-            if count % cp:
-                return (
-                    f"has {count} {what} in {name} ({info.kind}), which do not divide by cp={cp} "
-                    "(head-parallel needs each rank to hold an equal share)"
-                )
-    return None
-
-
-def head_parallel_forward(layer: Any, base: type, kind: str, args: tuple, kwargs: dict, hidden: torch.Tensor) -> Any:
-    """``layer``'s own forward on this rank's tokens ``hidden`` ``[R, L/cp, D]``, its scans head-parallel
-    over the whole rows of the active context (module docstring)."""
-    state = active_context()
-    if state is None:
-        raise ValueError("head_parallel_forward runs inside padless.attention.context_parallel.context_parallel")
-    if kind not in _SCAN_FUNCTIONS or not _scannable(kind, layer):
+def head_parallel_forward(
+    run: Callable[[], Any],
+    layer: Any,
+    kind: str,
+    home: ModuleType,
+    names: tuple[str, ...],
+    hidden: torch.Tensor,
+    state: Any,
+) -> Any:
+    """``run()``: ``layer``'s own forward on this rank's tokens ``hidden`` ``[R, L/cp, D]`` (a ``kind``
+    layer of module ``home``), with the functions ``names`` it calls for its scans head-parallel over
+    the whole rows of the active context ``state`` (module docstring). ``names`` empty: the layer has no
+    scan to run head-parallel, and the model is refused."""
+    layer_name = getattr(type(layer), "_padless_base", type(layer)).__name__  # the class before patching
+    if not names:
         raise ValueError(
-            f"{base.__name__} ({kind}) has no document-aware scan to run head-parallel; "
-            "the model cannot run context-parallel (padless.attention.context_parallel.check_context_parallel)"
+            f"{layer_name} ({kind}) has no document-aware scan to run head-parallel; the model cannot run "
+            "context-parallel (padless.attention.context_parallel.check_context_parallel)"
         )
     if tuple(hidden.shape[:2]) != (state.document_ids.shape[0], state.local):
         raise ValueError(
-            f"{base.__name__} got {tuple(hidden.shape[:2])} tokens but the context holds rows of "
+            f"{layer_name} got {tuple(hidden.shape[:2])} tokens but the context holds rows of "
             f"{tuple(state.document_ids.shape)} split into shards of {state.local}"
         )
     cp = dist.get_world_size(state.group)
     for what, count in split_counts(layer, kind).items():
-        _split(f"{what} of {base.__name__}", count, cp)
-    with _head_parallel_scans(base, kind, state):
-        return base.forward(layer, *args, **kwargs)
+        _split(f"{what} of {layer_name}", count, cp)
+    with _head_parallel_scans(home, names, state):
+        return run()

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +38,9 @@ import torch
 import torch.distributed as dist
 
 from padless.attention.backend import padless_attention, padless_mask
-from padless.attention.mixers import mixer_layers
+from padless.attention.backend_table import MIXER_LAYER_TYPES
+from padless.attention.context_mixers import _ACTIVE, active_context, split_counts  # noqa: F401 (re-exported)
+from padless.attention.mixers import _MARK, _base_class, _scannable, mixer_layers
 from padless.attention.rules import attention_rules
 
 CP_BACKEND_NAME = "padless_cp"
@@ -111,9 +112,6 @@ class ContextParallelState:
         return gathered.index_select(dim, torch.argsort(self.order).to(gathered.device))
 
 
-_ACTIVE: ContextVar[ContextParallelState | None] = ContextVar("padless_context_parallel", default=None)
-
-
 def cp_rank_size(group: Any = None) -> tuple[int, int]:
     """``(rank in the cp group, cp)``."""
     return dist.get_rank(group), dist.get_world_size(group)
@@ -145,11 +143,6 @@ def context_parallel(
         yield state
     finally:
         _ACTIVE.reset(token)
-
-
-def active_context() -> ContextParallelState | None:
-    """The enclosing :func:`context_parallel` state (``None`` outside one)."""
-    return _ACTIVE.get()
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -326,14 +319,28 @@ def context_parallel_refusal(model: Any, cp: int | None = None) -> str | None:
     the layer is patched and its heads and convolution channels divide by ``cp``; any other such layer
     carries a state along the row that a shard would need from the shard before it. Soft-capping,
     sinks, ALiBi, chunked and bidirectional attention are not in the global mask."""
-    from padless.attention.backend_table import MIXER_LAYER_TYPES
-    from padless.attention.context_mixers import head_parallel_refusal  # it imports this module
-
     layers = mixer_layers(model)
-    if layers:
-        reason = head_parallel_refusal(model, layers, cp)
-        if reason is not None:
-            return f"{type(model).__name__} {reason}"
+    for info in layers:
+        module = model.get_submodule(info.name)
+        name = f"{info.name} ({_base_class(module).__name__})"
+        if not _scannable(info.kind, module):
+            return (
+                f"{type(model).__name__} has token-mixing layers that are not attention ({info.kind}: {name}) with "
+                "no document-aware scan padless can run head-parallel; their state runs along the whole row, so "
+                "a shard would need the previous shard's state (not passed between ranks)"
+            )
+        if getattr(module, _MARK, None) is None:
+            return (
+                f"{type(model).__name__} has token-mixing layer {name} ({info.kind}) unpatched; call "
+                "padless.attention.mixers.enable_per_document_mixers(model) first (inside a context-parallel "
+                "forward it then runs head-parallel)"
+            )
+        for what, count in split_counts(module, info.kind).items() if cp else ():
+            if count % cp:
+                return (
+                    f"{type(model).__name__} has {count} {what} in {name} ({info.kind}), which do not divide by "
+                    f"cp={cp} (head-parallel needs each rank to hold an equal share)"
+                )
     rules = attention_rules(model)
     # with every mixer layer found and run head-parallel, the layer types naming them are handled
     others = tuple(x for x in rules.other_layer_types if not layers or x not in MIXER_LAYER_TYPES)
