@@ -280,3 +280,13 @@ def test_unpatched_mixers_and_layers_without_scans_are_refused_by_name() -> None
     enable_per_document_mixers(mamba)
     with pytest.raises(ValueError, match=r"not attention \(mamba: backbone\.layers\.0\.mixer \(MambaMixer\)\)"):
         check_context_parallel(mamba, cp=2)
+
+
+def test_scan_documents_never_run_from_one_row_into_the_next() -> None:
+    from types import SimpleNamespace
+
+    from padless.attention.context_mixers import _documents
+
+    state = SimpleNamespace(document_ids=torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1]]), length=4)
+    doc = _documents(state, torch.device("cpu")).reshape(-1)  # the rows as the scans see them: one sequence
+    assert doc[3] != doc[4] and doc[4] == doc[5] and doc[5] != doc[6], doc.tolist()
