@@ -26,6 +26,9 @@
 - ``tree``: shared-prompt (tree) attention: completions attend to one prompt, not to each other.
 - ``context_parallel``: one packed row split over ranks: keys and values all-gathered, the document mask
   from global indices (``"padless_cp"``), and the models it refuses.
+- ``context_mixers``: gated DeltaNet, Mamba2 and short-convolution layers run head-parallel inside a
+  context-parallel forward (all-to-all from sequence to heads, the scans over the whole rows, and back),
+  and which context-parallel forward is running (the one variable its layers read).
 - ``multimodal``: how a vision-language model reads the images of a packed row (positions, image
   attention blocks): the families packed with images, the rest refused with the reason.
 - ``transformers_compat``: the transformers internals padless relies on, and the version they were read from.

@@ -21,9 +21,10 @@ Kernels: on the CPU (gloo), sdpa with the boolean global mask ``[R, 1, L / cp, L
 varlen with per-rank boundaries (each local document piece's queries against its document's keys from
 the document start, aligned bottom-right), else the same masked sdpa.
 
-What it cannot make exact is refused by name (:func:`context_parallel_refusal`): token-mixing layers
-that are not attention (gated DeltaNet, Mamba, short convolutions: their state runs along the row, so
-a shard would need the previous shard's state), soft-capping, sinks, ALiBi, chunked or bidirectional
+Token-mixing layers that are not attention (gated DeltaNet, Mamba2, short convolutions) run
+head-parallel inside a cp forward (:mod:`padless.attention.context_mixers`). What it cannot make exact
+is refused by name (:func:`context_parallel_refusal`): mixers with no scan to run head-parallel, heads
+that do not divide by cp, soft-capping, sinks, ALiBi, chunked or bidirectional
 attention. Sliding windows are honoured in the global mask.
 """
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,9 @@ import torch
 import torch.distributed as dist
 
 from padless.attention.backend import padless_attention, padless_mask
-from padless.attention.mixers import mixer_layers
+from padless.attention.backend_table import MIXER_LAYER_TYPES
+from padless.attention.context_mixers import _ACTIVE, active_context, split_counts  # noqa: F401 (re-exported)
+from padless.attention.mixers import _MARK, _base_class, _scannable, mixer_layers
 from padless.attention.rules import attention_rules
 
 CP_BACKEND_NAME = "padless_cp"
@@ -111,9 +113,6 @@ class ContextParallelState:
         return gathered.index_select(dim, torch.argsort(self.order).to(gathered.device))
 
 
-_ACTIVE: ContextVar[ContextParallelState | None] = ContextVar("padless_context_parallel", default=None)
-
-
 def cp_rank_size(group: Any = None) -> tuple[int, int]:
     """``(rank in the cp group, cp)``."""
     return dist.get_rank(group), dist.get_world_size(group)
@@ -145,11 +144,6 @@ def context_parallel(
         yield state
     finally:
         _ACTIVE.reset(token)
-
-
-def active_context() -> ContextParallelState | None:
-    """The enclosing :func:`context_parallel` state (``None`` outside one)."""
-    return _ACTIVE.get()
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -319,26 +313,45 @@ def register_context_parallel_attention(name: str = CP_BACKEND_NAME) -> str:
     return name
 
 
-def context_parallel_refusal(model: Any) -> str | None:
-    """Why ``model`` cannot run context-parallel exactly (``None``: it can). Token-mixing layers that
-    are not attention carry a state along the row that a shard would need from the shard before it;
-    soft-capping, sinks, ALiBi, chunked and bidirectional attention are not in the global mask."""
+def context_parallel_refusal(model: Any, cp: int | None = None) -> str | None:
+    """Why ``model`` cannot run context-parallel exactly over ``cp`` ranks (``None``: it can; ``cp=None``:
+    head and channel counts are not checked). Token-mixing layers that are not attention run
+    head-parallel (:mod:`padless.attention.context_mixers`) where their kind has document-aware scans,
+    the layer is patched and its heads and convolution channels divide by ``cp``; any other such layer
+    carries a state along the row that a shard would need from the shard before it. Soft-capping,
+    sinks, ALiBi, chunked and bidirectional attention are not in the global mask."""
     layers = mixer_layers(model)
-    if layers:
-        kinds = sorted({m.kind for m in layers})
-        return (
-            f"{type(model).__name__} has token-mixing layers that are not attention ({', '.join(kinds)}: "
-            f"{layers[0].name}, ...); their state runs along the whole row, so a shard would need the previous "
-            "shard's state (not passed between ranks yet)"
-        )
+    for info in layers:
+        module = model.get_submodule(info.name)
+        name = f"{info.name} ({_base_class(module).__name__})"
+        if not _scannable(info.kind, module):
+            return (
+                f"{type(model).__name__} has token-mixing layers that are not attention ({info.kind}: {name}) with "
+                "no document-aware scan padless can run head-parallel; their state runs along the whole row, so "
+                "a shard would need the previous shard's state (not passed between ranks)"
+            )
+        if getattr(module, _MARK, None) is None:
+            return (
+                f"{type(model).__name__} has token-mixing layer {name} ({info.kind}) unpatched; call "
+                "padless.attention.mixers.enable_per_document_mixers(model) first (inside a context-parallel "
+                "forward it then runs head-parallel)"
+            )
+        for what, count in split_counts(module, info.kind).items() if cp else ():
+            if count % cp:
+                return (
+                    f"{type(model).__name__} has {count} {what} in {name} ({info.kind}), which do not divide by "
+                    f"cp={cp} (head-parallel needs each rank to hold an equal share)"
+                )
     rules = attention_rules(model)
+    # with every mixer layer found and run head-parallel, the layer types naming them are handled
+    others = tuple(x for x in rules.other_layer_types if not layers or x not in MIXER_LAYER_TYPES)
     problems = {
         "attention logit soft-capping": rules.softcap is not None,
         "attention sinks": rules.sinks,
         "an ALiBi bias": rules.alibi,
         "bidirectional attention": rules.bidirectional,
         "chunked attention": rules.chunk_size is not None,
-        f"layers that are not attention ({', '.join(rules.other_layer_types)})": bool(rules.other_layer_types),
+        f"layers that are not attention ({', '.join(others)})": bool(others),
     }
     found = [what for what, present in problems.items() if present]
     if found:
@@ -346,9 +359,10 @@ def context_parallel_refusal(model: Any) -> str | None:
     return None
 
 
-def check_context_parallel(model: Any) -> None:
-    """Raise ``ValueError`` naming why ``model`` cannot run context-parallel (see :func:`context_parallel_refusal`)."""
-    reason = context_parallel_refusal(model)
+def check_context_parallel(model: Any, cp: int | None = None) -> None:
+    """Raise ``ValueError`` naming why ``model`` cannot run context-parallel over ``cp`` ranks (see
+    :func:`context_parallel_refusal`)."""
+    reason = context_parallel_refusal(model, cp)
     if reason is not None:
         raise ValueError(f"model: context_parallel refused: {reason}")
 

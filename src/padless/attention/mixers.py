@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from padless.attention import scans
+from padless.attention.context_mixers import active_context, head_parallel_forward
 from padless.attention.mixer_documents import _hook_checkpointed_layers, capture_model_forward, layer_documents
 from padless.attention.per_document import CACHE_ARGS, MASK_ARGS, run_per_document, run_with_boundaries
 from padless.attention.transformers_compat import TOKEN_MIXER_CLASSES
@@ -269,6 +270,12 @@ def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     del arguments[next(iter(signature.parameters))]
     arguments.update(arguments.pop(var_keyword, None) or {})
     hidden = arguments[hidden_name]
+    state = active_context()
+    if state is not None:  # a context-parallel shard: documents from the whole rows' ids, never local positions
+        _no_state(f"{base.__name__} in a context-parallel forward", _has_cache(arguments))
+        names = _SCAN_FUNCTIONS[kind] if _scannable(kind, self) else ()
+        run = functools.partial(base.forward, self, *args, **kwargs)
+        return head_parallel_forward(run, self, kind, sys.modules[base.__module__], names, hidden, state)
     documents = layer_documents(hidden, arguments)
     cu = documents.cu_seqlens
     if cu is None or (not documents.explicit and (_padding_mask(arguments) or _has_cache(arguments))):

@@ -109,7 +109,7 @@ def prepare_model(model: Any, ctx: ContextGroups) -> None:
     from padless.attention.adapters import base_model_of
 
     try:
-        check_context_parallel(model)
+        check_context_parallel(model, ctx.cp)
     except ValueError as err:
         raise ValueError(f"context_parallel={ctx.cp}: {err}") from None
     implementation = register_context_parallel_attention()

@@ -40,8 +40,8 @@ def sync_context_gradients(model: torch.nn.Module, group: Any = None) -> None:
             dist.all_reduce(param.grad, group=group)
 
 
-_CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
-"""Models :func:`check_context_parallel` accepted (their layers are read once)."""
+_CHECKED: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
+"""Model -> the cp sizes :func:`check_context_parallel` accepted it for (its layers are read once per cp)."""
 
 
 def context_parallel_forward(model: Any, shard: RowShard, *, group: Any = None, **kwargs: Any) -> torch.Tensor:
@@ -55,9 +55,10 @@ def context_parallel_forward(model: Any, shard: RowShard, *, group: Any = None, 
             f"model: attention implementation {backend!r} cannot gather keys over ranks (it must be 'padless_cp'); "
             "call model.set_attn_implementation(register_context_parallel_attention())"
         )
-    if model not in _CHECKED:
-        check_context_parallel(model)  # a model it cannot make exact is refused by name
-        _CHECKED.add(model)
+    cp = dist.get_world_size(group) if dist.is_initialized() else 1
+    if cp not in _CHECKED.get(model, ()):
+        check_context_parallel(model, cp)  # a model it cannot make exact at this cp is refused by name
+        _CHECKED.setdefault(model, set()).add(cp)
     device = next(model.parameters()).device
     keep_context_in_checkpoints(model)  # activation checkpointing recomputes inside this context
     with context_parallel(shard.document_ids.to(device), group=group, layout=shard.layout):
