@@ -3,7 +3,7 @@
 logits, loss and every parameter gradient, and each document alone's logits, for a gated-DeltaNet hybrid
 (Qwen3.5 text: 4 value heads over 2 key heads, so cp = 4 splits copies of the key heads), a Mamba2
 hybrid (Bamba with 2 groups: split with the heads at cp = 2, gathered at cp = 4) and LFM2 (short
-convolutions), contiguous and zigzag, fp32 (1e-5) and fp64 (1e-10). The rows hold a document spanning
+convolutions), every layout (contiguous, zigzag, striped), fp32 (1e-5) and fp64 (1e-10). The rows hold a document spanning
 every shard and one straddling each boundary. The negative control (each shard scanned alone, no
 all-to-all) must fail; heads that do not divide by cp and layers without scans are refused by name."""
 

@@ -41,7 +41,7 @@ CASES: dict[int, dict[str, dict[str, Any]]] = {  # world size -> case -> how it 
     },
     4: {
         "cp4": dict(cp=4, layout="contiguous"),
-        "cp4-zigzag": dict(cp=4, layout="zigzag"),
+        "cp4-striped": dict(cp=4, layout="striped"),
         "dp2xcp2": dict(cp=2, layout="zigzag"),
         "dp2xcp2-fsdp": dict(cp=2, layout="contiguous", fsdp=True),
         "dp2xcp2-rows-per-rank": dict(cp=2, layout="contiguous", fault="rows per rank"),
@@ -323,7 +323,8 @@ def test_context_parallel_without_a_process_group_is_refused_naming_the_launch(t
     ):
         PackedTrainer(model=model, args=args, train_dataset=_features(), max_length=MAX_LENGTH, context_parallel=2)
     with pytest.raises(
-        ValueError, match=r"PackedTrainer\(context_layout=...\) must be one of auto, contiguous, zigzag, got 'ring'"
+        ValueError,
+        match=r"PackedTrainer\(context_layout=...\) must be one of auto, contiguous, zigzag, striped, got 'ring'",
     ):
         PackedTrainer(model=model, args=args, train_dataset=_features(), max_length=MAX_LENGTH, context_layout="ring")
     with pytest.raises(ValueError, match=r"PackedTrainer\(context_parallel=...\) must be an integer >= 1, got 0"):

@@ -1,8 +1,8 @@
 """Context parallelism over packed documents: one packed row split over ``cp`` ranks, exact.
 
 A packed row of ``L`` tokens is split into ``cp`` equal shards (:data:`LAYOUTS`: contiguous, rank ``r``
-holding ``[r * L / cp, (r + 1) * L / cp)``, or zigzag, rank ``r`` holding chunks ``r`` and ``2 cp - 1 - r``
-of ``2 cp``) and each rank runs the model on its own tokens alone. Every attention
+holding ``[r * L / cp, (r + 1) * L / cp)``; zigzag, rank ``r`` holding chunks ``r`` and ``2 cp - 1 - r``
+of ``2 cp``; striped, several such rounds) and each rank runs the model on its own tokens alone. Every attention
 layer keeps its local queries and all-gathers the keys and values of the whole row (the grouped
 key/value heads only, before any repeat), with an autograd all-gather whose backward reduce-scatters
 the gradients back to the rank that owns each key (Llama 3's choice over a ring: any mask is easy).
@@ -43,41 +43,26 @@ from padless.attention.backend_table import MIXER_LAYER_TYPES
 from padless.attention.context_mixers import _ACTIVE, active_context, split_counts  # noqa: F401 (re-exported)
 from padless.attention.mixers import _MARK, _base_class, _scannable, mixer_layers
 from padless.attention.rules import attention_rules
+from padless.planning.context_balance import LAYOUTS, chunk_ranks  # noqa: F401  (LAYOUTS: re-exported)
 
 CP_BACKEND_NAME = "padless_cp"
 """The name :func:`context_parallel_attention` is registered under."""
 
 
-LAYOUTS = ("contiguous", "zigzag")
-"""How a row's tokens are dealt to the cp ranks: equal contiguous shards, or ``2 cp`` equal chunks with
-rank ``r`` holding chunk ``r`` then chunk ``2 cp - 1 - r`` (a long document's head and tail share ranks)."""
-
-
-def check_layout(layout: str) -> str:
-    """``layout`` if it is one of :data:`LAYOUTS`, else ``ValueError`` naming them."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    return layout
-
-
 def row_multiple(cp: int, layout: str) -> int:
-    """A row's length must divide by this to be split: ``cp`` shards, or ``2 cp`` chunks under zigzag."""
-    return cp * (2 if check_layout(layout) == "zigzag" else 1)
+    """A row's length must divide by this to be split: its number of equal chunks under ``layout``
+    (:func:`padless.planning.context_balance.chunk_ranks`)."""
+    return int(chunk_ranks(cp, layout).size)
 
 
 def shard_index(length: int, cp: int, rank: int, layout: str = "contiguous") -> torch.Tensor:
     """``[length / cp]`` int64 global indices of rank ``rank``'s tokens of a row of ``length`` tokens
-    (a multiple of :func:`row_multiple`), in local order."""
-    if length % row_multiple(cp, layout):
-        raise ValueError(
-            f"a row of {length} tokens does not split into {row_multiple(cp, layout)} equal {layout} parts"
-        )
-    if layout == "contiguous":
-        width = length // cp
-        return torch.arange(rank * width, (rank + 1) * width)
-    chunk = length // (2 * cp)
-    late = 2 * cp - 1 - rank
-    return torch.cat([torch.arange(rank * chunk, (rank + 1) * chunk), torch.arange(late * chunk, (late + 1) * chunk)])
+    (a multiple of :func:`row_multiple`): its chunks (:data:`LAYOUTS`), in row order."""
+    ranks = chunk_ranks(cp, layout)
+    if length % ranks.size:
+        raise ValueError(f"a row of {length} tokens does not split into {ranks.size} equal {layout} chunks")
+    chunks = torch.arange(length).reshape(ranks.size, -1)
+    return chunks[torch.from_numpy(ranks == rank)].reshape(-1)
 
 
 @dataclass(frozen=True)

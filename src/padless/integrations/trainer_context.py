@@ -9,7 +9,7 @@ replicas of ``cp`` ranks each (ranks ``[d cp, (d + 1) cp)`` form replica ``d``'s
    (:func:`padless.planning.context_balance.balance_row`: documents ordered so that the shards' causal
    attention work evens out; no token added, at most one document cut at each shard boundary), in the
    layout chosen once for the run from the planned rows (``context_layout="auto"``: the one with the
-   lower mean max/mean shard work; or ``"contiguous"`` / ``"zigzag"`` as given). All ranks of a group
+   lowest mean max/mean shard work; or ``"contiguous"``, ``"zigzag"`` or ``"striped"`` as given). All ranks of a group
    compute the same order from the same rows.
 3. **Split and forward.** Positions, document ids and shifted targets are computed on the whole row, then
    each rank keeps its shard (:func:`padless.batching.context_shards.split_row`) and runs the model on it
@@ -117,10 +117,6 @@ def prepare_model(model: Any, ctx: ContextGroups) -> None:
         target.set_attn_implementation(implementation)
 
 
-def _kw(layout: str) -> dict[str, str]:  # TEMPORARY until the planner takes layouts
-    return {} if layout == "contiguous" else {"layout": layout}
-
-
 def row_works(rows: list[list[int]], row_length: int, cp: int, layout: str) -> tuple[float, float]:
     """Mean max/mean shard work of ``rows`` (document lengths per row) as planned and after
     :func:`balance_row` in ``layout``."""
@@ -128,19 +124,19 @@ def row_works(rows: list[list[int]], row_length: int, cp: int, layout: str) -> t
     for lengths in rows:
         if not lengths:
             continue
-        before.append(imbalance(shard_work(lengths, row_length, cp, **_kw(layout))))
-        after.append(imbalance(balance_row(lengths, row_length, cp, **_kw(layout)).after))
+        before.append(imbalance(shard_work(lengths, row_length, cp, layout=layout)))
+        after.append(imbalance(balance_row(lengths, row_length, cp, layout=layout).after))
     return (float(np.mean(before)) if before else 1.0), (float(np.mean(after)) if after else 1.0)
 
 
 def choose_layout(ctx: ContextGroups, rows: list[list[int]], row_length: int) -> tuple[ContextGroups, str]:
     """``ctx`` with its layout resolved from the planned ``rows`` and what the start line says of it: for
-    ``"auto"``, the layout whose balanced rows have the lower mean max/mean shard work (contiguous on a tie)."""
+    ``"auto"``, the layout whose balanced rows have the lowest mean max/mean shard work (on a tie the
+    earlier of :data:`LAYOUTS`, which cuts fewer pieces)."""
     from dataclasses import replace
 
     sample = rows[:64]  # the plan's first rows: the figure the start line gives, bounded in cost
-    works = {layout: row_works(sample, row_length, ctx.cp, layout) for layout in LAYOUTS[:1]}  # TEMPORARY
-    works["zigzag"] = (9.0, 9.0)  # TEMPORARY
+    works = {layout: row_works(sample, row_length, ctx.cp, layout) for layout in LAYOUTS}
     layout = ctx.layout
     if layout == "auto":
         layout = min(LAYOUTS, key=lambda name: (round(works[name][1], 4), LAYOUTS.index(name)))
@@ -164,7 +160,7 @@ def _balanced(inputs: dict[str, Any], cp: int, layout: str) -> tuple[torch.Tenso
     length = int(ids.shape[1])
     order_rows = []
     for lengths in row_documents(inputs):
-        balanced = balance_row(lengths, length, cp, **_kw(layout))
+        balanced = balance_row(lengths, length, cp, layout=layout)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         pieces = [np.arange(starts[i], starts[i] + lengths[i]) for i in balanced.order]
         order_rows.append(np.concatenate([*pieces, np.arange(int(np.sum(lengths)), length)]))

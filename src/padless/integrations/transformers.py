@@ -196,7 +196,7 @@ class PackedTrainer(Trainer):
     the plan), ``guard`` (``True``, default: the first packed step checked on the model; ``False``; or an
     :class:`padless.IsolationGuard` with its period: :mod:`padless.integrations.first_step`),
     ``context_parallel`` (ranks each row is split over under ``torchrun``, data parallel over the rest) and
-    ``context_layout`` (``"auto"``, ``"contiguous"`` or ``"zigzag"``: :mod:`padless.integrations.trainer_context`). ``data_collator`` may be a
+    ``context_layout`` (``"auto"``, ``"contiguous"``, ``"zigzag"`` or ``"striped"``: :mod:`padless.integrations.trainer_context`). ``data_collator`` may be a
     :class:`padless.PackingCollator` (default: one for the model's backend); evaluation batches go
     through it too. The plan's seed is ``args.data_seed`` or ``args.seed``.
 
