@@ -44,7 +44,7 @@ CASES: dict[int, dict[str, dict[str, Any]]] = {  # world size -> case -> how it 
         "cp4-striped": dict(cp=4, layout="striped"),
         "dp2xcp2": dict(cp=2, layout="zigzag"),
         "dp2xcp2-fsdp": dict(cp=2, layout="contiguous", fsdp=True),
-        "dp2xcp2-rows-per-rank": dict(cp=2, layout="contiguous", fault="rows per rank"),
+        "dp2xcp2-rows-per-rank": dict(cp=2, layout="contiguous", fault="rows per rank"),  # must be refused
     },
 }
 
@@ -78,8 +78,10 @@ def _train(case: dict[str, Any], out_dir: str) -> dict[str, Any]:
     if case.get("fsdp"):
         shard_model(model)
     cp = case["cp"]
-    saved = trainer_context.context_loss, trainer_context.data_parallel_place
-    if case.get("fault") == "per rank":  # each rank normalised by its own shard's trained tokens
+    from padless.integrations import transformers as packed_trainer
+
+    saved = trainer_context.context_loss, packed_trainer.data_parallel_place
+    if case.get("fault") == "per rank":  # each rank normalised by its own micro-batch's trained tokens
 
         def per_rank(trainer, ctx, model, inputs, num_items_in_batch):
             loss = saved[0](trainer, ctx, model, inputs, num_items_in_batch)
@@ -87,7 +89,7 @@ def _train(case: dict[str, Any], out_dir: str) -> dict[str, Any]:
 
         trainer_context.context_loss = per_rank
     elif case.get("fault") == "rows per rank":  # the plan dealt to every process, as data parallel would
-        trainer_context.data_parallel_place = lambda ctx, args: (int(args.world_size), int(args.process_index))
+        packed_trainer.data_parallel_place = lambda ctx, args: (int(args.world_size), int(args.process_index))
     try:
         if case.get("sft"):
             from trl import SFTConfig
@@ -138,7 +140,7 @@ def _train(case: dict[str, Any], out_dir: str) -> dict[str, Any]:
             "dtype": str(next(iter(params.values())).dtype).removeprefix("torch."), "torch": torch.__version__,
         }  # fmt: skip
     finally:
-        trainer_context.context_loss, trainer_context.data_parallel_place = saved
+        trainer_context.context_loss, packed_trainer.data_parallel_place = saved
 
 
 def _trainer_snippet() -> str:
@@ -272,15 +274,24 @@ def test_three_steps_reach_the_one_process_parameters(launch, name: str) -> None
     assert case["layout"] == "auto" or got[0]["layout"] == case["layout"]
 
 
-@pytest.mark.parametrize("name", ["cp2-per-rank-loss", "dp2xcp2-rows-per-rank"])
+def test_ranks_of_a_cp_group_holding_different_rows_are_refused(launch) -> None:
+    """Rows dealt to every process (as plain data parallel deals them): the first step stops on every rank,
+    naming the mismatch, instead of gathering keys of different rows."""
+    world, ranks = launch
+    if world != 4:
+        pytest.skip("the other launch")
+    for r in ranks:
+        assert "the ranks of a cp group hold different rows" in r["errors"].get("dp2xcp2-rows-per-rank", ""), r[
+            "errors"
+        ]
+
+
+@pytest.mark.parametrize("name", ["cp2-per-rank-loss"])
 def test_controls_miss_the_one_process_parameters(launch, name: str) -> None:
     world, ranks = launch
     if name not in CASES[world]:
         pytest.skip("the other launch")
     got = _case(ranks, name)
-    if name == "dp2xcp2-rows-per-rank":  # the ranks of a cp group split different rows: not one row's shards
-        assert not got[0]["rows"][0]["input_ids"].equal(got[1]["rows"][0]["input_ids"])
-        return
     want = _one_process(got, CASES[world][name]["cp"])
     assert _relative_gap(got[0]["params"], want) > 1e-3
 

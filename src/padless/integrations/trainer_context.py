@@ -168,6 +168,27 @@ def _balanced(inputs: dict[str, Any], cp: int, layout: str) -> tuple[torch.Tenso
     return tuple(t.gather(1, index) for t in (ids, labels, pos))
 
 
+def _same_rows(ctx: ContextGroups, input_ids: torch.Tensor) -> None:
+    """Raise on every rank of the cp group unless all of them hold the same rows (shape and a checksum,
+    one small all-gather): shards of different rows would gather keys that belong to no row."""
+    import torch.distributed as dist
+
+    weights = torch.arange(1, input_ids.numel() + 1, dtype=torch.float64, device=input_ids.device)
+    mine = torch.tensor(
+        [float(input_ids.shape[0]), float(input_ids.shape[1]), float((input_ids.reshape(-1).double() * weights).sum())],
+        dtype=torch.float64,
+        device=input_ids.device,
+    )
+    every = [torch.empty_like(mine) for _ in range(ctx.cp)]
+    dist.all_gather(every, mine, group=ctx.group)
+    if any(not torch.equal(x, every[0]) for x in every):
+        raise ValueError(
+            f"context_parallel={ctx.cp}: the ranks of a cp group hold different rows ({[tuple(x.tolist()[:2]) for x in every]} "
+            "rows x tokens); each cp group must train the same rows (the trainers deal the plan to the data-parallel "
+            "replicas: padless.integrations.trainer_context.data_parallel_place)"
+        )
+
+
 def context_loss(trainer: Any, ctx: ContextGroups, model: Any, inputs: dict[str, Any], num_items_in_batch: Any) -> Any:
     """This rank's loss of one micro-batch (module docstring, 4), its forward run on its shard of the
     balanced rows."""
@@ -185,6 +206,7 @@ def context_loss(trainer: Any, ctx: ContextGroups, model: Any, inputs: dict[str,
             f"context_parallel={ctx.cp} normalises the loss by the step's trained tokens over every rank; "
             "Trainer counts them only with TrainingArguments(average_tokens_across_devices=True)"
         )
+    _same_rows(ctx, inputs["input_ids"])
     ids, labels, pos = _balanced(inputs, ctx.cp, ctx.layout)
     shard = split_row(
         ids, labels, pos, cp=ctx.cp, rank=ctx.cp_rank, pad_id=trainer.data_collator.pad_token_id, layout=ctx.layout
