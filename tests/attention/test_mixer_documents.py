@@ -114,3 +114,27 @@ def test_a_document_across_rows_is_refused():
     cu = torch.tensor([0, 2, 12], dtype=torch.int32)  # as many documents as rows, the second over both rows
     with pytest.raises(ValueError, match="across the end of a row"):
         layer_documents(HIDDEN, {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu})
+
+
+def test_one_document_per_row_with_its_boundaries_sent_runs_the_scans() -> None:
+    """A packed batch whose rows each hold one document still sends ``cu_seq_lens``; the mixer layer then
+    runs padless' scans (its own torch code refuses boundary kwargs without a CUDA kernel package)."""
+    import transformers as T
+
+    import padless
+
+    padless.register_padless_attention()
+    config = T.Qwen3_5TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], head_dim=8,
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(config, attn_implementation="padless").eval()
+    batch = padless.PackingCollator.for_model(model, max_length=32)([{"input_ids": list(range(1, 20))}])
+    assert batch["cu_seq_lens_q"].tolist() == [0, 19]
+    with torch.no_grad():
+        packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        alone = model(input_ids=batch["input_ids"], use_cache=False).logits
+    assert (packed - alone).abs().max() < 1e-5

@@ -33,11 +33,14 @@ from conftest import make_features  # noqa: E402
 
 LENGTHS = [37, 12, 50, 8, 23, 41, 5, 30, 17, 44, 9, 26, 14, 33, 6, 20, 3, 58, 11, 29, 40, 7, 19, 25]
 MAX_LENGTH, ROWS, ACCUM, SEED, LR, STEPS = 64, 1, 2, 4, 0.5, 3
+HYBRID = "qwen3.5-hybrid"
+"""A tiny Qwen3.5 text model: a gated DeltaNet layer (4 value heads over 2 key heads), then attention."""
 CASES: dict[int, dict[str, dict[str, Any]]] = {  # world size -> case -> how it trains
     2: {
         "cp2": dict(cp=2, layout="auto"),
         "cp2-sft": dict(cp=2, layout="contiguous", sft=True, model="gpt2-2layer"),  # the GPT-2 tokenizer's model
         "cp2-per-rank-loss": dict(cp=2, layout="contiguous", fault="per rank"),
+        "cp2-hybrid": dict(cp=2, layout="auto", model=HYBRID),  # gated DeltaNet layers run head-parallel
     },
     4: {
         "cp4": dict(cp=4, layout="contiguous"),
@@ -50,6 +53,26 @@ CASES: dict[int, dict[str, dict[str, Any]]] = {  # world size -> case -> how it 
 
 
 # ----------------------------------------------------------------------------- the torchrun worker
+
+
+def _build(name: str, attn: str) -> Any:
+    """``padless.build_model(name)``, or the tiny hybrid :data:`HYBRID` (seeded the same way)."""
+    import torch
+
+    import padless
+
+    if name != HYBRID:
+        return padless.build_model(name, attn_implementation=attn, seed=0)
+    import transformers as T
+
+    config = T.Qwen3_5TextConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], head_dim=8,
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return T.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
 
 
 def _features() -> list[dict[str, Any]]:
@@ -70,11 +93,10 @@ def _train(case: dict[str, Any], out_dir: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    import padless
     from padless.integrations import trainer_context
     from padless.models.fsdp import full_tensors, shard_model
 
-    model = padless.build_model(case.get("model", "tiny-llama"), attn_implementation="sdpa", seed=0)
+    model = _build(case.get("model", "tiny-llama"), "sdpa")
     if case.get("fsdp"):
         shard_model(model)
     cp = case["cp"]
@@ -221,10 +243,12 @@ def _one_process(got: list[dict[str, Any]], cp: int, name: str = "tiny-llama") -
     import torch
 
     import padless
+    from padless.attention.mixers import enable_per_document_mixers
     from padless.objectives.loss import _ce_sum, trained_tokens
 
     padless.register_padless_attention()
-    model = padless.build_model(name, attn_implementation="padless", seed=0)
+    model = _build(name, "padless")
+    enable_per_document_mixers(model)  # a hybrid's mixers read the rows' documents
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     replicas = [got[d]["rows"] for d in range(0, len(got), cp)]
     for step in range(STEPS):
@@ -303,6 +327,9 @@ def test_the_start_line_names_context_parallel_and_the_balance(launch) -> None:
     dp, cp = world // CASES[world][name]["cp"], CASES[world][name]["cp"]
     assert f"context parallel {dp} x {cp} ranks (data x context)" in said, said
     assert "attention padless_cp" in said and "max/mean shard attention work" in said, said
+    if world == 2:  # the hybrid says how its token mixers run
+        said = _case(ranks, "cp2-hybrid")[0]["said"]
+        assert "token mixers head-parallel (gated_deltanet: all-to-all over each cp group)" in said, said
 
 
 def test_the_docs_trainer_snippet_trains_on_two_ranks(launch) -> None:

@@ -261,6 +261,10 @@ def _signature(base: type) -> tuple[inspect.Signature, str, str | None]:
     return _SIGNATURES[base]
 
 
+_BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+"""What a packed batch sends its layers for their documents."""
+
+
 def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     """A patched layer's forward: packed rows split by document (see the module docstring)."""
     base = type(self)._padless_base
@@ -278,6 +282,10 @@ def _per_document_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         return head_parallel_forward(run, self, kind, sys.modules[base.__module__], names, hidden, state)
     documents = layer_documents(hidden, arguments)
     cu = documents.cu_seqlens
+    if cu is None and any(arguments.get(k) is not None for k in _BOUNDARY_KWARGS):
+        # boundaries sent with one document per row: the layer's own code over each whole row, without the
+        # boundary kwargs (its torch path refuses them where no CUDA kernel package is installed)
+        return base.forward(self, **{k: v for k, v in arguments.items() if k not in _BOUNDARY_KWARGS})
     if cu is None or (not documents.explicit and (_padding_mask(arguments) or _has_cache(arguments))):
         # no packed documents: the layer's own code, unchanged (a plain forward, generate, padding)
         return base.forward(self, *args, **kwargs)

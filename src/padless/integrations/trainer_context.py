@@ -129,7 +129,9 @@ def row_works(rows: list[list[int]], row_length: int, cp: int, layout: str) -> t
     return (float(np.mean(before)) if before else 1.0), (float(np.mean(after)) if after else 1.0)
 
 
-def choose_layout(ctx: ContextGroups, rows: list[list[int]], row_length: int) -> tuple[ContextGroups, str]:
+def choose_layout(
+    ctx: ContextGroups, rows: list[list[int]], row_length: int, mixers: str = ""
+) -> tuple[ContextGroups, str]:
     """``ctx`` with its layout resolved from the planned ``rows`` and what the start line says of it: for
     ``"auto"``, the layout whose balanced rows have the lowest mean max/mean shard work (on a tie the
     earlier of :data:`LAYOUTS`, which cuts fewer pieces)."""
@@ -148,6 +150,8 @@ def choose_layout(ctx: ContextGroups, rows: list[list[int]], row_length: int) ->
         f"attention work {before:.3f} as planned -> {after:.3f} balanced, mean of {len(sample)} rows), "
         "keys and values gathered over each cp group"
     )
+    if mixers:
+        said += f", token mixers head-parallel ({mixers}: all-to-all over each cp group)"
     return replace(ctx, layout=layout), said
 
 
@@ -237,9 +241,12 @@ def data_parallel_place(ctx: ContextGroups | None, args: Any) -> tuple[int, int]
     return ctx.dp, ctx.dp_rank
 
 
-def resolve_layout(ctx: ContextGroups, dataset: Any, sampler: Any, row_length: int) -> tuple[ContextGroups, str]:
+def resolve_layout(
+    ctx: ContextGroups, dataset: Any, sampler: Any, row_length: int, model: Any = None
+) -> tuple[ContextGroups, str]:
     """:func:`choose_layout` over the documents of ``sampler``'s planned rows (rows packed beforehand:
-    their ``seq_lengths``)."""
+    their ``seq_lengths``); ``model``: its token mixers are named."""
+    from padless.attention.mixers import mixer_layers
     from padless.integrations.trainer_rows import is_prepacked
 
     if is_prepacked(dataset):
@@ -247,7 +254,8 @@ def resolve_layout(ctx: ContextGroups, dataset: Any, sampler: Any, row_length: i
     else:
         plan = sampler.schedule().plan
         rows = [plan.row(r)[2].tolist() for r in range(min(plan.num_rows, 64))]
-    return choose_layout(ctx, rows, row_length)
+    kinds = sorted({m.kind for m in mixer_layers(model)}) if model is not None else []
+    return choose_layout(ctx, rows, row_length, ", ".join(kinds))
 
 
 def context_step_loss(trainer: Any, model: Any, inputs: dict[str, Any], num_items_in_batch: Any) -> Any:

@@ -324,7 +324,7 @@ class PackedTrainer(Trainer):
         planned, lost = plan_said(self.train_dataset, sampler, self.max_length)
         if self.padless_context is not None:
             self.padless_context, said = resolve_layout(
-                self.padless_context, self.train_dataset, sampler, self.max_length
+                self.padless_context, self.train_dataset, sampler, self.max_length, self.model
             )
             planned = f"{planned}, {said}"
         documents = f"{planned}, {self.padless_guard.said()}{lost}"
