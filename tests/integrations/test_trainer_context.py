@@ -357,7 +357,7 @@ def test_context_parallel_without_a_process_group_is_refused_naming_the_launch(t
     args = TrainingArguments(**{**_args(str(tmp_path)), "max_steps": 1})
     with pytest.raises(
         ValueError,
-        match=r"PackedTrainer\(context_parallel=2\) splits each row over 2 ranks .* torchrun --nproc-per-node 2",
+        match=r"PackedTrainer\(context_parallel=2\) splits each row over 2 ranks .* `torchrun --nproc-per-node 2`",
     ):
         PackedTrainer(model=model, args=args, train_dataset=_features(), max_length=MAX_LENGTH, context_parallel=2)
     with pytest.raises(

@@ -98,7 +98,7 @@ def context_groups(cp: int, layout: str, args: Any) -> ContextGroups | None:
         raise ValueError(
             f"context_parallel={cp} splits each row over {cp} ranks and needs a process group whose size it "
             f"divides; this run has {world} process(es){'' if dist.is_initialized() else ' and no process group'}: "
-            f"launch with torchrun --nproc-per-node {cp} (or a multiple of {cp} for data parallel x context parallel)"
+            f"launch with `torchrun --nproc-per-node {cp}` (or a multiple of {cp} for data parallel x context parallel)"
         )
     groups = [dist.new_group(list(range(d * cp, (d + 1) * cp))) for d in range(world // cp)]
     return ContextGroups(cp, world // cp, rank % cp, rank // cp, world, groups[rank // cp], layout)
