@@ -394,3 +394,16 @@ def test_a_model_context_parallelism_cannot_make_exact_is_refused_by_name() -> N
                           num_key_value_heads=1, head_dim=16, attn_logit_softcapping=50.0)  # fmt: skip
     with pytest.raises(ValueError, match="context_parallel=2: model: context_parallel refused: .*soft-capping"):
         prepare_model(Gemma2ForCausalLM(config), ctx)
+
+
+def test_the_layout_is_chosen_from_rows_packed_beforehand_as_a_list_or_a_dataset() -> None:
+    from datasets import Dataset
+
+    from padless.integrations.trainer_context import ContextGroups, resolve_layout
+
+    ctx = ContextGroups(cp=2, dp=1, cp_rank=0, dp_rank=0, world=2, group=None, layout="auto")
+    rows = [{"input_ids": [1] * 30, "seq_lengths": [10, 20]}, {"input_ids": [1] * 64, "seq_lengths": [64]}]
+    said = [resolve_layout(ctx, d, None, 64)[1] for d in (rows, Dataset.from_list(rows))]
+    assert said[0] == said[1] and "mean of 2 rows" in said[0], said
+    chosen = resolve_layout(ctx, rows, None, 64)[0].layout
+    assert chosen != "contiguous"  # one 64-token document: contiguous halves carry 1 : 3 of its work

@@ -31,6 +31,7 @@ without a trained-token count (``average_tokens_across_devices=False``).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,7 +251,7 @@ def resolve_layout(
     from padless.integrations.trainer_rows import is_prepacked
 
     if is_prepacked(dataset):
-        rows = [list(map(int, r)) for r in dataset["seq_lengths"][:64]]
+        rows = [[int(n) for n in record["seq_lengths"]] for record in itertools.islice(dataset, 64)]
     else:
         plan = sampler.schedule().plan
         rows = [plan.row(r)[2].tolist() for r in range(min(plan.num_rows, 64))]
